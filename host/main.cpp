@@ -1,0 +1,210 @@
+// The trainyard binary: parses the command line, loads plugins from explicit places, resolves
+// the recipe and hands over to the engine.
+
+#include <boost/program_options.hpp>
+#include <c10/util/Exception.h>
+
+#include <cstdlib>
+#include <filesystem>
+#include <iostream>
+#include <map>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "trainyard/engine.hpp"
+#include "trainyard/error.hpp"
+#include "trainyard/plugin_loader.hpp"
+#include "trainyard/recipe.hpp"
+#include "trainyard/registry.hpp"
+#include "trainyard/version.hpp"
+
+namespace po = boost::program_options;
+namespace fs = std::filesystem;
+
+namespace trainyard {
+namespace {
+
+constexpr int kUsageError = 2;
+
+const char* kTopUsage = R"(usage: trainyard <command> [options]
+
+commands:
+  run RECIPE        train from a recipe
+  validate RECIPE   check a recipe and print nothing on success
+  plugins [KIND]    list the loaded plugins, their options and defaults
+
+Run 'trainyard <command> --help' for a command's options.
+Plugins are loaded from the install's plugin folder, TRAINYARD_PLUGIN_PATH (colon-separated),
+--plugin-path and the recipe's plugin_paths, never from the current directory.
+)";
+
+struct CommonOptions {
+  std::vector<std::string> plugin_paths;
+  bool no_default_plugins = false;
+};
+
+void add_common(po::options_description& options, CommonOptions& common) {
+  options.add_options()(
+      "plugin-path", po::value(&common.plugin_paths)->composing(),
+      "load plugins from this folder or library (repeatable)")(
+      "no-default-plugins", po::bool_switch(&common.no_default_plugins),
+      "skip the install's plugin folder and TRAINYARD_PLUGIN_PATH");
+}
+
+fs::path executable_path() {
+  std::error_code ec;
+  fs::path self = fs::read_symlink("/proc/self/exe", ec);
+  return ec ? fs::path() : self;
+}
+
+void load_plugins(PluginLoader& loader, const CommonOptions& common,
+                  const std::vector<fs::path>& recipe_paths) {
+  if (!common.no_default_plugins) {
+    fs::path bundled = bundled_plugin_folder(executable_path());
+    std::error_code ec;
+    if (fs::is_directory(bundled, ec)) loader.load_folder(bundled);
+    if (const char* env = std::getenv("TRAINYARD_PLUGIN_PATH")) {
+      for (const auto& path : split_search_path(env)) loader.load_path(path);
+    }
+  }
+  for (const auto& path : common.plugin_paths) loader.load_path(fs::absolute(path));
+  for (const auto& path : recipe_paths) loader.load_path(path);
+}
+
+// Parses a command's options; returns nullopt (after printing help) when --help was given.
+std::optional<po::variables_map> parse(const std::vector<std::string>& args,
+                                       po::options_description& options,
+                                       const po::positional_options_description& positional,
+                                       const std::string& usage) {
+  options.add_options()("help,h", "show this help");
+  po::variables_map values;
+  po::store(po::command_line_parser(args).options(options).positional(positional).run(), values);
+  if (values.count("help")) {
+    std::cout << usage << "\n" << options << std::endl;
+    return std::nullopt;
+  }
+  po::notify(values);
+  return values;
+}
+
+int command_run(const std::vector<std::string>& args, bool validate_only, Registry& registry) {
+  CommonOptions common;
+  std::string recipe_path;
+  std::vector<std::string> overrides;
+  std::optional<std::string> resume;
+  bool print_config = false;
+  po::options_description options(validate_only ? "validate options" : "run options");
+  options.add_options()("recipe", po::value(&recipe_path)->required(), "recipe file")(
+      "set", po::value(&overrides)->composing(), "override a recipe value: section.key=value")(
+      "print-config", po::bool_switch(&print_config),
+      "print the resolved recipe with every default filled in");
+  if (!validate_only) {
+    options.add_options()("resume", po::value<std::string>(),
+                          "resume from a checkpoint folder, or 'auto' for the newest valid one");
+  }
+  add_common(options, common);
+  po::positional_options_description positional;
+  positional.add("recipe", 1);
+  auto values = parse(args, options, positional,
+                      validate_only ? "usage: trainyard validate RECIPE [options]"
+                                    : "usage: trainyard run RECIPE [options]");
+  if (!values) return 0;
+  if (values->count("resume")) resume = (*values)["resume"].as<std::string>();
+
+  Recipe recipe = load_recipe(recipe_path, overrides);
+  PluginLoader loader(registry);
+  load_plugins(loader, common, recipe_plugin_paths(recipe));
+  Recipe resolved = resolve_recipe(recipe, registry);
+  if (print_config) {
+    std::cout << to_toml(*resolved.root);
+    return 0;
+  }
+  if (validate_only) return 0;
+  RunControls controls;
+  controls.resume = resume;
+  Engine engine(resolved, registry, controls);
+  engine.run();
+  return 0;
+}
+
+int command_plugins(const std::vector<std::string>& args, Registry& registry) {
+  CommonOptions common;
+  std::string kind;
+  po::options_description options("plugins options");
+  options.add_options()("kind", po::value(&kind), "only this kind (dataset, model, ...)");
+  add_common(options, common);
+  po::positional_options_description positional;
+  positional.add("kind", 1);
+  auto values = parse(args, options, positional, "usage: trainyard plugins [KIND] [options]");
+  if (!values) return 0;
+
+  PluginLoader loader(registry);
+  load_plugins(loader, common, {});
+  auto components = registry.list(kind);
+  if (components.empty()) {
+    throw Error(kind.empty() ? "no plugins loaded" : "no " + kind + " plugins loaded");
+  }
+  for (const auto& info : components) {
+    std::cout << info.kind << " " << info.name << "  (" << info.plugin << " " << info.plugin_version
+              << ", " << (info.library_path.empty() ? "built in" : info.library_path) << ")\n";
+    if (!info.help.empty()) std::cout << "    " << info.help << "\n";
+    for (const auto& option : info.options) {
+      std::cout << "    " << option.name << " : " << to_string(option.type) << " = "
+                << (option.default_value ? option.default_value->to_toml() : "(required)")
+                << "    " << option.help << "\n";
+    }
+  }
+  return 0;
+}
+
+int dispatch(int argc, char** argv, Registry& registry) {
+  std::vector<std::string> args(argv + 1, argv + argc);
+  if (args.empty() || args[0] == "--help" || args[0] == "-h" || args[0] == "help") {
+    std::cout << kTopUsage;
+    return args.empty() ? kUsageError : 0;
+  }
+  if (args[0] == "--version") {
+    std::cout << "trainyard " << kFrameworkVersion << " (" << kBuildTag << ", plugin ABI "
+              << kAbiVersion << ")\n";
+    return 0;
+  }
+  const std::string command = args[0];
+  args.erase(args.begin());
+  if (command == "run") return command_run(args, false, registry);
+  if (command == "validate") return command_run(args, true, registry);
+  if (command == "plugins") return command_plugins(args, registry);
+  std::cerr << "trainyard: unknown command '" << command << "'\n" << kTopUsage;
+  return kUsageError;
+}
+
+// c10 errors carry a C++ backtrace after the first line; the user needs the first line.
+std::string first_line(const std::string& text) {
+  auto end = text.find('\n');
+  return end == std::string::npos ? text : text.substr(0, end);
+}
+
+}  // namespace
+}  // namespace trainyard
+
+int main(int argc, char** argv) {
+  using namespace trainyard;
+  // The registry holds the plugin libraries; it outlives the handlers below, so an exception
+  // thrown by plugin code is reported while that code is still loaded.
+  Registry registry;
+  try {
+    return dispatch(argc, argv, registry);
+  } catch (const po::error& error) {
+    std::cerr << "trainyard: " << error.what() << " (see --help)" << std::endl;
+    return kUsageError;
+  } catch (const Error& error) {
+    std::cerr << "trainyard: error: " << first_line(error.what()) << std::endl;
+    return 1;
+  } catch (const c10::Error& error) {
+    std::cerr << "trainyard: error: " << first_line(error.what_without_backtrace()) << std::endl;
+    return 1;
+  } catch (const std::exception& error) {
+    std::cerr << "trainyard: error: " << first_line(error.what()) << std::endl;
+    return 1;
+  }
+}

@@ -1,0 +1,64 @@
+// The host CPU as a device: steady-clock events and the process's resident memory.
+
+#include <sys/resource.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <fstream>
+
+#include "trainyard/device.hpp"
+#include "trainyard/error.hpp"
+#include "trainyard/plugin.hpp"
+
+namespace trainyard {
+namespace {
+
+class CpuEvent final : public DeviceEvent {
+ public:
+  void record() override { time_ = std::chrono::steady_clock::now(); }
+  double elapsed_ms(const DeviceEvent& later) const override {
+    const auto& other = dynamic_cast<const CpuEvent&>(later);
+    return std::chrono::duration<double, std::milli>(other.time_ - time_).count();
+  }
+
+ private:
+  std::chrono::steady_clock::time_point time_ = std::chrono::steady_clock::now();
+};
+
+class Cpu final : public DeviceBackend {
+ public:
+  bool available() const override { return true; }
+  int device_count() const override { return 1; }
+  torch::Device device(int index) const override {
+    if (index != 0) throw Error("the cpu device has index 0 only");
+    return torch::kCPU;
+  }
+  void synchronize(int) override {}
+  std::unique_ptr<DeviceEvent> create_event(int) override { return std::make_unique<CpuEvent>(); }
+  DeviceMemory memory(int) const override {
+    DeviceMemory memory;
+    long pages = 0, resident = 0;
+    std::ifstream statm("/proc/self/statm");
+    if (statm >> pages >> resident) memory.current_bytes = resident * ::sysconf(_SC_PAGESIZE);
+    rusage usage{};
+    if (::getrusage(RUSAGE_SELF, &usage) == 0) memory.peak_bytes = usage.ru_maxrss * 1024;
+    memory.total_bytes = ::sysconf(_SC_PHYS_PAGES) * ::sysconf(_SC_PAGESIZE);
+    return memory;
+  }
+  // The CPU generator is torch's default one, seeded and saved by the engine itself.
+  void manual_seed(std::uint64_t) override {}
+  void save_rng_state(StateDict&) const override {}
+  void load_rng_state(const StateDict&) override {}
+};
+
+void register_components(Registry& registry) {
+  registry.add<DeviceBackend>("cpu", {}, "the host CPU",
+                              [](const Config&, const BuildContext&) {
+                                return std::make_unique<Cpu>();
+                              });
+}
+
+}  // namespace
+}  // namespace trainyard
+
+TRAINYARD_PLUGIN("cpu", "1.0.0", trainyard::register_components)

@@ -1,0 +1,100 @@
+// NVIDIA GPUs through LibTorch's CUDA runtime: events, caching-allocator statistics, pinned
+// staging memory and per-device generators.
+
+#include <ATen/cuda/CUDAContext.h>
+#include <ATen/cuda/CUDAEvent.h>
+#include <ATen/cuda/CUDAGeneratorImpl.h>
+#include <c10/cuda/CUDACachingAllocator.h>
+#include <c10/cuda/CUDAGuard.h>
+#include <torch/cuda.h>
+
+#include "trainyard/device.hpp"
+#include "trainyard/error.hpp"
+#include "trainyard/plugin.hpp"
+
+namespace trainyard {
+namespace {
+
+class CudaEvent final : public DeviceEvent {
+ public:
+  explicit CudaEvent(int index) : index_(index), event_(cudaEventDefault) {}
+  void record() override {
+    c10::cuda::CUDAGuard guard(static_cast<c10::DeviceIndex>(index_));
+    event_.record(at::cuda::getCurrentCUDAStream(static_cast<c10::DeviceIndex>(index_)));
+  }
+  double elapsed_ms(const DeviceEvent& later) const override {
+    const auto& other = dynamic_cast<const CudaEvent&>(later);
+    other.event_.synchronize();
+    return event_.elapsed_time(other.event_);
+  }
+
+ private:
+  int index_;
+  mutable at::cuda::CUDAEvent event_;
+};
+
+class Cuda final : public DeviceBackend {
+ public:
+  bool available() const override { return torch::cuda::is_available(); }
+  int device_count() const override { return static_cast<int>(torch::cuda::device_count()); }
+  torch::Device device(int index) const override {
+    if (index < 0 || index >= device_count()) {
+      throw Error("no cuda device " + std::to_string(index) + " (" +
+                  std::to_string(device_count()) + " present)");
+    }
+    return torch::Device(torch::kCUDA, static_cast<c10::DeviceIndex>(index));
+  }
+  void synchronize(int index) override { torch::cuda::synchronize(index); }
+  std::unique_ptr<DeviceEvent> create_event(int index) override {
+    return std::make_unique<CudaEvent>(index);
+  }
+  DeviceMemory memory(int index) const override {
+    auto stats = c10::cuda::CUDACachingAllocator::getDeviceStats(static_cast<c10::DeviceIndex>(index));
+    using c10::CachingDeviceAllocator::StatType;
+    const auto& allocated = stats.allocated_bytes[static_cast<std::size_t>(StatType::AGGREGATE)];
+    DeviceMemory memory;
+    memory.current_bytes = allocated.current;
+    memory.peak_bytes = allocated.peak;
+    std::size_t free_bytes = 0, total_bytes = 0;
+    c10::cuda::CUDAGuard guard(static_cast<c10::DeviceIndex>(index));
+    if (cudaMemGetInfo(&free_bytes, &total_bytes) == cudaSuccess) {
+      memory.total_bytes = static_cast<std::int64_t>(total_bytes);
+    }
+    return memory;
+  }
+  void reset_peak_memory(int index) override {
+    c10::cuda::CUDACachingAllocator::resetPeakStats(static_cast<c10::DeviceIndex>(index));
+  }
+  torch::Tensor pin(const torch::Tensor& host) const override { return host.pin_memory(); }
+  void manual_seed(std::uint64_t seed) override {
+    if (available()) torch::cuda::manual_seed_all(seed);
+  }
+  void save_rng_state(StateDict& out) const override {
+    for (int i = 0; i < device_count(); ++i) {
+      auto generator = at::cuda::detail::getDefaultCUDAGenerator(static_cast<c10::DeviceIndex>(i));
+      std::lock_guard<std::mutex> lock(generator.mutex());
+      out.tensors["engine.rng.cuda." + std::to_string(i)] = generator.get_state();
+    }
+  }
+  void load_rng_state(const StateDict& in) override {
+    for (int i = 0; i < device_count(); ++i) {
+      auto it = in.tensors.find("engine.rng.cuda." + std::to_string(i));
+      if (it == in.tensors.end()) continue;
+      auto generator = at::cuda::detail::getDefaultCUDAGenerator(static_cast<c10::DeviceIndex>(i));
+      std::lock_guard<std::mutex> lock(generator.mutex());
+      generator.set_state(it->second);
+    }
+  }
+};
+
+void register_components(Registry& registry) {
+  registry.add<DeviceBackend>("cuda", {}, "NVIDIA GPUs (cuda, cuda:N)",
+                              [](const Config&, const BuildContext&) {
+                                return std::make_unique<Cuda>();
+                              });
+}
+
+}  // namespace
+}  // namespace trainyard
+
+TRAINYARD_PLUGIN("cuda", "1.0.0", trainyard::register_components)

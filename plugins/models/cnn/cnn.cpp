@@ -1,0 +1,99 @@
+// A convolutional classifier: stages of (3x3 conv, BatchNorm, ReLU, 2x2 max-pool), then a
+// two-layer head. Each stage is a block, and so is the head.
+
+#include <torch/nn/modules/activation.h>
+#include <torch/nn/modules/batchnorm.h>
+#include <torch/nn/modules/container/sequential.h>
+#include <torch/nn/modules/conv.h>
+#include <torch/nn/modules/dropout.h>
+#include <torch/nn/modules/linear.h>
+#include <torch/nn/modules/pooling.h>
+
+#include "trainyard/classification.hpp"
+#include "trainyard/model.hpp"
+#include "trainyard/plugin.hpp"
+
+namespace trainyard {
+namespace {
+
+class Cnn final : public Model {
+ public:
+  Cnn(const Config& options, const BuildContext& context) {
+    auto channels = options.get_int_list("channels");
+    std::int64_t hidden = options.get_int("hidden");
+    double dropout = options.get_float("dropout");
+    bool batch_norm = options.get_bool("batch_norm");
+    if (channels.empty()) options.fail("channels", "must list at least one stage");
+    if (hidden < 1) options.fail("hidden", "must be >= 1");
+    if (dropout < 0 || dropout >= 1) options.fail("dropout", "must be in [0, 1)");
+    const auto& shape = context.data.input_shape;
+    if (shape.size() != 3 || context.data.num_classes < 2) {
+      throw Error("model 'cnn' needs images [channels, height, width] with classes");
+    }
+    std::int64_t in = shape[0], height = shape[1], width = shape[2];
+    for (std::size_t i = 0; i < channels.size(); ++i) {
+      if (channels[i] < 1) options.fail("channels", "must be positive");
+      if (height < 2 || width < 2) options.fail("channels", "has more stages than the image allows");
+      torch::nn::Sequential stage;
+      stage->push_back(torch::nn::Conv2d(
+          torch::nn::Conv2dOptions(in, channels[i], 3).padding(1).bias(!batch_norm)));
+      if (batch_norm) stage->push_back(torch::nn::BatchNorm2d(channels[i]));
+      stage->push_back(torch::nn::ReLU());
+      stage->push_back(torch::nn::MaxPool2d(2));
+      macs_ += static_cast<double>(height * width * channels[i] * in * 9);
+      add_block("stage" + std::to_string(i), stage);
+      in = channels[i];
+      height /= 2;
+      width /= 2;
+    }
+    const std::int64_t features = in * height * width;
+    torch::nn::Sequential head;
+    head->push_back(torch::nn::Flatten());
+    head->push_back(torch::nn::Linear(features, hidden));
+    head->push_back(torch::nn::ReLU());
+    if (dropout > 0) head->push_back(torch::nn::Dropout(dropout));
+    head->push_back(torch::nn::Linear(hidden, context.data.num_classes));
+    add_block("head", head);
+    macs_ += static_cast<double>(features * hidden + hidden * context.data.num_classes);
+  }
+
+  torch::nn::Module& module() override { return *root_; }
+  std::vector<Block> blocks() override { return blocks_; }
+  torch::Tensor input(const Batch& batch) override { return batch.at("input"); }
+  torch::Tensor loss(const torch::Tensor& output, const Batch& batch) override {
+    return classification_loss(output, batch);
+  }
+  TensorMap eval_sums(const torch::Tensor& output, const Batch& batch) override {
+    return classification_sums(output, batch);
+  }
+  double flops_per_sample() const override { return 6.0 * macs_; }
+
+ private:
+  void add_block(const std::string& name, torch::nn::Sequential layer) {
+    root_->register_module(name, layer);
+    auto module = layer.ptr();
+    blocks_.push_back({name, module, [module](const torch::Tensor& x) { return module->forward(x); }});
+  }
+
+  std::shared_ptr<torch::nn::Module> root_ = std::make_shared<torch::nn::Module>("Cnn");
+  std::vector<Block> blocks_;
+  double macs_ = 0;
+};
+
+void register_components(Registry& registry) {
+  registry.add<Model>("cnn",
+                      {option("channels", std::vector<std::int64_t>{32, 64},
+                              "output channels of each conv stage"),
+                       option("hidden", 128, "width of the head's hidden layer"),
+                       option("dropout", 0.0, "dropout before the output layer"),
+                       option("batch_norm", true, "BatchNorm after each convolution")},
+                      "convolutional classifier (conv-BN-ReLU-pool stages and an MLP head)",
+                      [](const Config& options, const BuildContext& context) {
+                        return std::make_unique<Cnn>(options, context);
+                      });
+}
+
+}  // namespace
+}  // namespace trainyard
+
+TRAINYARD_PLUGIN("cnn", "1.0.0", trainyard::register_components)

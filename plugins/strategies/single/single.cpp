@@ -1,0 +1,115 @@
+// One device, one process: the reference every parallel strategy is compared against.
+
+#include <ATen/ATen.h>
+#include <ATen/core/grad_mode.h>
+#include <torch/optim/optimizer.h>
+
+#include "trainyard/gradients.hpp"
+#include "trainyard/model.hpp"
+#include "trainyard/module_state.hpp"
+#include "trainyard/optimizer.hpp"
+#include "trainyard/plugin.hpp"
+#include "trainyard/precision.hpp"
+#include "trainyard/strategy.hpp"
+
+namespace trainyard {
+namespace {
+
+class Single final : public Strategy {
+ public:
+  void setup(StrategyContext& context) override {
+    context_ = context;
+    model_ = context.make_model(context.build);
+    model_->module().to(context.build.device);
+    model_->module().train();
+    blocks_ = model_->blocks();
+    parameters_ = model_->module().parameters(true);
+    optimizer_ = context.optimizer->create(parameters_);
+    autocast_dtype_ = context.precision->autocast_dtype();
+  }
+
+  StepResult train_step(std::span<const Batch> micro_batches) override {
+    const auto count = static_cast<std::int64_t>(micro_batches.size());
+    optimizer_->zero_grad(/*set_to_none=*/true);
+    torch::Tensor loss_sum;
+    StepResult result;
+    for (const auto& batch : micro_batches) {
+      torch::Tensor loss;
+      {
+        AutocastGuard autocast(context_.build.device.type(), autocast_dtype_);
+        loss = model_->loss(run_blocks(*model_, blocks_, batch), batch);
+      }
+      // Each micro-batch contributes 1/K, so K micro-batches of B equal one batch of K*B.
+      torch::Tensor scaled = count > 1 ? loss / static_cast<double>(count) : loss;
+      context_.precision->scale_loss(scaled).backward();
+      torch::Tensor detached = loss.detach();
+      loss_sum = loss_sum.defined() ? loss_sum + detached : detached;
+      result.samples += batch.size;
+    }
+    std::vector<torch::Tensor> gradients = gradients_of(parameters_);
+    const bool finite = context_.precision->unscale_and_check(gradients);
+    if (context_.step.max_grad_norm > 0) {
+      result.grad_norm = clip_to_norm(gradients, global_norm(gradients), context_.step.max_grad_norm);
+    }
+    if (finite) optimizer_->step();
+    context_.precision->update(!finite);
+    result.skipped = !finite;
+    result.loss = count > 1 ? loss_sum / static_cast<double>(count) : loss_sum;
+    return result;
+  }
+
+  EvalResult eval_step(const Batch& batch) override {
+    at::NoGradGuard no_grad;
+    model_->module().eval();
+    EvalResult result;
+    {
+      AutocastGuard autocast(context_.build.device.type(), autocast_dtype_);
+      torch::Tensor output = run_blocks(*model_, blocks_, batch);
+      result.loss_sum = model_->loss(output, batch).to(at::kDouble) * static_cast<double>(batch.size);
+      result.sums = model_->eval_sums(output, batch);
+    }
+    result.samples = batch.size;
+    model_->module().train();
+    return result;
+  }
+
+  void set_learning_rate(double lr) override { trainyard::set_learning_rate(*optimizer_, lr); }
+
+  void save_state(CheckpointState& out) const override {
+    save_module_state(model_->module(), "model.", out.shared);
+    context_.optimizer->save_state(*optimizer_, "optimizer.", out.shared);
+  }
+
+  void load_state(const CheckpointState& in) override {
+    load_module_state(model_->module(), "model.", in.shared);
+    context_.optimizer->load_state(*optimizer_, "optimizer.", in.shared);
+  }
+
+  TensorMap full_parameters() const override {
+    TensorMap out;
+    for (const auto& item : model_->module().named_parameters(true)) {
+      out[item.key()] = item.value().detach();
+    }
+    return out;
+  }
+
+ private:
+  StrategyContext context_;
+  std::shared_ptr<Model> model_;
+  std::vector<Block> blocks_;
+  std::vector<torch::Tensor> parameters_;
+  std::unique_ptr<torch::optim::Optimizer> optimizer_;
+  std::optional<torch::ScalarType> autocast_dtype_;
+};
+
+void register_components(Registry& registry) {
+  registry.add<Strategy>("single", {}, "one process on one device (cpu or cuda)",
+                         [](const Config&, const BuildContext&) {
+                           return std::make_unique<Single>();
+                         });
+}
+
+}  // namespace
+}  // namespace trainyard
+
+TRAINYARD_PLUGIN("single", "1.0.0", trainyard::register_components)

@@ -1,0 +1,41 @@
+#pragma once
+// What a factory may know about the run when it builds a component.
+
+#include <c10/core/Device.h>
+
+#include <any>
+#include <cstdint>
+#include <filesystem>
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+namespace trainyard {
+
+class Communicator;
+
+// Shapes a dataset promises, so a model can size itself (input channels, classes, vocabulary).
+struct DatasetInfo {
+  std::vector<std::int64_t> input_shape;  // of one sample, without the batch dimension
+  std::int64_t num_classes = 0;           // classification; 0 when not applicable
+  std::int64_t vocab_size = 0;            // language modelling; 0 when not applicable
+  std::int64_t sequence_length = 0;       // language modelling; 0 when not applicable
+};
+
+struct BuildContext {
+  c10::Device device = c10::Device(c10::kCPU);
+  std::uint64_t seed = 0;
+  int rank = 0;
+  int world_size = 1;
+  DatasetInfo data;
+  // Relative paths in a recipe resolve against the folder of the recipe that wrote them.
+  std::filesystem::path recipe_dir;
+  // Null in a single-process run.
+  std::shared_ptr<Communicator> communicator;
+  // Named extras a strategy hands to the components it builds (a tensor-parallel group, a
+  // pipeline stage); consumers any_cast what they understand and ignore the rest.
+  std::map<std::string, std::any> extensions;
+};
+
+}  // namespace trainyard

@@ -1,0 +1,13 @@
+#pragma once
+// Loss and metrics shared by classification models: logits [B, C] against "target" [B].
+
+#include "trainyard/batch.hpp"
+
+namespace trainyard {
+
+// Mean cross-entropy of `logits` against the batch's "target" class indices.
+torch::Tensor classification_loss(const torch::Tensor& logits, const Batch& batch);
+// {"accuracy": number of correct predictions} (summed, divided by the sample count later).
+TensorMap classification_sums(const torch::Tensor& logits, const Batch& batch);
+
+}  // namespace trainyard

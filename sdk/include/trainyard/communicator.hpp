@@ -1,0 +1,40 @@
+#pragma once
+// Communication backends: process groups over PyTorch's c10d.
+
+#include <torch/csrc/distributed/c10d/Backend.hpp>
+
+#include <chrono>
+#include <string>
+#include <vector>
+
+#include "trainyard/component.hpp"
+
+namespace trainyard {
+
+// Where and how a rank meets the others (the torchrun variables, or Slurm's).
+struct Rendezvous {
+  int rank = 0;
+  int world_size = 1;
+  int local_rank = 0;
+  int local_world_size = 1;
+  std::string master_addr = "127.0.0.1";
+  int master_port = 29500;
+  std::chrono::milliseconds timeout{std::chrono::minutes(5)};
+};
+
+// A communicator plugin ("gloo", "nccl"). connect() joins the job through a c10d TCPStore; the
+// world group and any sub-group are c10d backends, so collectives are PyTorch's own. Creating a
+// sub-group is collective: every rank calls new_group with the same ranks in the same order.
+// Every collective ends within the rendezvous timeout with an Error when a peer has died.
+class Communicator : public Component {
+ public:
+  static constexpr const char* kKind = "comm";
+  virtual void connect(const Rendezvous& rendezvous, const c10::Device& device) = 0;
+  virtual int rank() const = 0;
+  virtual int world_size() const = 0;
+  virtual c10::intrusive_ptr<c10d::Backend> world() = 0;
+  virtual c10::intrusive_ptr<c10d::Backend> new_group(const std::vector<int>& ranks) = 0;
+  virtual void barrier() = 0;
+};
+
+}  // namespace trainyard

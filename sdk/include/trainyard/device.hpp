@@ -1,0 +1,49 @@
+#pragma once
+// Device backends: the only place the runtime learns how to drive a kind of device.
+
+#include <torch/types.h>
+
+#include <cstdint>
+#include <memory>
+
+#include "trainyard/component.hpp"
+#include "trainyard/state.hpp"
+
+namespace trainyard {
+
+// A point on a device's timeline; elapsed time between two recorded events needs no host sync
+// until it is read.
+class DeviceEvent {
+ public:
+  virtual ~DeviceEvent();
+  virtual void record() = 0;
+  // Milliseconds from this event to `later`; waits for both to complete.
+  virtual double elapsed_ms(const DeviceEvent& later) const = 0;
+};
+
+struct DeviceMemory {
+  std::int64_t current_bytes = 0;  // held by the allocator now (process RSS on the host)
+  std::int64_t peak_bytes = 0;
+  std::int64_t total_bytes = 0;    // device capacity; 0 when unknown
+};
+
+// A device backend plugin, named after the device type it drives ("cpu", "cuda").
+class DeviceBackend : public Component {
+ public:
+  static constexpr const char* kKind = "device";
+  virtual bool available() const = 0;
+  virtual int device_count() const = 0;
+  virtual torch::Device device(int index) const = 0;
+  virtual void synchronize(int index) = 0;
+  virtual std::unique_ptr<DeviceEvent> create_event(int index) = 0;
+  virtual DeviceMemory memory(int index) const = 0;
+  virtual void reset_peak_memory(int index) {}
+  // A host copy in page-locked memory when the device copies from it faster; else `host`.
+  virtual torch::Tensor pin(const torch::Tensor& host) const { return host; }
+  // Seeds the device's generators and saves/restores their state for exact resume.
+  virtual void manual_seed(std::uint64_t seed) = 0;
+  virtual void save_rng_state(StateDict& out) const = 0;
+  virtual void load_rng_state(const StateDict& in) = 0;
+};
+
+}  // namespace trainyard

@@ -1,0 +1,70 @@
+#pragma once
+// The engine: builds a run's components from a resolved recipe and loops over epochs and steps.
+// It only loops; the strategy owns the step.
+
+#include <cstdint>
+#include <filesystem>
+#include <functional>
+#include <map>
+#include <memory>
+#include <optional>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "trainyard/batch.hpp"
+#include "trainyard/recipe.hpp"
+#include "trainyard/registry.hpp"
+#include "trainyard/strategy.hpp"
+
+namespace trainyard {
+
+class Loader;
+class MetricsSink;
+
+struct RunControls {
+  // A checkpoint folder, or "auto" for the newest valid one in the checkpoint folder (starting
+  // fresh when there is none).
+  std::optional<std::string> resume;
+  // Messages for the user (defaults to standard error).
+  std::function<void(const std::string&)> log;
+};
+
+struct RunSummary {
+  std::int64_t steps = 0;
+  std::int64_t samples = 0;
+  double final_train_loss = 0;
+  std::map<std::string, double> eval;  // metrics of the last evaluation
+  double wall_s = 0;
+  double samples_per_s = 0;
+  std::optional<std::filesystem::path> last_checkpoint;
+};
+
+class Engine {
+ public:
+  // `recipe` must be resolved (resolve_recipe) against `registry`.
+  Engine(Recipe recipe, const Registry& registry, RunControls controls = {});
+  ~Engine();
+  Engine(const Engine&) = delete;
+  Engine& operator=(const Engine&) = delete;
+
+  RunSummary run();
+
+  // One optimizer step over `micro_batches` (on the device) exactly as run() takes it: the
+  // scheduled learning rate, the strategy's step, the running loss kept on the device.
+  StepResult train_one_step(std::span<const Batch> micro_batches);
+  // The next `grad_accumulation` micro-batches of the current epoch on the device, or an empty
+  // vector at the end of the epoch.
+  std::vector<Batch> next_micro_batches();
+
+  Strategy& strategy();
+  Loader& train_loader();
+  const torch::Device& device() const;
+  std::int64_t step() const;
+
+ private:
+  struct State;
+  std::unique_ptr<State> state_;
+};
+
+}  // namespace trainyard

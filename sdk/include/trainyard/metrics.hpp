@@ -1,0 +1,46 @@
+#pragma once
+// Metric sinks: where the numbers of a run go.
+
+#include <cstdint>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "trainyard/component.hpp"
+
+namespace trainyard {
+
+struct RunInfo {
+  std::string name;           // the recipe's name
+  std::int64_t total_steps = 0;
+  std::int64_t steps_per_epoch = 0;
+  std::int64_t epochs = 0;
+  int rank = 0;
+  int world_size = 1;
+  std::string output_dir;     // where sinks put files unless configured otherwise
+};
+
+// One line of metrics. `phase` is "train" (rolled up over the logging interval), "eval" (one
+// per evaluation) or "summary" (once at the end).
+struct MetricRecord {
+  std::string phase;
+  std::int64_t step = 0;
+  std::int64_t epoch = 0;
+  double elapsed_s = 0;       // since the run started
+  std::vector<std::pair<std::string, double>> values;
+
+  // The value named `name`, or `fallback`.
+  double get(const std::string& name, double fallback = 0) const;
+};
+
+// A metrics sink plugin. Records arrive in order from the engine's thread; write() must not
+// block for long (buffer, flush at end()).
+class MetricsSink : public Component {
+ public:
+  static constexpr const char* kKind = "sink";
+  virtual void begin(const RunInfo& run) {}
+  virtual void write(const MetricRecord& record) = 0;
+  virtual void end() {}
+};
+
+}  // namespace trainyard

@@ -1,0 +1,87 @@
+#pragma once
+// Strategies own the training step: how the model is placed, split or sharded across devices
+// and ranks, and how one optimizer step is computed.
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <span>
+#include <string>
+
+#include "trainyard/batch.hpp"
+#include "trainyard/build_context.hpp"
+#include "trainyard/component.hpp"
+#include "trainyard/state.hpp"
+
+namespace trainyard {
+
+class Model;
+class Optimizer;
+class Precision;
+class DeviceBackend;
+class Communicator;
+
+// Step mechanics every strategy honours.
+struct StepOptions {
+  std::int64_t accumulation = 1;  // micro-batches per optimizer step
+  double max_grad_norm = 0;       // clip by global norm when > 0
+};
+
+// Everything a strategy builds from. It calls make_model (possibly several times, or with a
+// context carrying its own groups) so it can shard or split before any parameter exists in full.
+struct StrategyContext {
+  std::function<std::shared_ptr<Model>(const BuildContext&)> make_model;
+  std::shared_ptr<Optimizer> optimizer;
+  std::shared_ptr<Precision> precision;
+  std::shared_ptr<DeviceBackend> device_backend;
+  std::shared_ptr<Communicator> communicator;  // null in a single-process run
+  BuildContext build;                          // device, seed, rank, dataset info
+  StepOptions step;
+};
+
+// Results stay on the device: reading them is the caller's choice, made once per logging
+// interval so the step never waits for the device.
+struct StepResult {
+  torch::Tensor loss;       // mean over the step's samples, detached
+  torch::Tensor grad_norm;  // before clipping; undefined when not computed
+  std::int64_t samples = 0;
+  bool skipped = false;     // the optimizer step was skipped (non-finite gradients)
+};
+
+struct EvalResult {
+  torch::Tensor loss_sum;   // sum over the batch's samples
+  TensorMap sums;           // the model's eval_sums
+  std::int64_t samples = 0;
+};
+
+// Which slice of the data this rank reads: ranks with the same data-parallel rank (tensor or
+// pipeline peers) read the same batches.
+struct DataParallelPlace {
+  int rank = 0;
+  int size = 1;
+};
+
+// A strategy plugin. Contract:
+// - setup() is called once, before anything else.
+// - train_step() takes exactly StepOptions::accumulation micro-batches (already on the device)
+//   and performs one optimizer step over their union, with gradients averaged over every sample
+//   of every data-parallel rank.
+// - eval_step() leaves the parameters unchanged; its sums cover this rank's batch only (the
+//   engine adds them up across data-parallel ranks).
+// - save_state/load_state round-trip everything the strategy owns (parameters, buffers,
+//   optimizer and precision state) so that a resumed run continues bit for bit.
+class Strategy : public Component {
+ public:
+  static constexpr const char* kKind = "strategy";
+  virtual void setup(StrategyContext& context) = 0;
+  virtual StepResult train_step(std::span<const Batch> micro_batches) = 0;
+  virtual EvalResult eval_step(const Batch& batch) = 0;
+  virtual void set_learning_rate(double lr) = 0;
+  virtual DataParallelPlace data_parallel_place() const { return {}; }
+  virtual void save_state(CheckpointState& out) const = 0;
+  virtual void load_state(const CheckpointState& in) = 0;
+  // Full parameters by name, as a single-device model would hold them (gathered if sharded).
+  virtual TensorMap full_parameters() const = 0;
+};
+
+}  // namespace trainyard

@@ -1,0 +1,225 @@
+#include "trainyard/checkpoint_store.hpp"
+
+#include <fcntl.h>
+#include <unistd.h>
+#include <zlib.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <fstream>
+#include <iomanip>
+#include <sstream>
+
+#include "trainyard/error.hpp"
+#include "trainyard/recipe.hpp"
+#include "trainyard/version.hpp"
+
+namespace trainyard {
+
+namespace fs = std::filesystem;
+
+namespace {
+
+constexpr const char* kManifest = "manifest.toml";
+constexpr const char* kPrefix = "step-";
+
+void fsync_path(const fs::path& path, bool directory) {
+  int fd = ::open(path.c_str(), directory ? (O_RDONLY | O_DIRECTORY) : O_RDONLY);
+  if (fd < 0) throw Error("cannot open " + path.string() + " to sync it");
+  int rc = ::fsync(fd);
+  ::close(fd);
+  if (rc != 0) throw Error("fsync failed for " + path.string());
+}
+
+CheckpointFileInfo describe_file(const fs::path& file) {
+  std::ifstream in(file, std::ios::binary);
+  if (!in) throw Error("cannot read checkpoint file " + file.string());
+  uLong crc = crc32(0L, Z_NULL, 0);
+  std::vector<char> buffer(1 << 20);
+  std::int64_t bytes = 0;
+  while (in) {
+    in.read(buffer.data(), static_cast<std::streamsize>(buffer.size()));
+    std::streamsize got = in.gcount();
+    if (got <= 0) break;
+    crc = crc32(crc, reinterpret_cast<const Bytef*>(buffer.data()), static_cast<uInt>(got));
+    bytes += got;
+  }
+  return CheckpointFileInfo{file.filename().string(), bytes, static_cast<std::uint32_t>(crc)};
+}
+
+std::string step_folder_name(std::int64_t step) {
+  std::ostringstream name;
+  name << kPrefix << std::setw(9) << std::setfill('0') << step;
+  return name.str();
+}
+
+std::string rank_file_stem(int rank) {
+  std::ostringstream name;
+  name << "rank-" << std::setw(5) << std::setfill('0') << rank;
+  return name.str();
+}
+
+void write_manifest(const fs::path& file, const CheckpointManifest& manifest) {
+  std::ofstream out(file, std::ios::binary | std::ios::trunc);
+  out << "format = 1\n";
+  out << "step = " << manifest.step << "\n";
+  out << "backend = " << Value(manifest.backend).to_toml() << "\n";
+  out << "framework_version = " << Value(manifest.framework_version).to_toml() << "\n";
+  out << "world_size = " << manifest.world_size << "\n";
+  for (const auto& info : manifest.files) {
+    out << "\n[[files]]\nname = " << Value(info.name).to_toml() << "\nbytes = " << info.bytes
+        << "\ncrc32 = " << info.crc32 << "\n";
+  }
+  out.flush();
+  if (!out) throw Error("cannot write " + file.string());
+}
+
+}  // namespace
+
+CheckpointStore::CheckpointStore(std::shared_ptr<CheckpointBackend> backend,
+                                 std::string backend_name, fs::path folder, int keep, int rank,
+                                 int world_size)
+    : backend_(std::move(backend)),
+      backend_name_(std::move(backend_name)),
+      folder_(std::move(folder)),
+      keep_(keep),
+      rank_(rank),
+      world_size_(world_size) {
+  if (world_size_ != 1) {
+    throw Error("checkpoints of multi-process runs are not supported by this build");
+  }
+}
+
+fs::path CheckpointStore::save(std::int64_t step, const CheckpointState& state) {
+  fs::create_directories(folder_);
+  const fs::path final_path = folder_ / step_folder_name(step);
+  const fs::path staging = folder_ / ("." + step_folder_name(step) + ".partial");
+  std::error_code ec;
+  fs::remove_all(staging, ec);
+  fs::create_directories(staging);
+
+  CheckpointManifest manifest;
+  manifest.step = step;
+  manifest.backend = backend_name_;
+  manifest.framework_version = kFrameworkVersion;
+  manifest.world_size = world_size_;
+  auto write_one = [&](const std::string& stem, const StateDict& dict) {
+    fs::path file = staging / (stem + backend_->extension());
+    backend_->write(file, dict);
+    fsync_path(file, false);
+    manifest.files.push_back(describe_file(file));
+  };
+  write_one("shared", state.shared);
+  write_one(rank_file_stem(rank_), state.local);
+  write_manifest(staging / kManifest, manifest);
+  fsync_path(staging / kManifest, false);
+  fsync_path(staging, true);
+
+  // Re-saving a step replaces the old folder; the rename below is the commit point.
+  if (fs::exists(final_path)) fs::remove_all(final_path);
+  fs::rename(staging, final_path);
+  fsync_path(folder_, true);
+
+  if (keep_ > 0) {
+    auto committed = list();
+    while (static_cast<int>(committed.size()) > keep_) {
+      fs::remove_all(committed.front(), ec);
+      committed.erase(committed.begin());
+    }
+  }
+  return final_path;
+}
+
+CheckpointManifest read_manifest(const fs::path& checkpoint) {
+  const fs::path file = checkpoint / kManifest;
+  if (!fs::exists(file)) {
+    throw Error("checkpoint " + checkpoint.string() + " has no manifest (" + file.string() +
+                "): it was never committed");
+  }
+  std::ifstream in(file, std::ios::binary);
+  std::stringstream text;
+  text << in.rdbuf();
+  CheckpointManifest manifest;
+  try {
+    auto table = parse_toml(text.str(), file.string());
+    Config root(table);
+    manifest.step = root.get_int("step");
+    manifest.backend = root.get_string("backend");
+    manifest.framework_version = root.get_string("framework_version");
+    manifest.world_size = static_cast<int>(root.get_int("world_size"));
+    const Value& files = root.value("files");
+    if (files.type() != ValueType::kArray) throw Error(file.string() + ": files must be an array");
+    for (const auto& item : files.as_array()) {
+      if (item.type() != ValueType::kTable) throw Error(file.string() + ": bad file entry");
+      Config entry(item.table_ptr(), "files");
+      manifest.files.push_back(CheckpointFileInfo{
+          entry.get_string("name"), entry.get_int("bytes"),
+          static_cast<std::uint32_t>(entry.get_int("crc32"))});
+    }
+  } catch (const Error& error) {
+    throw Error("corrupt checkpoint manifest " + file.string() + ": " + error.what());
+  }
+  return manifest;
+}
+
+void verify_checkpoint(const fs::path& checkpoint, const CheckpointManifest& manifest) {
+  for (const auto& expected : manifest.files) {
+    const fs::path file = checkpoint / expected.name;
+    if (!fs::exists(file)) throw Error("checkpoint file missing: " + file.string());
+    CheckpointFileInfo actual = describe_file(file);
+    if (actual.bytes != expected.bytes) {
+      throw Error("checkpoint file " + file.string() + " has " + std::to_string(actual.bytes) +
+                  " bytes, the manifest says " + std::to_string(expected.bytes) +
+                  " (truncated or overwritten)");
+    }
+    if (actual.crc32 != expected.crc32) {
+      throw Error("checkpoint file " + file.string() + " fails its checksum (corrupt)");
+    }
+  }
+}
+
+CheckpointState CheckpointStore::load(const fs::path& checkpoint) const {
+  CheckpointManifest manifest = read_manifest(checkpoint);
+  if (manifest.backend != backend_name_) {
+    throw Error("checkpoint " + checkpoint.string() + " was written by the '" + manifest.backend +
+                "' backend, this run uses '" + backend_name_ + "'");
+  }
+  if (manifest.world_size != world_size_) {
+    throw Error("checkpoint " + checkpoint.string() + " was written by " +
+                std::to_string(manifest.world_size) + " ranks, this run has " +
+                std::to_string(world_size_));
+  }
+  verify_checkpoint(checkpoint, manifest);
+  CheckpointState state;
+  state.shared = backend_->read(checkpoint / ("shared" + backend_->extension()));
+  state.local = backend_->read(checkpoint / (rank_file_stem(rank_) + backend_->extension()));
+  return state;
+}
+
+std::vector<fs::path> CheckpointStore::list() const {
+  std::vector<fs::path> out;
+  std::error_code ec;
+  if (!fs::is_directory(folder_, ec)) return out;
+  for (const auto& item : fs::directory_iterator(folder_, ec)) {
+    std::string name = item.path().filename().string();
+    if (item.is_directory() && name.rfind(kPrefix, 0) == 0) out.push_back(item.path());
+  }
+  std::sort(out.begin(), out.end());
+  return out;
+}
+
+std::optional<fs::path> CheckpointStore::latest_valid(
+    const std::function<void(const std::string&)>& warn) const {
+  auto committed = list();
+  for (auto it = committed.rbegin(); it != committed.rend(); ++it) {
+    try {
+      verify_checkpoint(*it, read_manifest(*it));
+      return *it;
+    } catch (const Error& error) {
+      if (warn) warn(std::string("skipping checkpoint: ") + error.what());
+    }
+  }
+  return std::nullopt;
+}
+
+}  // namespace trainyard

@@ -1,0 +1,505 @@
+#include "trainyard/engine.hpp"
+
+#include <ATen/ATen.h>
+#include <ATen/CPUGeneratorImpl.h>
+#include <ATen/Parallel.h>
+
+#include <algorithm>
+#include <chrono>
+#include <iostream>
+#include <thread>
+
+#include "trainyard/checkpoint.hpp"
+#include "trainyard/checkpoint_store.hpp"
+#include "trainyard/dataset.hpp"
+#include "trainyard/device.hpp"
+#include "trainyard/error.hpp"
+#include "trainyard/loader.hpp"
+#include "trainyard/metrics.hpp"
+#include "trainyard/model.hpp"
+#include "trainyard/optimizer.hpp"
+#include "trainyard/precision.hpp"
+#include "trainyard/scheduler.hpp"
+#include "trainyard/version.hpp"
+
+namespace trainyard {
+
+namespace fs = std::filesystem;
+using Clock = std::chrono::steady_clock;
+
+namespace {
+
+struct DeviceChoice {
+  std::string backend;  // device plugin name ("cpu", "cuda")
+  int index = 0;
+};
+
+DeviceChoice parse_device(const Config& run, const Registry& registry) {
+  std::string text = run.get_string("device");
+  if (text == "auto") {
+    if (registry.contains("device", "cuda")) {
+      BuildContext probe;
+      auto cuda = registry.create<DeviceBackend>("cuda", Config({}, "device"), probe);
+      if (cuda->available()) return {"cuda", 0};
+    }
+    return {"cpu", 0};
+  }
+  DeviceChoice choice;
+  auto colon = text.find(':');
+  choice.backend = text.substr(0, colon);
+  if (colon != std::string::npos) {
+    try {
+      choice.index = std::stoi(text.substr(colon + 1));
+    } catch (const std::exception&) {
+      run.fail("device", "has a bad device index: '" + text + "'");
+    }
+  }
+  if (!registry.contains("device", choice.backend)) {
+    std::string known;
+    for (const auto& name : registry.names("device")) known += (known.empty() ? "" : ", ") + name;
+    run.fail("device", "names an unknown device '" + choice.backend + "' (known: " + known + ")");
+  }
+  return choice;
+}
+
+}  // namespace
+
+struct Engine::State {
+  Recipe recipe;
+  const Registry& registry;
+  RunControls controls;
+
+  Config run_options;
+  Config loader_options;
+  std::shared_ptr<DeviceBackend> device_backend;
+  DeviceChoice device_choice;
+  torch::Device device = torch::kCPU;
+  std::shared_ptr<Dataset> dataset;
+  std::shared_ptr<Optimizer> optimizer;
+  std::shared_ptr<LrScheduler> scheduler;
+  std::shared_ptr<Precision> precision;
+  std::shared_ptr<Strategy> strategy;
+  std::shared_ptr<CheckpointBackend> checkpoint_backend;
+  std::unique_ptr<CheckpointStore> checkpoints;
+  std::vector<std::shared_ptr<MetricsSink>> sinks;
+  std::unique_ptr<Loader> train_loader;
+  std::shared_ptr<const MapSource> eval_source;
+  StrategyContext context;
+
+  std::int64_t accumulation = 1;
+  std::int64_t epochs = 1;
+  std::int64_t steps_per_epoch = 0;
+  std::int64_t total_steps = 0;
+  std::int64_t log_every = 50;
+  std::int64_t step = 0;
+  double base_lr = 0;
+  fs::path output_dir;
+
+  // Running sums over the current logging interval, kept on the device.
+  torch::Tensor interval_loss;
+  torch::Tensor last_grad_norm;
+  std::int64_t interval_steps = 0;
+  std::int64_t interval_samples = 0;
+  std::int64_t interval_skipped = 0;
+  Clock::time_point interval_start;
+  Clock::time_point run_start;
+
+  State(Recipe r, const Registry& reg, RunControls c)
+      : recipe(std::move(r)), registry(reg), controls(std::move(c)) {}
+
+  void log(const std::string& message) const {
+    if (controls.log) {
+      controls.log(message);
+    } else {
+      std::cerr << message << std::endl;
+    }
+  }
+
+  double elapsed() const {
+    return std::chrono::duration<double>(Clock::now() - run_start).count();
+  }
+
+  void emit(const MetricRecord& record) {
+    for (auto& sink : sinks) sink->write(record);
+  }
+};
+
+Engine::Engine(Recipe recipe, const Registry& registry, RunControls controls)
+    : state_(std::make_unique<State>(std::move(recipe), registry, std::move(controls))) {
+  State& s = *state_;
+  s.run_start = Clock::now();
+  s.run_options = s.recipe.section("run");
+  s.loader_options = s.recipe.section("loader");
+  const Config& run = s.run_options;
+
+  std::int64_t threads = run.get_int("threads");
+  if (threads < 0) run.fail("threads", "must be >= 0, got " + std::to_string(threads));
+  if (threads > 0) at::set_num_threads(static_cast<int>(threads));
+
+  const auto seed = static_cast<std::uint64_t>(run.get_int("seed"));
+  s.accumulation = run.get_int("grad_accumulation");
+  if (s.accumulation < 1) run.fail("grad_accumulation", "must be >= 1");
+  s.epochs = run.get_int("epochs");
+  if (s.epochs < 1) run.fail("epochs", "must be >= 1, got " + std::to_string(s.epochs));
+  s.log_every = run.get_int("log_every");
+  if (s.log_every < 1) run.fail("log_every", "must be >= 1");
+  double max_grad_norm = run.get_float("max_grad_norm");
+  if (max_grad_norm < 0) run.fail("max_grad_norm", "must be >= 0");
+  std::string output = run.get_string("output_dir");
+  s.output_dir = output.empty() ? fs::path("runs") / s.recipe.name() : run.get_path("output_dir");
+
+  s.device_choice = parse_device(run, registry);
+  BuildContext build;
+  build.seed = seed;
+  build.recipe_dir = s.recipe.path.parent_path();
+  s.device_backend = registry.create<DeviceBackend>(s.device_choice.backend,
+                                                    Config({}, "device"), build);
+  if (!s.device_backend->available()) {
+    run.fail("device", "names '" + run.get_string("device") +
+                           "', which is not available on this machine");
+  }
+  if (s.device_choice.index >= s.device_backend->device_count()) {
+    run.fail("device", "names device index " + std::to_string(s.device_choice.index) +
+                           " but only " + std::to_string(s.device_backend->device_count()) +
+                           " are present");
+  }
+  s.device = s.device_backend->device(s.device_choice.index);
+  build.device = s.device;
+
+  // Every random stream starts from the recipe's seed, before anything draws from it.
+  at::manual_seed(seed);
+  s.device_backend->manual_seed(seed);
+
+  auto plugin_of = [&](const Config& section) { return section.get_string("plugin"); };
+  Config dataset_section = s.recipe.section("dataset");
+  s.dataset = registry.create<Dataset>(plugin_of(dataset_section), dataset_section, build);
+  build.data = s.dataset->info();
+
+  Config precision_section = s.recipe.section("precision");
+  s.precision = registry.create<Precision>(plugin_of(precision_section), precision_section, build);
+  s.precision->check_device(s.device);
+  Config optimizer_section = s.recipe.section("optimizer");
+  s.optimizer = registry.create<Optimizer>(plugin_of(optimizer_section), optimizer_section, build);
+  s.base_lr = s.optimizer->learning_rate();
+  Config scheduler_section = s.recipe.section("scheduler");
+  s.scheduler =
+      registry.create<LrScheduler>(plugin_of(scheduler_section), scheduler_section, build);
+  Config strategy_section = s.recipe.section("strategy");
+  s.strategy = registry.create<Strategy>(plugin_of(strategy_section), strategy_section, build);
+
+  Config model_section = s.recipe.section("model");
+  const Registry* registry_ptr = &registry;
+  s.context.make_model = [registry_ptr, model_section](const BuildContext& context) {
+    return registry_ptr->create<Model>(model_section.get_string("plugin"), model_section, context);
+  };
+  s.context.optimizer = s.optimizer;
+  s.context.precision = s.precision;
+  s.context.device_backend = s.device_backend;
+  s.context.build = build;
+  s.context.step.accumulation = s.accumulation;
+  s.context.step.max_grad_norm = max_grad_norm;
+  s.strategy->setup(s.context);
+
+  const Config& loader = s.loader_options;
+  const std::string train_split = loader.get_string("train_split");
+  auto train_source = s.dataset->map_split(train_split);
+  if (!train_source) {
+    if (s.dataset->stream_split(train_split)) {
+      throw Error("dataset '" + plugin_of(dataset_section) + "' streams its '" + train_split +
+                  "' split; this engine reads map-style splits only");
+    }
+    loader.fail("train_split", "names a split the dataset does not have: '" + train_split + "'");
+  }
+  LoaderOptions train;
+  train.batch_size = loader.get_int("batch_size");
+  if (train.batch_size < 1) loader.fail("batch_size", "must be >= 1");
+  train.shuffle = loader.get_bool("shuffle");
+  train.drop_last = loader.get_bool("drop_last");
+  std::int64_t workers = loader.get_int("workers");
+  if (workers < -1) loader.fail("workers", "must be >= 0, or -1 for automatic");
+  if (workers == -1) {
+    // One worker per few cores is plenty for in-memory data; compute needs the cores.
+    const auto cores = static_cast<std::int64_t>(std::max(1u, std::thread::hardware_concurrency()));
+    workers = std::clamp<std::int64_t>(cores / 4, 1, 4);
+  }
+  train.workers = static_cast<int>(workers);
+  train.prefetch = static_cast<int>(loader.get_int("prefetch"));
+  if (train.prefetch < 1) loader.fail("prefetch", "must be >= 1");
+  train.seed = seed;
+  train.place = s.strategy->data_parallel_place();
+  s.train_loader = std::make_unique<Loader>(train_source, train);
+
+  s.steps_per_epoch = s.train_loader->batches_per_epoch() / s.accumulation;
+  if (s.steps_per_epoch < 1) {
+    throw Error("the '" + train_split + "' split yields " +
+                std::to_string(s.train_loader->batches_per_epoch()) +
+                " batches per epoch, fewer than one optimizer step of " +
+                std::to_string(s.accumulation) + " micro-batches");
+  }
+  s.total_steps = s.epochs * s.steps_per_epoch;
+  if (std::int64_t max_steps = run.get_int("max_steps"); max_steps > 0) {
+    s.total_steps = std::min(s.total_steps, max_steps);
+  }
+  if (run.get_bool("eval")) {
+    const std::string eval_split = loader.get_string("eval_split");
+    s.eval_source = s.dataset->map_split(eval_split);
+    if (!s.eval_source) {
+      loader.fail("eval_split", "names a split the dataset does not have: '" + eval_split + "'");
+    }
+  }
+
+  if (s.recipe.has_section("checkpoint")) {
+    Config section = s.recipe.section("checkpoint");
+    s.checkpoint_backend =
+        registry.create<CheckpointBackend>(plugin_of(section), section, build);
+    std::string dir = section.get_string("dir");
+    fs::path folder = dir.empty() ? s.output_dir / "checkpoints" : section.get_path("dir");
+    std::int64_t keep = section.get_int("keep");
+    if (keep < 0) section.fail("keep", "must be >= 0");
+    if (section.get_int("every_steps") < 0) section.fail("every_steps", "must be >= 0");
+    s.checkpoints = std::make_unique<CheckpointStore>(s.checkpoint_backend, plugin_of(section),
+                                                      folder, static_cast<int>(keep));
+  }
+
+  Config sinks = s.recipe.section("sinks");
+  for (const auto& [name, value] : sinks.table().entries()) {
+    Config section(value.table_ptr(), "sinks." + name);
+    if (!section.get_bool("enabled")) continue;
+    s.sinks.push_back(registry.create<MetricsSink>(plugin_of(section), section, build));
+  }
+}
+
+Engine::~Engine() = default;
+
+Strategy& Engine::strategy() { return *state_->strategy; }
+Loader& Engine::train_loader() { return *state_->train_loader; }
+const torch::Device& Engine::device() const { return state_->device; }
+std::int64_t Engine::step() const { return state_->step; }
+
+std::vector<Batch> Engine::next_micro_batches() {
+  State& s = *state_;
+  std::vector<Batch> micro;
+  micro.reserve(static_cast<std::size_t>(s.accumulation));
+  for (std::int64_t i = 0; i < s.accumulation; ++i) {
+    std::optional<Batch> batch = s.train_loader->next();
+    if (!batch) return {};
+    micro.push_back(batch->to(s.device, /*non_blocking=*/false));
+  }
+  return micro;
+}
+
+StepResult Engine::train_one_step(std::span<const Batch> micro_batches) {
+  State& s = *state_;
+  s.strategy->set_learning_rate(
+      s.scheduler->learning_rate(s.step, s.total_steps, s.base_lr));
+  StepResult result = s.strategy->train_step(micro_batches);
+  ++s.step;
+  s.interval_loss = s.interval_loss.defined() ? s.interval_loss.add_(result.loss)
+                                              : result.loss.detach().clone();
+  if (result.grad_norm.defined()) s.last_grad_norm = result.grad_norm;
+  ++s.interval_steps;
+  s.interval_samples += result.samples;
+  if (result.skipped) ++s.interval_skipped;
+  return result;
+}
+
+RunSummary Engine::run() {
+  State& s = *state_;
+  RunSummary summary;
+  std::int64_t epoch = 0;
+  std::int64_t first_batch = 0;
+
+  if (s.controls.resume) {
+    if (!s.checkpoints) throw Error("--resume needs a [checkpoint] section in the recipe");
+    std::optional<fs::path> checkpoint;
+    if (*s.controls.resume == "auto") {
+      checkpoint = s.checkpoints->latest_valid([&](const std::string& m) { s.log(m); });
+      if (!checkpoint) s.log("no valid checkpoint in " + s.checkpoints->folder().string() +
+                             "; starting from scratch");
+    } else {
+      checkpoint = fs::path(*s.controls.resume);
+    }
+    if (checkpoint) {
+      CheckpointState state = s.checkpoints->load(*checkpoint);
+      auto number = [&](const char* key) -> std::int64_t {
+        auto it = state.shared.metadata.find(key);
+        if (it == state.shared.metadata.end()) {
+          throw Error("checkpoint " + checkpoint->string() + " lacks '" + key + "'");
+        }
+        return std::stoll(it->second);
+      };
+      s.strategy->load_state(state);
+      s.step = number("engine.step");
+      epoch = number("engine.epoch");
+      first_batch = number("engine.batch_in_epoch");
+      auto rng = state.local.tensors.find("engine.rng.cpu");
+      if (rng != state.local.tensors.end()) {
+        auto generator = at::detail::getDefaultCPUGenerator();
+        std::lock_guard<std::mutex> lock(generator.mutex());
+        generator.set_state(rng->second);
+      }
+      s.device_backend->load_rng_state(state.local);
+      s.log("resumed from " + checkpoint->string() + " at step " + std::to_string(s.step));
+    }
+  }
+
+  RunInfo info;
+  info.name = s.recipe.name();
+  info.total_steps = s.total_steps;
+  info.steps_per_epoch = s.steps_per_epoch;
+  info.epochs = s.epochs;
+  info.output_dir = s.output_dir.string();
+  for (auto& sink : s.sinks) sink->begin(info);
+
+  auto save = [&](std::int64_t at_epoch, std::int64_t batch_in_epoch) {
+    CheckpointState state;
+    s.strategy->save_state(state);
+    s.precision->save_state(state.shared);
+    auto& meta = state.shared.metadata;
+    meta["engine.step"] = std::to_string(s.step);
+    meta["engine.epoch"] = std::to_string(at_epoch);
+    meta["engine.batch_in_epoch"] = std::to_string(batch_in_epoch);
+    meta["engine.recipe"] = to_toml(*s.recipe.root);
+    meta["engine.framework_version"] = kFrameworkVersion;
+    {
+      auto generator = at::detail::getDefaultCPUGenerator();
+      std::lock_guard<std::mutex> lock(generator.mutex());
+      state.local.tensors["engine.rng.cpu"] = generator.get_state();
+    }
+    s.device_backend->save_rng_state(state.local);
+    summary.last_checkpoint = s.checkpoints->save(s.step, state);
+  };
+
+  auto flush_train_metrics = [&](std::int64_t at_epoch) {
+    if (s.interval_steps == 0) return;
+    const double seconds =
+        std::chrono::duration<double>(Clock::now() - s.interval_start).count();
+    MetricRecord record;
+    record.phase = "train";
+    record.step = s.step;
+    record.epoch = at_epoch;
+    record.elapsed_s = s.elapsed();
+    // The only device sync of the interval.
+    const double loss = s.interval_loss.item<double>() / static_cast<double>(s.interval_steps);
+    summary.final_train_loss = loss;
+    record.values = {
+        {"loss", loss},
+        {"lr", s.scheduler->learning_rate(s.step - 1, s.total_steps, s.base_lr)},
+        {"samples_per_s", seconds > 0 ? static_cast<double>(s.interval_samples) / seconds : 0},
+        {"step_time_ms", 1000.0 * seconds / static_cast<double>(s.interval_steps)},
+        {"epoch_progress",
+         static_cast<double>(at_epoch) +
+             static_cast<double>(s.train_loader->position()) /
+                 static_cast<double>(std::max<std::int64_t>(1, s.train_loader->batches_per_epoch()))},
+    };
+    if (s.last_grad_norm.defined()) record.values.emplace_back("grad_norm", s.last_grad_norm.item<double>());
+    if (s.interval_skipped > 0) record.values.emplace_back("skipped_steps", static_cast<double>(s.interval_skipped));
+    for (const auto& metric : s.precision->metrics()) record.values.push_back(metric);
+    s.emit(record);
+    s.interval_loss = at::Tensor();
+    s.interval_steps = 0;
+    s.interval_samples = 0;
+    s.interval_skipped = 0;
+    s.interval_start = Clock::now();
+  };
+
+  auto evaluate = [&](std::int64_t at_epoch) {
+    LoaderOptions options;
+    std::int64_t eval_batch = s.loader_options.get_int("eval_batch_size");
+    options.batch_size = eval_batch > 0 ? eval_batch : 4 * s.loader_options.get_int("batch_size");
+    options.shuffle = false;
+    options.drop_last = false;
+    options.pad = false;
+    options.place = s.strategy->data_parallel_place();
+    Loader loader(s.eval_source, options);
+    const std::int64_t max_batches = s.run_options.get_int("eval_max_batches");
+    torch::Tensor loss_sum;
+    TensorMap sums;
+    std::int64_t samples = 0;
+    std::int64_t batches = 0;
+    while (auto batch = loader.next()) {
+      if (max_batches > 0 && batches >= max_batches) break;
+      EvalResult result = s.strategy->eval_step(batch->to(s.device));
+      loss_sum = loss_sum.defined() ? loss_sum + result.loss_sum : result.loss_sum;
+      for (const auto& [name, value] : result.sums) {
+        auto it = sums.find(name);
+        if (it == sums.end()) {
+          sums.emplace(name, value.to(at::kDouble));
+        } else {
+          it->second = it->second + value.to(at::kDouble);
+        }
+      }
+      samples += result.samples;
+      ++batches;
+    }
+    MetricRecord record;
+    record.phase = "eval";
+    record.step = s.step;
+    record.epoch = at_epoch;
+    record.elapsed_s = s.elapsed();
+    const double count = static_cast<double>(std::max<std::int64_t>(samples, 1));
+    if (loss_sum.defined()) record.values.emplace_back("loss", loss_sum.item<double>() / count);
+    for (const auto& [name, value] : sums) {
+      record.values.emplace_back(name, value.item<double>() / count);
+    }
+    record.values.emplace_back("samples", static_cast<double>(samples));
+    summary.eval.clear();
+    for (const auto& [name, value] : record.values) summary.eval[name] = value;
+    s.emit(record);
+  };
+
+  const std::int64_t every_steps =
+      s.checkpoints ? s.recipe.section("checkpoint").get_int("every_steps") : 0;
+  const auto run_started = Clock::now();
+  const std::int64_t first_step = s.step;
+  s.interval_start = Clock::now();
+  bool finished = s.step >= s.total_steps;
+  for (; epoch < s.epochs && !finished; ++epoch, first_batch = 0) {
+    s.train_loader->start_epoch(epoch, first_batch);
+    while (s.step < s.total_steps) {
+      std::vector<Batch> micro = next_micro_batches();
+      if (micro.empty()) break;
+      train_one_step(micro);
+      if (s.step % s.log_every == 0) flush_train_metrics(epoch);
+      if (every_steps > 0 && s.step % every_steps == 0 && s.step < s.total_steps) {
+        save(epoch, s.train_loader->position());
+      }
+    }
+    finished = s.step >= s.total_steps;
+    flush_train_metrics(epoch);
+    const bool epoch_complete =
+        s.train_loader->batches_per_epoch() - s.train_loader->position() < s.accumulation;
+    if (s.eval_source && (epoch_complete || finished)) evaluate(epoch);
+    if (finished && s.checkpoints && s.recipe.section("checkpoint").get_bool("at_end")) {
+      // A completed epoch resumes at the start of the next one.
+      if (epoch_complete) {
+        save(epoch + 1, 0);
+      } else {
+        save(epoch, s.train_loader->position());
+      }
+    }
+  }
+
+  summary.steps = s.step;
+  summary.wall_s = std::chrono::duration<double>(Clock::now() - run_started).count();
+  const std::int64_t steps_run = s.step - first_step;
+  summary.samples = steps_run * s.accumulation * s.loader_options.get_int("batch_size");
+  summary.samples_per_s =
+      summary.wall_s > 0 ? static_cast<double>(summary.samples) / summary.wall_s : 0;
+
+  MetricRecord record;
+  record.phase = "summary";
+  record.step = s.step;
+  record.epoch = epoch;
+  record.elapsed_s = s.elapsed();
+  record.values = {{"steps", static_cast<double>(summary.steps)},
+                   {"wall_s", summary.wall_s},
+                   {"samples_per_s", summary.samples_per_s},
+                   {"final_train_loss", summary.final_train_loss}};
+  for (const auto& [name, value] : summary.eval) record.values.emplace_back("eval_" + name, value);
+  s.emit(record);
+  for (auto& sink : s.sinks) sink->end();
+  return summary;
+}
+
+}  // namespace trainyard

@@ -1,0 +1,221 @@
+// Out-of-line destructors (which anchor each interface's type information in the SDK library)
+// and the default behaviours the interfaces promise.
+
+#include <ATen/autocast_mode.h>
+#include <ATen/ATen.h>
+#include <torch/optim/adam.h>
+#include <torch/optim/adamw.h>
+#include <torch/optim/sgd.h>
+
+#include "trainyard/batch.hpp"
+#include "trainyard/checkpoint.hpp"
+#include "trainyard/classification.hpp"
+#include "trainyard/communicator.hpp"
+#include "trainyard/dataset.hpp"
+#include "trainyard/device.hpp"
+#include "trainyard/error.hpp"
+#include "trainyard/metrics.hpp"
+#include "trainyard/model.hpp"
+#include "trainyard/optimizer.hpp"
+#include "trainyard/precision.hpp"
+#include "trainyard/scheduler.hpp"
+#include "trainyard/strategy.hpp"
+
+namespace trainyard {
+
+MapSource::~MapSource() = default;
+SampleStream::~SampleStream() = default;
+StreamSource::~StreamSource() = default;
+DeviceEvent::~DeviceEvent() = default;
+
+const torch::Tensor& Batch::at(const std::string& name) const {
+  auto it = tensors.find(name);
+  if (it == tensors.end()) {
+    std::string known;
+    for (const auto& [key, value] : tensors) known += (known.empty() ? "" : ", ") + key;
+    throw Error("batch has no tensor '" + name + "' (it has: " + known + ")");
+  }
+  return it->second;
+}
+
+Batch Batch::to(const torch::Device& device, bool non_blocking) const {
+  Batch out;
+  out.size = size;
+  for (const auto& [name, tensor] : tensors) {
+    out.tensors.emplace(name, tensor.to(device, non_blocking));
+  }
+  return out;
+}
+
+Batch collate(const std::vector<TensorMap>& samples) {
+  Batch batch;
+  batch.size = static_cast<std::int64_t>(samples.size());
+  if (samples.empty()) return batch;
+  for (const auto& [name, first] : samples.front()) {
+    std::vector<torch::Tensor> parts;
+    parts.reserve(samples.size());
+    for (const auto& sample : samples) {
+      auto it = sample.find(name);
+      if (it == sample.end()) throw Error("cannot collate: a sample lacks '" + name + "'");
+      if (!it->second.sizes().equals(first.sizes())) {
+        throw Error("cannot collate '" + name + "': shapes differ between samples");
+      }
+      parts.push_back(it->second);
+    }
+    batch.tensors.emplace(name, at::stack(parts));
+  }
+  return batch;
+}
+
+Batch MapSource::get_batch(std::span<const std::int64_t> indices) const {
+  std::vector<TensorMap> samples;
+  samples.reserve(indices.size());
+  for (auto index : indices) samples.push_back(get(index));
+  return collate(samples);
+}
+
+std::shared_ptr<const MapSource> Dataset::map_split(const std::string&) const { return nullptr; }
+std::shared_ptr<const StreamSource> Dataset::stream_split(const std::string&) const {
+  return nullptr;
+}
+
+TensorMap Model::eval_sums(const torch::Tensor&, const Batch&) { return {}; }
+
+torch::Tensor run_blocks(Model& model, const std::vector<Block>& blocks, const Batch& batch) {
+  torch::Tensor x = model.input(batch);
+  for (const auto& block : blocks) x = block.forward(x);
+  return x;
+}
+
+double MetricRecord::get(const std::string& name, double fallback) const {
+  for (const auto& [key, value] : values) {
+    if (key == name) return value;
+  }
+  return fallback;
+}
+
+AutocastGuard::AutocastGuard(torch::DeviceType device_type,
+                             std::optional<torch::ScalarType> dtype)
+    : device_type_(device_type) {
+  if (!dtype) return;
+  active_ = true;
+  previous_enabled_ = at::autocast::is_autocast_enabled(device_type_);
+  previous_dtype_ = at::autocast::get_autocast_dtype(device_type_);
+  at::autocast::set_autocast_enabled(device_type_, true);
+  at::autocast::set_autocast_dtype(device_type_, *dtype);
+  at::autocast::increment_nesting();
+}
+
+AutocastGuard::~AutocastGuard() {
+  if (!active_) return;
+  if (at::autocast::decrement_nesting() == 0) at::autocast::clear_cache();
+  at::autocast::set_autocast_enabled(device_type_, previous_enabled_);
+  at::autocast::set_autocast_dtype(device_type_, previous_dtype_);
+}
+
+void set_learning_rate(torch::optim::Optimizer& optimizer, double lr) {
+  for (auto& group : optimizer.param_groups()) group.options().set_lr(lr);
+}
+
+namespace {
+
+std::string param_key(const std::string& prefix, std::size_t index, const char* field) {
+  return prefix + "param." + std::to_string(index) + "." + field;
+}
+
+torch::Tensor step_tensor(std::int64_t step) { return at::scalar_tensor(step, at::kLong); }
+
+template <typename Visitor>
+void for_each_param(const torch::optim::Optimizer& optimizer, Visitor visit) {
+  std::size_t index = 0;
+  for (const auto& group : optimizer.param_groups()) {
+    for (const auto& param : group.params()) visit(index++, param);
+  }
+}
+
+}  // namespace
+
+void Optimizer::save_state(const torch::optim::Optimizer& optimizer, const std::string& prefix,
+                           StateDict& out) const {
+  const auto& states = optimizer.state();
+  for_each_param(optimizer, [&](std::size_t index, const torch::Tensor& param) {
+    auto it = states.find(param.unsafeGetTensorImpl());
+    if (it == states.end()) return;
+    const auto* state = it->second.get();
+    auto put = [&](const char* field, const torch::Tensor& value) {
+      if (value.defined()) out.tensors[param_key(prefix, index, field)] = value.detach().clone();
+    };
+    if (auto* sgd = dynamic_cast<const torch::optim::SGDParamState*>(state)) {
+      put("momentum_buffer", sgd->momentum_buffer());
+    } else if (auto* adam = dynamic_cast<const torch::optim::AdamParamState*>(state)) {
+      put("step", step_tensor(adam->step()));
+      put("exp_avg", adam->exp_avg());
+      put("exp_avg_sq", adam->exp_avg_sq());
+      put("max_exp_avg_sq", adam->max_exp_avg_sq());
+    } else if (auto* adamw = dynamic_cast<const torch::optim::AdamWParamState*>(state)) {
+      put("step", step_tensor(adamw->step()));
+      put("exp_avg", adamw->exp_avg());
+      put("exp_avg_sq", adamw->exp_avg_sq());
+      put("max_exp_avg_sq", adamw->max_exp_avg_sq());
+    } else {
+      throw Error("optimizer state of this type cannot be saved by default; the optimizer "
+                  "plugin must override save_state");
+    }
+  });
+}
+
+void Optimizer::load_state(torch::optim::Optimizer& optimizer, const std::string& prefix,
+                           const StateDict& in) const {
+  auto& states = optimizer.state();
+  auto find = [&](std::size_t index, const char* field) -> torch::Tensor {
+    auto it = in.tensors.find(param_key(prefix, index, field));
+    return it == in.tensors.end() ? torch::Tensor() : it->second;
+  };
+  for_each_param(optimizer, [&](std::size_t index, const torch::Tensor& param) {
+    auto on_param = [&](const torch::Tensor& t) {
+      return t.defined() ? t.to(param.device()).clone() : t;
+    };
+    void* key = param.unsafeGetTensorImpl();
+    if (dynamic_cast<torch::optim::SGD*>(&optimizer)) {
+      torch::Tensor buffer = find(index, "momentum_buffer");
+      if (!buffer.defined()) return;
+      auto state = std::make_unique<torch::optim::SGDParamState>();
+      state->momentum_buffer(on_param(buffer));
+      states[key] = std::move(state);
+    } else if (dynamic_cast<torch::optim::Adam*>(&optimizer) ||
+               dynamic_cast<torch::optim::AdamW*>(&optimizer)) {
+      torch::Tensor step = find(index, "step");
+      if (!step.defined()) return;
+      auto fill = [&](auto state) {
+        state->step(step.item<std::int64_t>());
+        state->exp_avg(on_param(find(index, "exp_avg")));
+        state->exp_avg_sq(on_param(find(index, "exp_avg_sq")));
+        torch::Tensor max_sq = find(index, "max_exp_avg_sq");
+        if (max_sq.defined()) state->max_exp_avg_sq(on_param(max_sq));
+        states[key] = std::move(state);
+      };
+      if (dynamic_cast<torch::optim::AdamW*>(&optimizer)) {
+        fill(std::make_unique<torch::optim::AdamWParamState>());
+      } else {
+        fill(std::make_unique<torch::optim::AdamParamState>());
+      }
+    } else {
+      throw Error("optimizer state of this type cannot be loaded by default; the optimizer "
+                  "plugin must override load_state");
+    }
+  });
+}
+
+}  // namespace trainyard
+
+namespace trainyard {
+
+torch::Tensor classification_loss(const torch::Tensor& logits, const Batch& batch) {
+  return at::cross_entropy_loss(logits, batch.at("target"));
+}
+
+TensorMap classification_sums(const torch::Tensor& logits, const Batch& batch) {
+  return {{"accuracy", logits.argmax(1).eq(batch.at("target")).sum()}};
+}
+
+}  // namespace trainyard

@@ -1,0 +1,444 @@
+#include "trainyard/recipe.hpp"
+
+#include <toml++/toml.h>
+
+#include <algorithm>
+#include <fstream>
+#include <set>
+#include <sstream>
+
+#include "trainyard/error.hpp"
+
+namespace trainyard {
+
+namespace fs = std::filesystem;
+
+namespace {
+
+SourceLocation location_of(const toml::node& node, const std::string& file) {
+  const auto& source = node.source();
+  return SourceLocation{file, static_cast<int>(source.begin.line),
+                        static_cast<int>(source.begin.column)};
+}
+
+Value convert(const toml::node& node, const std::string& file);
+
+std::shared_ptr<Table> convert_table(const toml::table& table, const std::string& file) {
+  auto out = std::make_shared<Table>();
+  out->where = location_of(table, file);
+  for (const auto& [key, node] : table) out->set(std::string(key.str()), convert(node, file));
+  return out;
+}
+
+Value convert(const toml::node& node, const std::string& file) {
+  SourceLocation where = location_of(node, file);
+  if (auto* v = node.as_boolean()) return Value(v->get(), where);
+  if (auto* v = node.as_integer()) return Value(static_cast<std::int64_t>(v->get()), where);
+  if (auto* v = node.as_floating_point()) return Value(v->get(), where);
+  if (auto* v = node.as_string()) return Value(v->get(), where);
+  if (auto* v = node.as_array()) {
+    Array items;
+    for (const auto& item : *v) items.push_back(convert(item, file));
+    return Value(std::move(items), where);
+  }
+  if (auto* v = node.as_table()) {
+    return Value(std::shared_ptr<const Table>(convert_table(*v, file)), where);
+  }
+  throw Error(where.str() + ": dates and times are not recipe values");
+}
+
+std::shared_ptr<const Table> parse_with_toml(const std::string& text, const std::string& name) {
+  try {
+    toml::table table = toml::parse(text, name);
+    return convert_table(table, name);
+  } catch (const toml::parse_error& error) {
+    const auto& begin = error.source().begin;
+    SourceLocation where{name, static_cast<int>(begin.line), static_cast<int>(begin.column)};
+    throw Error(where.str() + ": " + std::string(error.description()));
+  }
+}
+
+// `overlay`'s values win; tables present in both are merged key by key.
+std::shared_ptr<Table> merge(const Table& base, const Table& overlay) {
+  auto out = std::make_shared<Table>(base);
+  out->where = overlay.where;
+  for (const auto& [key, value] : overlay.entries()) {
+    const Value* existing = base.find(key);
+    if (existing && existing->type() == ValueType::kTable && value.type() == ValueType::kTable) {
+      out->set(key, Value(std::shared_ptr<const Table>(merge(existing->as_table(),
+                                                             value.as_table())),
+                          value.where()));
+    } else {
+      out->set(key, value);
+    }
+  }
+  return out;
+}
+
+std::string display(const fs::path& path) {
+  std::error_code ec;
+  fs::path relative = fs::relative(path, fs::current_path(), ec);
+  if (!ec && !relative.empty() && relative.native().rfind("..", 0) != 0) return relative.string();
+  return path.string();
+}
+
+std::shared_ptr<const Table> load_chain(const fs::path& file, std::vector<fs::path>& chain) {
+  std::error_code ec;
+  fs::path canonical = fs::weakly_canonical(file, ec);
+  if (std::find(chain.begin(), chain.end(), canonical) != chain.end()) {
+    std::string cycle;
+    for (const auto& item : chain) cycle += display(item) + " -> ";
+    throw Error("extends cycle: " + cycle + display(canonical));
+  }
+  std::ifstream in(file, std::ios::binary);
+  if (!in) throw Error("cannot read recipe " + display(file));
+  std::stringstream text;
+  text << in.rdbuf();
+  std::string name = display(file);
+  std::shared_ptr<const Table> table = parse_with_toml(text.str(), name);
+
+  const Value* extends = table->find("extends");
+  if (!extends) return table;
+  if (extends->type() != ValueType::kString) {
+    throw Error(extends->where().str() + ": extends must be a string (a recipe path)");
+  }
+  fs::path base_path = file.parent_path() / extends->as_string();
+  if (!fs::exists(base_path)) {
+    throw Error(extends->where().str() + ": extends names a missing recipe: " +
+                display(base_path));
+  }
+  chain.push_back(canonical);
+  std::shared_ptr<const Table> base = load_chain(base_path, chain);
+  chain.pop_back();
+  auto own = std::make_shared<Table>(*table);
+  own->erase("extends");
+  return merge(*base, *own);
+}
+
+// Sets a.b.c = value, creating tables on the way.
+std::shared_ptr<Table> set_path(const Table& table, const std::vector<std::string>& keys,
+                                std::size_t index, const Value& value,
+                                const std::string& origin) {
+  auto out = std::make_shared<Table>(table);
+  const std::string& key = keys[index];
+  if (index + 1 == keys.size()) {
+    out->set(key, value);
+    return out;
+  }
+  const Value* existing = table.find(key);
+  Table inner;
+  if (existing) {
+    if (existing->type() != ValueType::kTable) {
+      throw Error(origin + ": '" + key + "' is not a table (set at " + existing->where().str() +
+                  ")");
+    }
+    inner = existing->as_table();
+  } else {
+    inner.where = value.where();
+  }
+  out->set(key, Value(std::shared_ptr<const Table>(set_path(inner, keys, index + 1, value, origin)),
+                      existing ? existing->where() : value.where()));
+  return out;
+}
+
+std::shared_ptr<const Table> apply_override(const std::shared_ptr<const Table>& root,
+                                            const std::string& assignment) {
+  std::string origin = "--set " + assignment;
+  auto equals = assignment.find('=');
+  if (equals == std::string::npos || equals == 0) {
+    throw Error(origin + ": expected section.key=value");
+  }
+  std::string path = assignment.substr(0, equals);
+  std::string text = assignment.substr(equals + 1);
+  std::vector<std::string> keys;
+  std::stringstream stream(path);
+  for (std::string key; std::getline(stream, key, '.');) {
+    if (key.empty()) throw Error(origin + ": empty key in '" + path + "'");
+    keys.push_back(key);
+  }
+  SourceLocation where{origin, 0, 0};
+  Value value(text, where);
+  try {
+    toml::table parsed = toml::parse("value = " + text);
+    value = convert(*parsed.get("value"), origin);
+    value.set_where(where);
+  } catch (const toml::parse_error&) {
+    // Not TOML: a bare word such as cuda or adamw is taken as a string.
+  }
+  return set_path(*root, keys, 0, value, origin);
+}
+
+void print_table(std::ostringstream& out, const Table& table, const std::string& prefix) {
+  std::vector<std::pair<std::string, const Table*>> children;
+  for (const auto& [key, value] : table.entries()) {
+    if (value.type() == ValueType::kTable) {
+      children.emplace_back(key, &value.as_table());
+    } else {
+      out << key << " = " << value.to_toml() << "\n";
+    }
+  }
+  for (const auto& [key, child] : children) {
+    std::string name = prefix.empty() ? key : prefix + "." + key;
+    bool has_scalars = std::any_of(child->entries().begin(), child->entries().end(),
+                                   [](const auto& e) { return e.second.type() != ValueType::kTable; });
+    if (has_scalars || child->empty()) out << "\n[" << name << "]\n";
+    print_table(out, *child, name);
+  }
+}
+
+const std::set<std::string>& top_level_keys() {
+  static const std::set<std::string> keys = {"name", "plugin_paths"};
+  return keys;
+}
+
+Config require_table(const Table& root, const std::string& name) {
+  const Value* value = root.find(name);
+  if (!value) {
+    auto empty = std::make_shared<Table>();
+    empty->where = root.where;
+    return Config(empty, name);
+  }
+  if (value->type() != ValueType::kTable) {
+    throw Error(value->where().str() + ": " + name + " must be a table ([" + name + "])");
+  }
+  return Config(value->table_ptr(), name);
+}
+
+// Validates a plugin section against the runtime's keys for it plus the plugin's options.
+Config resolve_plugin_section(const Config& section, const std::string& kind,
+                              const std::string& default_plugin, const OptionSpecs& runtime_specs,
+                              const Registry& registry) {
+  std::string plugin = default_plugin;
+  if (section.has("plugin")) {
+    const Value& value = section.value("plugin");
+    if (value.type() != ValueType::kString) {
+      section.fail("plugin", "must be a string (a plugin name)");
+    }
+    plugin = value.as_string();
+  }
+  if (plugin.empty()) {
+    throw Error(section.table().where.str() + ": [" + section.name() +
+                "] needs plugin = \"...\" (known: " + [&] {
+                  std::string known;
+                  for (const auto& n : registry.names(kind)) known += (known.empty() ? "" : ", ") + n;
+                  return known.empty() ? std::string("none loaded") : known;
+                }() + ")");
+  }
+  if (!registry.contains(kind, plugin)) {
+    try {
+      registry.info(kind, plugin);
+    } catch (const Error& error) {
+      const Value* value = section.table().find("plugin");
+      throw Error((value ? value->where() : section.table().where).str() + ": " + error.what());
+    }
+  }
+  OptionSpecs specs = runtime_specs;
+  for (const auto& spec : registry.info(kind, plugin).options) {
+    bool clash = std::any_of(specs.begin(), specs.end(),
+                             [&](const OptionSpec& s) { return s.name == spec.name; });
+    if (!clash) specs.push_back(spec);
+  }
+  Config resolved = validate_section(section, specs);
+  auto table = std::make_shared<Table>();
+  table->where = resolved.table().where;
+  const Value* written = section.table().find("plugin");
+  table->set("plugin", written ? *written : Value(plugin));
+  for (const auto& [key, value] : resolved.table().entries()) {
+    if (key != "plugin") table->set(key, value);
+  }
+  return Config(table, section.name());
+}
+
+}  // namespace
+
+Config Recipe::section(const std::string& name) const { return require_table(*root, name); }
+
+bool Recipe::has_section(const std::string& name) const { return root->contains(name); }
+
+std::string Recipe::name() const {
+  if (const Value* value = root->find("name"); value && value->type() == ValueType::kString) {
+    return value->as_string();
+  }
+  return path.stem().string();
+}
+
+std::shared_ptr<const Table> parse_toml(const std::string& text, const std::string& name) {
+  return parse_with_toml(text, name);
+}
+
+Recipe load_recipe(const fs::path& file, const std::vector<std::string>& overrides) {
+  if (!fs::exists(file)) throw Error("recipe not found: " + file.string());
+  std::vector<fs::path> chain;
+  std::shared_ptr<const Table> root = load_chain(file, chain);
+  for (const auto& assignment : overrides) root = apply_override(root, assignment);
+  return Recipe{root, file};
+}
+
+const OptionSpecs& run_options() {
+  static const OptionSpecs specs = {
+      option("seed", 0, "seed of every random stream (parameters, shuffling, dropout)"),
+      option("epochs", 1, "passes over the training split"),
+      option("max_steps", 0, "stop after this many optimizer steps (0: run every epoch)"),
+      option("device", "cpu", "cpu, cuda, cuda:N, or auto (cuda when present)"),
+      option("threads", 0, "intra-op threads (0: the cores divided among local ranks)"),
+      option("log_every", 50, "optimizer steps between metric records"),
+      option("eval", true, "evaluate on the test split after each epoch"),
+      option("eval_max_batches", 0, "evaluate on at most this many batches (0: all)"),
+      option("grad_accumulation", 1, "micro-batches per optimizer step"),
+      option("max_grad_norm", 0.0, "clip gradients to this global norm (0: no clipping)"),
+      option("output_dir", "", "where the run writes (default: runs/<recipe name>)"),
+  };
+  return specs;
+}
+
+const OptionSpecs& loader_options() {
+  static const OptionSpecs specs = {
+      option("batch_size", 64, "samples per micro-batch on each rank"),
+      option("eval_batch_size", 0, "samples per evaluation batch (0: 4 x batch_size)"),
+      option("workers", -1, "loader threads (-1: derived from the cores and local ranks)"),
+      option("prefetch", 2, "batches each worker prepares ahead"),
+      option("shuffle", true, "reshuffle the training split every epoch"),
+      option("drop_last", true, "drop the last incomplete training batch"),
+      option("train_split", "train", "the split trained on"),
+      option("eval_split", "test", "the split evaluated on"),
+  };
+  return specs;
+}
+
+const OptionSpecs& checkpoint_policy_options() {
+  static const OptionSpecs specs = {
+      option("every_steps", 0, "save every this many optimizer steps (0: only at the end)"),
+      option("at_end", true, "save when the run ends"),
+      option("keep", 3, "checkpoints kept (older ones are deleted; 0 keeps all)"),
+      option("dir", "", "checkpoint folder (default: <output_dir>/checkpoints)"),
+  };
+  return specs;
+}
+
+const OptionSpecs& sink_common_options() {
+  static const OptionSpecs specs = {
+      option("enabled", true, "write to this sink"),
+  };
+  return specs;
+}
+
+const std::vector<PluginSection>& plugin_sections() {
+  static const std::vector<PluginSection> sections = {
+      {"dataset", "dataset", "", false},         {"model", "model", "", false},
+      {"optimizer", "optimizer", "", false},     {"scheduler", "scheduler", "constant", true},
+      {"precision", "precision", "fp32", true},  {"strategy", "strategy", "single", true},
+      {"checkpoint", "checkpoint", "torch", true},
+  };
+  return sections;
+}
+
+Recipe resolve_recipe(const Recipe& recipe, const Registry& registry) {
+  const Table& root = *recipe.root;
+  auto out = std::make_shared<Table>();
+  out->where = root.where;
+
+  std::set<std::string> known = top_level_keys();
+  known.insert({"run", "loader", "sinks"});
+  for (const auto& section : plugin_sections()) known.insert(section.section);
+  for (const auto& [key, value] : root.entries()) {
+    if (!known.count(key)) {
+      std::string names;
+      for (const auto& name : known) names += (names.empty() ? "" : ", ") + name;
+      throw Error(value.where().str() + ": unknown recipe section '" + key + "' (known: " +
+                  names + ")");
+    }
+  }
+  if (const Value* name = root.find("name")) {
+    if (name->type() != ValueType::kString) throw Error(name->where().str() + ": name must be a string");
+    out->set("name", *name);
+  }
+  if (const Value* paths = root.find("plugin_paths")) {
+    if (!value_matches(*paths, OptionType::kStringList)) {
+      throw Error(paths->where().str() + ": plugin_paths must be an array of strings");
+    }
+    out->set("plugin_paths", *paths);
+  }
+
+  auto put = [&](const std::string& name, const Config& config) {
+    out->set(name, Value(config.table_ptr(), config.table().where));
+  };
+  put("run", validate_section(require_table(root, "run"), run_options(), {}));
+  put("loader", validate_section(require_table(root, "loader"), loader_options(), {}));
+
+  for (const auto& section : plugin_sections()) {
+    if (!root.contains(section.section)) {
+      if (!section.default_plugin.empty() && section.section != "checkpoint") {
+        auto empty = std::make_shared<Table>();
+        empty->where = root.where;
+        put(section.section, resolve_plugin_section(Config(empty, section.section), section.kind,
+                                                    section.default_plugin, {}, registry));
+      } else if (!section.optional) {
+        throw Error(recipe.path.string() + ": missing section [" + section.section +
+                    "] (plugin = one of: " + [&] {
+                      std::string list;
+                      for (const auto& n : registry.names(section.kind)) {
+                        list += (list.empty() ? "" : ", ") + n;
+                      }
+                      return list.empty() ? std::string("none loaded") : list;
+                    }() + ")");
+      }
+      continue;
+    }
+    const OptionSpecs& runtime =
+        section.section == "checkpoint" ? checkpoint_policy_options() : OptionSpecs{};
+    put(section.section, resolve_plugin_section(require_table(root, section.section),
+                                                section.kind, section.default_plugin, runtime,
+                                                registry));
+  }
+
+  // Sinks: [sinks.<name>], each naming its plugin (default: its own name). Console by default.
+  auto sinks = std::make_shared<Table>();
+  Config sink_tables = require_table(root, "sinks");
+  sinks->where = sink_tables.table().where;
+  if (!root.contains("sinks")) {
+    auto console = std::make_shared<Table>();
+    console->where = root.where;
+    sinks->set("console", Value(std::shared_ptr<const Table>(console)));
+  } else {
+    for (const auto& [key, value] : sink_tables.table().entries()) {
+      if (value.type() != ValueType::kTable) {
+        throw Error(value.where().str() + ": sinks." + key + " must be a table ([sinks." + key +
+                    "])");
+      }
+    }
+  }
+  for (const auto& [key, value] : (root.contains("sinks") ? sink_tables.table() : *sinks).entries()) {
+    Config section(value.table_ptr(), "sinks." + key);
+    Config resolved = resolve_plugin_section(section, "sink", key, sink_common_options(), registry);
+    sinks->set(key, Value(resolved.table_ptr(), value.where()));
+  }
+  out->set("sinks", Value(std::shared_ptr<const Table>(sinks), sinks->where));
+  return Recipe{out, recipe.path};
+}
+
+std::vector<fs::path> recipe_plugin_paths(const Recipe& recipe) {
+  std::vector<fs::path> out;
+  const Value* paths = recipe.root->find("plugin_paths");
+  if (!paths) return out;
+  if (!value_matches(*paths, OptionType::kStringList)) {
+    throw Error(paths->where().str() + ": plugin_paths must be an array of strings");
+  }
+  for (const auto& item : paths->as_array()) {
+    fs::path path = item.as_string();
+    if (path.is_relative()) {
+      fs::path base = item.where().line > 0 ? fs::path(item.where().file).parent_path()
+                                            : fs::current_path();
+      path = base / path;
+    }
+    out.push_back(fs::absolute(path));
+  }
+  return out;
+}
+
+std::string to_toml(const Table& root) {
+  std::ostringstream out;
+  print_table(out, root, "");
+  return out.str();
+}
+
+}  // namespace trainyard

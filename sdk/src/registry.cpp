@@ -1,0 +1,120 @@
+#include "trainyard/registry.hpp"
+
+#include <exception>
+
+#include "trainyard/error.hpp"
+
+namespace trainyard {
+
+Component::~Component() = default;
+
+Registry::Registry() = default;
+// Entries hold the libraries; dropping them releases every library not kept alive by an object.
+Registry::~Registry() = default;
+
+void Registry::begin_library(std::shared_ptr<void> keep_alive, std::string path,
+                             std::string plugin, std::string version) {
+  loading_ = std::make_unique<Loading>(
+      Loading{std::move(keep_alive), std::move(path), std::move(plugin), std::move(version)});
+}
+
+void Registry::end_library() { loading_.reset(); }
+
+void Registry::add_factory(std::string kind, std::string name, OptionSpecs options,
+                           std::string help, ComponentFactory factory) {
+  auto key = std::make_pair(kind, name);
+  std::string library = loading_ ? loading_->path : std::string();
+  if (auto it = entries_.find(key); it != entries_.end()) {
+    auto describe = [](const std::string& path) {
+      return path.empty() ? std::string("the host") : path;
+    };
+    throw Error("duplicate " + kind + " plugin '" + name + "': registered by " +
+                describe(it->second.info.library_path) + " and again by " + describe(library));
+  }
+  Entry entry;
+  entry.info.kind = std::move(kind);
+  entry.info.name = std::move(name);
+  entry.info.help = std::move(help);
+  entry.info.options = std::move(options);
+  if (loading_) {
+    entry.info.plugin = loading_->plugin;
+    entry.info.plugin_version = loading_->version;
+    entry.info.library_path = loading_->path;
+    entry.library = loading_->keep_alive;
+  }
+  entry.factory = std::move(factory);
+  entries_.emplace(std::move(key), std::move(entry));
+}
+
+const Registry::Entry& Registry::entry(const std::string& kind, const std::string& name) const {
+  auto it = entries_.find({kind, name});
+  if (it != entries_.end()) return it->second;
+  std::string known;
+  for (const auto& candidate : names(kind)) known += (known.empty() ? "" : ", ") + candidate;
+  throw Error("unknown " + kind + " plugin '" + name + "' (known: " +
+              (known.empty() ? "none loaded" : known) + ")");
+}
+
+bool Registry::contains(const std::string& kind, const std::string& name) const {
+  return entries_.count({kind, name}) != 0;
+}
+
+const ComponentInfo& Registry::info(const std::string& kind, const std::string& name) const {
+  return entry(kind, name).info;
+}
+
+std::vector<ComponentInfo> Registry::list(const std::string& kind) const {
+  std::vector<ComponentInfo> out;
+  for (const auto& [key, value] : entries_) {
+    if (kind.empty() || key.first == kind) out.push_back(value.info);
+  }
+  return out;
+}
+
+std::vector<std::string> Registry::names(const std::string& kind) const {
+  std::vector<std::string> out;
+  for (const auto& [key, value] : entries_) {
+    if (key.first == kind) out.push_back(key.second);
+  }
+  return out;
+}
+
+Config Registry::resolve(const std::string& kind, const std::string& name,
+                         const Config& section) const {
+  return validate_section(section, entry(kind, name).info.options);
+}
+
+std::shared_ptr<Component> Registry::create_component(const std::string& kind,
+                                                      const std::string& name,
+                                                      const Config& section,
+                                                      const BuildContext& context) const {
+  const Entry& found = entry(kind, name);
+  Config options = validate_section(section, found.info.options);
+  std::unique_ptr<Component> object;
+  std::string origin = found.info.library_path.empty()
+                           ? std::string()
+                           : " (" + found.info.library_path + ")";
+  try {
+    object = found.factory(options, context);
+  } catch (const Error& error) {
+    // Errors meant for the user keep their message; the copy is made while the library is
+    // still loaded, so nothing refers back into it afterwards.
+    throw Error(std::string(error.what()));
+  } catch (const std::exception& error) {
+    throw Error(kind + " plugin '" + name + "'" + origin + " failed: " + error.what());
+  } catch (...) {
+    throw Error(kind + " plugin '" + name + "'" + origin + " failed with an unknown exception");
+  }
+  if (!object) throw Error(kind + " plugin '" + name + "'" + origin + " returned nothing");
+  // The deleter holds the library: the object is destroyed first, then the library reference
+  // is dropped. The control block is created here, in the SDK, not in the plugin.
+  std::shared_ptr<void> library = found.library;
+  return std::shared_ptr<Component>(object.release(),
+                                    [library](Component* component) { delete component; });
+}
+
+void Registry::throw_wrong_interface(const std::string& kind, const std::string& name) {
+  throw Error(kind + " plugin '" + name + "' does not implement the " + kind + " interface");
+}
+
+}  // namespace trainyard

@@ -1,0 +1,67 @@
+#include <ATen/ATen.h>
+#include <ATen/core/grad_mode.h>
+#include <torch/nn/module.h>
+
+#include <sstream>
+
+#include "trainyard/error.hpp"
+#include "trainyard/gradients.hpp"
+#include "trainyard/module_state.hpp"
+
+namespace trainyard {
+
+std::vector<torch::Tensor> gradients_of(const std::vector<torch::Tensor>& parameters) {
+  std::vector<torch::Tensor> out;
+  out.reserve(parameters.size());
+  for (const auto& parameter : parameters) {
+    if (parameter.grad().defined()) out.push_back(parameter.grad());
+  }
+  return out;
+}
+
+torch::Tensor global_norm(const std::vector<torch::Tensor>& gradients) {
+  if (gradients.empty()) return torch::zeros({}, torch::kFloat32);
+  std::vector<torch::Tensor> norms;
+  norms.reserve(gradients.size());
+  for (const auto& gradient : gradients) norms.push_back(gradient.detach().norm(2).to(torch::kFloat32));
+  return torch::stack(norms).norm(2);
+}
+
+torch::Tensor clip_to_norm(const std::vector<torch::Tensor>& gradients, const torch::Tensor& norm,
+                           double max_norm) {
+  // Same rule and epsilon as torch.nn.utils.clip_grad_norm_.
+  torch::Tensor coefficient = (max_norm / (norm + 1e-6)).clamp_max(1.0);
+  for (const auto& gradient : gradients) gradient.detach().mul_(coefficient.to(gradient.dtype()));
+  return norm;
+}
+
+void save_module_state(const torch::nn::Module& module, const std::string& prefix,
+                       StateDict& out) {
+  for (const auto& item : module.named_parameters(true)) {
+    out.tensors[prefix + item.key()] = item.value().detach().clone();
+  }
+  for (const auto& item : module.named_buffers(true)) {
+    out.tensors[prefix + item.key()] = item.value().detach().clone();
+  }
+}
+
+void load_module_state(torch::nn::Module& module, const std::string& prefix, const StateDict& in) {
+  std::vector<std::pair<torch::Tensor, torch::Tensor>> copies;
+  auto plan = [&](const std::string& name, const torch::Tensor& target) {
+    auto it = in.tensors.find(prefix + name);
+    if (it == in.tensors.end()) throw Error("checkpoint lacks '" + prefix + name + "'");
+    if (!it->second.sizes().equals(target.sizes())) {
+      std::ostringstream message;
+      message << "checkpoint entry '" << prefix << name << "' has shape " << it->second.sizes()
+              << ", the model has " << target.sizes();
+      throw Error(message.str());
+    }
+    copies.emplace_back(target, it->second);
+  };
+  for (const auto& item : module.named_parameters(true)) plan(item.key(), item.value());
+  for (const auto& item : module.named_buffers(true)) plan(item.key(), item.value());
+  at::NoGradGuard no_grad;
+  for (auto& [target, source] : copies) target.copy_(source);
+}
+
+}  // namespace trainyard

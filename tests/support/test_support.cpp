@@ -1,0 +1,145 @@
+#include "test_support.hpp"
+
+#include <fcntl.h>
+#include <poll.h>
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdlib>
+#include <cstring>
+#include <fstream>
+#include <random>
+#include <sstream>
+#include <stdexcept>
+
+#include "trainyard/plugin_loader.hpp"
+
+extern char** environ;
+
+namespace trainyard::testing {
+
+namespace fs = std::filesystem;
+
+fs::path plugin_folder() { return TRAINYARD_TEST_PLUGIN_DIR; }
+fs::path test_plugin_folder() { return TRAINYARD_TEST_EXTRA_PLUGIN_DIR; }
+fs::path host_binary() { return TRAINYARD_TEST_HOST; }
+fs::path source_dir() { return TRAINYARD_SOURCE_DIR; }
+fs::path binary_dir() { return TRAINYARD_BINARY_DIR; }
+
+void load_bundled_plugins(Registry& registry) {
+  PluginLoader loader(registry);
+  loader.load_folder(plugin_folder());
+}
+
+CommandResult run_command(const std::vector<std::string>& argv, const fs::path& cwd,
+                          int timeout_s, const std::vector<std::string>& env) {
+  int out_pipe[2], err_pipe[2];
+  if (::pipe(out_pipe) != 0 || ::pipe(err_pipe) != 0) throw std::runtime_error("pipe failed");
+  pid_t pid = ::fork();
+  if (pid < 0) throw std::runtime_error("fork failed");
+  if (pid == 0) {
+    ::setpgid(0, 0);
+    ::dup2(out_pipe[1], 1);
+    ::dup2(err_pipe[1], 2);
+    ::close(out_pipe[0]);
+    ::close(err_pipe[0]);
+    int devnull = ::open("/dev/null", O_RDONLY);
+    ::dup2(devnull, 0);
+    if (!cwd.empty() && ::chdir(cwd.c_str()) != 0) ::_exit(127);
+    for (const auto& entry : env) ::putenv(const_cast<char*>(entry.c_str()));
+    std::vector<char*> args;
+    for (const auto& arg : argv) args.push_back(const_cast<char*>(arg.c_str()));
+    args.push_back(nullptr);
+    ::execvp(args[0], args.data());
+    ::_exit(127);
+  }
+  ::setpgid(pid, pid);
+  ::close(out_pipe[1]);
+  ::close(err_pipe[1]);
+  CommandResult result;
+  pollfd fds[2] = {{out_pipe[0], POLLIN, 0}, {err_pipe[0], POLLIN, 0}};
+  std::string* sinks[2] = {&result.out, &result.err};
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(timeout_s);
+  int open_streams = 2;
+  char buffer[65536];
+  while (open_streams > 0) {
+    auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
+                    deadline - std::chrono::steady_clock::now())
+                    .count();
+    if (left <= 0) {
+      result.timed_out = true;
+      ::kill(-pid, SIGKILL);
+      break;
+    }
+    int ready = ::poll(fds, 2, static_cast<int>(std::min<long long>(left, 1000)));
+    if (ready < 0) break;
+    for (int i = 0; i < 2; ++i) {
+      if (fds[i].fd < 0 || !(fds[i].revents & (POLLIN | POLLHUP | POLLERR))) continue;
+      ssize_t got = ::read(fds[i].fd, buffer, sizeof buffer);
+      if (got <= 0) {
+        ::close(fds[i].fd);
+        fds[i].fd = -1;
+        --open_streams;
+      } else {
+        sinks[i]->append(buffer, static_cast<std::size_t>(got));
+      }
+    }
+  }
+  for (auto& fd : fds) {
+    if (fd.fd >= 0) ::close(fd.fd);
+  }
+  int status = 0;
+  ::waitpid(pid, &status, 0);
+  result.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+  return result;
+}
+
+CommandResult run_host(const std::vector<std::string>& args, const fs::path& cwd, int timeout_s) {
+  std::vector<std::string> argv = {host_binary().string()};
+  argv.insert(argv.end(), args.begin(), args.end());
+  return run_command(argv, cwd.empty() ? source_dir() : cwd, timeout_s);
+}
+
+TempDir::TempDir() {
+  std::random_device random;
+  for (int attempt = 0; attempt < 100; ++attempt) {
+    fs::path candidate =
+        fs::temp_directory_path() / ("trainyard-test-" + std::to_string(random()));
+    if (fs::create_directory(candidate)) {
+      path_ = candidate;
+      return;
+    }
+  }
+  throw std::runtime_error("cannot create a temporary folder");
+}
+
+TempDir::~TempDir() {
+  std::error_code ec;
+  fs::remove_all(path_, ec);
+}
+
+fs::path TempDir::write(const std::string& name, const std::string& text) const {
+  fs::path file = path_ / name;
+  fs::create_directories(file.parent_path());
+  std::ofstream out(file, std::ios::binary);
+  out << text;
+  return file;
+}
+
+std::string read_text(const fs::path& file) {
+  std::ifstream in(file, std::ios::binary);
+  std::stringstream text;
+  text << in.rdbuf();
+  return text.str();
+}
+
+std::vector<std::string> read_lines(const fs::path& file) {
+  std::vector<std::string> lines;
+  std::ifstream in(file);
+  for (std::string line; std::getline(in, line);) lines.push_back(line);
+  return lines;
+}
+
+}  // namespace trainyard::testing

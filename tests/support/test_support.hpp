@@ -1,0 +1,58 @@
+#pragma once
+// Shared helpers of the test suites: where things are, running the host, temporary folders.
+
+#include <filesystem>
+#include <string>
+#include <vector>
+
+#include "trainyard/registry.hpp"
+
+namespace trainyard::testing {
+
+std::filesystem::path plugin_folder();        // the bundled plugins of this build
+std::filesystem::path test_plugin_folder();   // plugins that exist only for tests
+std::filesystem::path host_binary();          // build/bin/trainyard
+std::filesystem::path source_dir();           // the repository
+std::filesystem::path binary_dir();           // the build folder
+
+// Loads every bundled plugin into `registry`.
+void load_bundled_plugins(Registry& registry);
+
+struct CommandResult {
+  int exit_code = -1;   // -1 when killed by a signal or timed out
+  bool timed_out = false;
+  std::string out;
+  std::string err;
+};
+
+// Runs argv[0] with arguments, without a shell, capturing both streams. Killed after
+// `timeout_s`. Environment entries in `env` ("NAME=value") are added to the current one.
+CommandResult run_command(const std::vector<std::string>& argv,
+                          const std::filesystem::path& cwd = {}, int timeout_s = 600,
+                          const std::vector<std::string>& env = {});
+
+// The host with `args` (cwd defaults to the repository).
+CommandResult run_host(const std::vector<std::string>& args, const std::filesystem::path& cwd = {},
+                       int timeout_s = 600);
+
+// A fresh folder removed with everything in it when the object goes out of scope.
+class TempDir {
+ public:
+  TempDir();
+  ~TempDir();
+  TempDir(const TempDir&) = delete;
+  TempDir& operator=(const TempDir&) = delete;
+  const std::filesystem::path& path() const { return path_; }
+  std::filesystem::path operator/(const std::string& name) const { return path_ / name; }
+  // Writes `text` to a file in the folder and returns its path.
+  std::filesystem::path write(const std::string& name, const std::string& text) const;
+
+ private:
+  std::filesystem::path path_;
+};
+
+std::string read_text(const std::filesystem::path& file);
+// Lines of a file.
+std::vector<std::string> read_lines(const std::filesystem::path& file);
+
+}  // namespace trainyard::testing
