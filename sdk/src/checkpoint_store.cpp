@@ -11,6 +11,7 @@
 #include <sstream>
 
 #include "trainyard/error.hpp"
+#include "trainyard/files.hpp"
 #include "trainyard/recipe.hpp"
 #include "trainyard/version.hpp"
 
@@ -95,7 +96,7 @@ fs::path CheckpointStore::save(std::int64_t step, const CheckpointState& state) 
   const fs::path final_path = folder_ / step_folder_name(step);
   const fs::path staging = folder_ / ("." + step_folder_name(step) + ".partial");
   std::error_code ec;
-  fs::remove_all(staging, ec);
+  remove_tree(staging);
   fs::create_directories(staging);
 
   CheckpointManifest manifest;
@@ -116,14 +117,17 @@ fs::path CheckpointStore::save(std::int64_t step, const CheckpointState& state) 
   fsync_path(staging, true);
 
   // Re-saving a step replaces the old folder; the rename below is the commit point.
-  if (fs::exists(final_path)) fs::remove_all(final_path);
+  if (fs::exists(final_path)) {
+    remove_tree(final_path);
+    if (fs::exists(final_path)) throw Error("cannot replace checkpoint " + final_path.string());
+  }
   fs::rename(staging, final_path);
   fsync_path(folder_, true);
 
   if (keep_ > 0) {
     auto committed = list();
     while (static_cast<int>(committed.size()) > keep_) {
-      fs::remove_all(committed.front(), ec);
+      remove_tree(committed.front());
       committed.erase(committed.begin());
     }
   }

@@ -77,7 +77,8 @@ std::string quote(const std::string& text) {
       case '\n': out += "\\n"; break;
       case '\t': out += "\\t"; break;
       default:
-        if (static_cast<unsigned char>(c) < 0x20) {
+        // TOML forbids raw control characters in strings, DEL included.
+        if (static_cast<unsigned char>(c) < 0x20 || c == 0x7f) {
           std::ostringstream hex;
           hex << "\\u" << std::hex << std::setw(4) << std::setfill('0') << int(c);
           out += hex.str();

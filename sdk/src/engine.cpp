@@ -62,6 +62,13 @@ DeviceChoice parse_device(const Config& run, const Registry& registry) {
   return choice;
 }
 
+// The section without the keys the runtime owns, which the plugin does not declare.
+Config without_runtime_keys(const Config& section, const OptionSpecs& runtime) {
+  auto table = std::make_shared<Table>(section.table());
+  for (const auto& spec : runtime) table->erase(spec.name);
+  return Config(table, section.name());
+}
+
 }  // namespace
 
 struct Engine::State {
@@ -250,8 +257,8 @@ Engine::Engine(Recipe recipe, const Registry& registry, RunControls controls)
 
   if (s.recipe.has_section("checkpoint")) {
     Config section = s.recipe.section("checkpoint");
-    s.checkpoint_backend =
-        registry.create<CheckpointBackend>(plugin_of(section), section, build);
+    s.checkpoint_backend = registry.create<CheckpointBackend>(
+        plugin_of(section), without_runtime_keys(section, checkpoint_policy_options()), build);
     std::string dir = section.get_string("dir");
     fs::path folder = dir.empty() ? s.output_dir / "checkpoints" : section.get_path("dir");
     std::int64_t keep = section.get_int("keep");
@@ -265,7 +272,8 @@ Engine::Engine(Recipe recipe, const Registry& registry, RunControls controls)
   for (const auto& [name, value] : sinks.table().entries()) {
     Config section(value.table_ptr(), "sinks." + name);
     if (!section.get_bool("enabled")) continue;
-    s.sinks.push_back(registry.create<MetricsSink>(plugin_of(section), section, build));
+    s.sinks.push_back(registry.create<MetricsSink>(
+        plugin_of(section), without_runtime_keys(section, sink_common_options()), build));
   }
 }
 
@@ -463,13 +471,18 @@ RunSummary Engine::run() {
       if (s.step % s.log_every == 0) flush_train_metrics(epoch);
       if (every_steps > 0 && s.step % every_steps == 0 && s.step < s.total_steps) {
         save(epoch, s.train_loader->position());
+        // Throughput and step time measure training, not saving.
+        s.interval_start = Clock::now();
       }
     }
     finished = s.step >= s.total_steps;
     flush_train_metrics(epoch);
     const bool epoch_complete =
         s.train_loader->batches_per_epoch() - s.train_loader->position() < s.accumulation;
-    if (s.eval_source && (epoch_complete || finished)) evaluate(epoch);
+    if (s.eval_source && (epoch_complete || finished)) {
+      evaluate(epoch);
+      s.interval_start = Clock::now();
+    }
     if (finished && s.checkpoints && s.recipe.section("checkpoint").get_bool("at_end")) {
       // A completed epoch resumes at the start of the next one.
       if (epoch_complete) {

@@ -45,8 +45,7 @@ std::vector<std::int64_t> epoch_indices(std::int64_t dataset_size, const LoaderO
 // most `prefetch` ahead of the consumer each, into a map the consumer drains in order; so the
 // order never depends on which worker is faster.
 struct Loader::Workers {
-  explicit Workers(Loader& loader) : owner(loader) {
-    int count = loader.options_.workers;
+  explicit Workers(Loader& loader) : owner(loader), count(loader.options_.workers) {
     next.assign(static_cast<std::size_t>(count), 0);
     for (int w = 0; w < count; ++w) threads.emplace_back([this, w] { run(w); });
   }
@@ -66,7 +65,6 @@ struct Loader::Workers {
     ready.clear();
     error = nullptr;
     consumed = first_batch;
-    const auto count = static_cast<std::int64_t>(threads.size());
     for (std::int64_t w = 0; w < count; ++w) {
       next[static_cast<std::size_t>(w)] = first_batch + ((w - first_batch) % count + count) % count;
     }
@@ -85,7 +83,6 @@ struct Loader::Workers {
   }
 
   void run(int worker) {
-    const auto count = static_cast<std::int64_t>(threads.size());
     const std::int64_t ahead = count * std::max(1, owner.options_.prefetch);
     std::unique_lock<std::mutex> lock(mutex);
     while (true) {
@@ -118,6 +115,8 @@ struct Loader::Workers {
   }
 
   Loader& owner;
+  // Fixed before any thread starts: threads.size() grows while the first threads already run.
+  const std::int64_t count;
   std::mutex mutex;
   std::condition_variable work;
   std::condition_variable done;

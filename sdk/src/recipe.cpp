@@ -3,6 +3,7 @@
 #include <toml++/toml.h>
 
 #include <algorithm>
+#include <cctype>
 #include <fstream>
 #include <set>
 #include <sstream>
@@ -26,7 +27,16 @@ Value convert(const toml::node& node, const std::string& file);
 std::shared_ptr<Table> convert_table(const toml::table& table, const std::string& file) {
   auto out = std::make_shared<Table>();
   out->where = location_of(table, file);
-  for (const auto& [key, node] : table) out->set(std::string(key.str()), convert(node, file));
+  // toml++ keeps keys sorted; a Table keeps them in the order they were written.
+  std::vector<std::pair<std::string, const toml::node*>> items;
+  for (const auto& [key, node] : table) items.emplace_back(std::string(key.str()), &node);
+  auto position = [](const toml::node* node) {
+    return std::make_pair(node->source().begin.line, node->source().begin.column);
+  };
+  std::stable_sort(items.begin(), items.end(), [&](const auto& a, const auto& b) {
+    return position(a.second) < position(b.second);
+  });
+  for (const auto& [key, node] : items) out->set(key, convert(*node, file));
   return out;
 }
 
@@ -168,17 +178,25 @@ std::shared_ptr<const Table> apply_override(const std::shared_ptr<const Table>& 
   return set_path(*root, keys, 0, value, origin);
 }
 
+// A key as TOML writes it: bare when it can be, quoted otherwise ("my sink", "a.b").
+std::string key_text(const std::string& key) {
+  bool bare = !key.empty() && std::all_of(key.begin(), key.end(), [](char c) {
+    return std::isalnum(static_cast<unsigned char>(c)) || c == '_' || c == '-';
+  });
+  return bare ? key : Value(key).to_toml();
+}
+
 void print_table(std::ostringstream& out, const Table& table, const std::string& prefix) {
   std::vector<std::pair<std::string, const Table*>> children;
   for (const auto& [key, value] : table.entries()) {
     if (value.type() == ValueType::kTable) {
       children.emplace_back(key, &value.as_table());
     } else {
-      out << key << " = " << value.to_toml() << "\n";
+      out << key_text(key) << " = " << value.to_toml() << "\n";
     }
   }
   for (const auto& [key, child] : children) {
-    std::string name = prefix.empty() ? key : prefix + "." + key;
+    std::string name = prefix.empty() ? key_text(key) : prefix + "." + key_text(key);
     bool has_scalars = std::any_of(child->entries().begin(), child->entries().end(),
                                    [](const auto& e) { return e.second.type() != ValueType::kTable; });
     if (has_scalars || child->empty()) out << "\n[" << name << "]\n";

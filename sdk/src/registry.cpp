@@ -10,7 +10,15 @@ Component::~Component() = default;
 
 Registry::Registry() = default;
 // Entries hold the libraries; dropping them releases every library not kept alive by an object.
-Registry::~Registry() = default;
+// A factory's code (and whatever its options allocated) lives in its library, so every entry is
+// destroyed first and the library references are dropped last.
+Registry::~Registry() {
+  std::vector<std::shared_ptr<void>> libraries;
+  libraries.reserve(entries_.size());
+  for (auto& [key, entry] : entries_) libraries.push_back(std::move(entry.library));
+  entries_.clear();
+  loading_.reset();
+}
 
 void Registry::begin_library(std::shared_ptr<void> keep_alive, std::string path,
                              std::string plugin, std::string version) {

@@ -14,6 +14,7 @@
 #include <sstream>
 #include <stdexcept>
 
+#include "trainyard/files.hpp"
 #include "trainyard/plugin_loader.hpp"
 
 extern char** environ;
@@ -116,8 +117,11 @@ TempDir::TempDir() {
 }
 
 TempDir::~TempDir() {
-  std::error_code ec;
-  fs::remove_all(path_, ec);
+  try {
+    remove_tree(path_);
+  } catch (const std::exception&) {
+    // A folder left in /tmp is no reason to fail a test.
+  }
 }
 
 fs::path TempDir::write(const std::string& name, const std::string& text) const {
@@ -133,6 +137,11 @@ std::string read_text(const fs::path& file) {
   std::stringstream text;
   text << in.rdbuf();
   return text.str();
+}
+
+::testing::AssertionResult contains(const std::string& text, const std::string& part) {
+  if (text.find(part) != std::string::npos) return ::testing::AssertionSuccess();
+  return ::testing::AssertionFailure() << "expected \"" << part << "\" in: " << text;
 }
 
 std::vector<std::string> read_lines(const fs::path& file) {

@@ -1,10 +1,14 @@
 #pragma once
 // Shared helpers of the test suites: where things are, running the host, temporary folders.
 
+#include <gtest/gtest.h>
+
+#include <exception>
 #include <filesystem>
 #include <string>
 #include <vector>
 
+#include "trainyard/error.hpp"
 #include "trainyard/registry.hpp"
 
 namespace trainyard::testing {
@@ -52,7 +56,27 @@ class TempDir {
 };
 
 std::string read_text(const std::filesystem::path& file);
+
+// Success when `text` contains `part`; the failure shows both.
+::testing::AssertionResult contains(const std::string& text, const std::string& part);
+
+// Runs `body`, which must throw trainyard::Error, and returns the message (failing otherwise).
+template <typename Body>
+std::string error_of(Body&& body) {
+  try {
+    body();
+  } catch (const Error& error) {
+    return error.what();
+  } catch (const std::exception& error) {
+    ADD_FAILURE() << "expected trainyard::Error, got another exception: " << error.what();
+    return {};
+  }
+  ADD_FAILURE() << "expected trainyard::Error, nothing was thrown";
+  return {};
+}
 // Lines of a file.
 std::vector<std::string> read_lines(const std::filesystem::path& file);
 
 }  // namespace trainyard::testing
+
+#define EXPECT_HAS(text, part) EXPECT_TRUE(::trainyard::testing::contains((text), (part)))

@@ -3,6 +3,7 @@
 #include <sys/resource.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <fstream>
 
@@ -42,6 +43,8 @@ class Cpu final : public DeviceBackend {
     if (statm >> pages >> resident) memory.current_bytes = resident * ::sysconf(_SC_PAGESIZE);
     rusage usage{};
     if (::getrusage(RUSAGE_SELF, &usage) == 0) memory.peak_bytes = usage.ru_maxrss * 1024;
+    // ru_maxrss lags the resident size (the kernel updates its high-water mark lazily).
+    memory.peak_bytes = std::max(memory.peak_bytes, memory.current_bytes);
     memory.total_bytes = ::sysconf(_SC_PHYS_PAGES) * ::sysconf(_SC_PAGESIZE);
     return memory;
   }

@@ -12,6 +12,7 @@
 #include "trainyard/classification.hpp"
 #include "trainyard/model.hpp"
 #include "trainyard/plugin.hpp"
+#include "trainyard/sequential_block.hpp"
 
 namespace trainyard {
 namespace {
@@ -41,7 +42,7 @@ class Cnn final : public Model {
       stage->push_back(torch::nn::ReLU());
       stage->push_back(torch::nn::MaxPool2d(2));
       macs_ += static_cast<double>(height * width * channels[i] * in * 9);
-      add_block("stage" + std::to_string(i), stage);
+      blocks_.push_back(sequential_block(*root_, "stage" + std::to_string(i), stage));
       in = channels[i];
       height /= 2;
       width /= 2;
@@ -53,7 +54,7 @@ class Cnn final : public Model {
     head->push_back(torch::nn::ReLU());
     if (dropout > 0) head->push_back(torch::nn::Dropout(dropout));
     head->push_back(torch::nn::Linear(hidden, context.data.num_classes));
-    add_block("head", head);
+    blocks_.push_back(sequential_block(*root_, "head", head));
     macs_ += static_cast<double>(features * hidden + hidden * context.data.num_classes);
   }
 
@@ -69,12 +70,6 @@ class Cnn final : public Model {
   double flops_per_sample() const override { return 6.0 * macs_; }
 
  private:
-  void add_block(const std::string& name, torch::nn::Sequential layer) {
-    root_->register_module(name, layer);
-    auto module = layer.ptr();
-    blocks_.push_back({name, module, [module](const torch::Tensor& x) { return module->forward(x); }});
-  }
-
   std::shared_ptr<torch::nn::Module> root_ = std::make_shared<torch::nn::Module>("Cnn");
   std::vector<Block> blocks_;
   double macs_ = 0;

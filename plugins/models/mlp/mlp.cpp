@@ -8,6 +8,7 @@
 #include "trainyard/classification.hpp"
 #include "trainyard/model.hpp"
 #include "trainyard/plugin.hpp"
+#include "trainyard/sequential_block.hpp"
 
 namespace trainyard {
 namespace {
@@ -31,14 +32,14 @@ class Mlp final : public Model {
       layer->push_back(torch::nn::Linear(width, hidden[i]));
       layer->push_back(torch::nn::ReLU());
       if (dropout > 0) layer->push_back(torch::nn::Dropout(dropout));
-      add_block("hidden" + std::to_string(i), layer);
+      blocks_.push_back(sequential_block(*root_, "hidden" + std::to_string(i), layer));
       macs_ += static_cast<double>(width * hidden[i]);
       width = hidden[i];
     }
     torch::nn::Sequential head;
     if (hidden.empty()) head->push_back(torch::nn::Flatten());
     head->push_back(torch::nn::Linear(width, context.data.num_classes));
-    add_block("head", head);
+    blocks_.push_back(sequential_block(*root_, "head", head));
     macs_ += static_cast<double>(width * context.data.num_classes);
   }
 
@@ -55,12 +56,6 @@ class Mlp final : public Model {
   double flops_per_sample() const override { return 6.0 * macs_; }
 
  private:
-  void add_block(const std::string& name, torch::nn::Sequential layer) {
-    root_->register_module(name, layer);
-    auto module = layer.ptr();
-    blocks_.push_back({name, module, [module](const torch::Tensor& x) { return module->forward(x); }});
-  }
-
   std::shared_ptr<torch::nn::Module> root_ = std::make_shared<torch::nn::Module>("Mlp");
   std::vector<Block> blocks_;
   double macs_ = 0;

@@ -1,0 +1,16 @@
+#pragma once
+// File-system operations the runtime needs beyond std::filesystem.
+
+#include <filesystem>
+
+namespace trainyard {
+
+// Removes `path` and everything below it; a missing path is not an error. Throws Error naming the
+// entry that could not be removed.
+//
+// std::filesystem::remove_all is not used: LibTorch's shared library exports its own copy of
+// several std::filesystem functions, and depending on symbol resolution order a process can bind
+// to that copy, which crashes in remove_all.
+void remove_tree(const std::filesystem::path& path);
+
+}  // namespace trainyard

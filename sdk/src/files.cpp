@@ -1,0 +1,39 @@
+#include "trainyard/files.hpp"
+
+#include <ftw.h>
+#include <sys/stat.h>
+
+#include <cerrno>
+#include <cstdio>
+#include <cstring>
+#include <string>
+
+#include "trainyard/error.hpp"
+
+namespace trainyard {
+
+namespace {
+
+thread_local std::string failed_entry;
+
+int remove_entry(const char* path, const struct stat*, int, struct FTW*) {
+  if (std::remove(path) != 0 && errno != ENOENT) {
+    failed_entry = std::string(path) + ": " + std::strerror(errno);
+    return 1;
+  }
+  return 0;
+}
+
+}  // namespace
+
+void remove_tree(const std::filesystem::path& path) {
+  struct stat info {};
+  if (::lstat(path.c_str(), &info) != 0) return;
+  failed_entry.clear();
+  // Children before their folder, symbolic links removed rather than followed.
+  if (::nftw(path.c_str(), remove_entry, 16, FTW_DEPTH | FTW_PHYS) != 0) {
+    throw Error("cannot remove " + (failed_entry.empty() ? path.string() : failed_entry));
+  }
+}
+
+}  // namespace trainyard

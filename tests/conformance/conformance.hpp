@@ -1,0 +1,82 @@
+#pragma once
+// Shared pieces of the conformance suites: one process-wide registry holding every plugin under
+// test, the parameter lists the suites instantiate over, and small builders.
+//
+// The plugins under test are the bundled ones plus every folder or library listed in
+// TRAINYARD_CONFORMANCE_PLUGIN_PATH (colon-separated), so a third party runs the suites on its
+// plugin with:
+//   TRAINYARD_CONFORMANCE_PLUGIN_PATH=/path/to/my/plugins build/tests/conformance/conformance_tests
+
+#include <gtest/gtest.h>
+
+#include <cstdio>
+#include <filesystem>
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "trainyard/build_context.hpp"
+#include "trainyard/config.hpp"
+#include "trainyard/registry.hpp"
+
+namespace trainyard::conformance {
+
+// The registry every suite builds from. Loaded on first use and never destroyed, so that objects
+// the plugins create (and the libraries behind them) outlive every test.
+Registry& registry();
+
+// Errors met while loading plugin folders (reported by ConformancePlugins.LoadWithoutErrors
+// rather than aborting the whole executable).
+const std::vector<std::string>& load_errors();
+
+// The names of every component of `kind` in registry().
+std::vector<std::string> plugin_names(const std::string& kind);
+
+// Test-name suffix for a plugin name: GoogleTest allows only [A-Za-z0-9_].
+struct PluginNameGenerator {
+  std::string operator()(const ::testing::TestParamInfo<std::string>& info) const {
+    std::string out = info.param;
+    for (char& c : out) {
+      const bool ok = (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9');
+      if (!ok) c = '_';
+    }
+    return out.empty() ? std::string("unnamed") : out;
+  }
+};
+
+// An options section holding `table` (empty: every option takes its default).
+inline Config section(const std::string& name, std::shared_ptr<Table> table = {}) {
+  if (!table) table = std::make_shared<Table>();
+  return Config(std::move(table), name);
+}
+
+// True when the component declares an option called `option_name`.
+inline bool has_option(const std::string& kind, const std::string& name,
+                       const std::string& option_name) {
+  for (const auto& spec : registry().info(kind, name).options) {
+    if (spec.name == option_name) return true;
+  }
+  return false;
+}
+
+// A CPU build context for a small image-classification dataset.
+inline BuildContext classification_context(std::vector<std::int64_t> input_shape = {1, 28, 28},
+                                           std::int64_t classes = 10) {
+  BuildContext context;
+  context.device = c10::Device(c10::kCPU);
+  context.seed = 1234;
+  context.data.input_shape = std::move(input_shape);
+  context.data.num_classes = classes;
+  return context;
+}
+
+}  // namespace trainyard::conformance
+
+// Instantiates `suite` over every plugin of `kind`. A kind without plugins (a third party's
+// folder holding other kinds) is not an error.
+#define TRAINYARD_CONFORMANCE_SUITE(suite, kind)                                              \
+  GTEST_ALLOW_UNINSTANTIATED_PARAMETERIZED_TEST(suite);                                       \
+  INSTANTIATE_TEST_SUITE_P(, suite,                                                           \
+                           ::testing::ValuesIn(::trainyard::conformance::plugin_names(kind)), \
+                           ::trainyard::conformance::PluginNameGenerator())

@@ -1,0 +1,215 @@
+// Dataset conformance: info() matches the samples, splits are map-style xor streaming, map
+// splits are deterministic, batch-consistent and thread-safe.
+
+#include <ATen/ATen.h>
+
+#include <map>
+#include <mutex>
+#include <thread>
+
+#include "conformance.hpp"
+#include "trainyard/dataset.hpp"
+#include "trainyard/error.hpp"
+
+namespace {
+
+using namespace trainyard;
+
+class DatasetConformance : public ::testing::TestWithParam<std::string> {
+ protected:
+  // Built once per plugin (loading real data is slow); kept for the whole process.
+  std::shared_ptr<Dataset> dataset() {
+    static std::mutex mutex;
+    static auto* cache = new std::map<std::string, std::shared_ptr<Dataset>>;
+    std::lock_guard<std::mutex> lock(mutex);
+    auto& slot = (*cache)[GetParam()];
+    if (!slot) {
+      slot = conformance::registry().create<Dataset>(GetParam(), conformance::section("dataset"),
+                                                     conformance::classification_context());
+    }
+    return slot;
+  }
+
+  std::vector<std::string> map_splits() {
+    std::vector<std::string> out;
+    for (const auto& split : dataset()->splits()) {
+      if (dataset()->map_split(split)) out.push_back(split);
+    }
+    return out;
+  }
+
+  // A few indices spread over the split, some repeated, not sorted.
+  static std::vector<std::int64_t> probe_indices(std::int64_t size) {
+    std::vector<std::int64_t> out = {size - 1, 0, size / 2, size / 3, 0};
+    if (size > 7) out.push_back(7);
+    return out;
+  }
+};
+
+void expect_same_tensors(const TensorMap& a, const TensorMap& b, const std::string& what) {
+  ASSERT_EQ(a.size(), b.size()) << what;
+  for (const auto& [name, tensor] : a) {
+    auto it = b.find(name);
+    ASSERT_NE(it, b.end()) << what << ": missing '" << name << "'";
+    const auto& other = it->second;
+    EXPECT_EQ(tensor.scalar_type(), other.scalar_type()) << what << ": '" << name << "'";
+    ASSERT_TRUE(tensor.sizes().equals(other.sizes()))
+        << what << ": '" << name << "' " << tensor.sizes() << " vs " << other.sizes();
+    EXPECT_TRUE(at::equal(tensor, other)) << what << ": '" << name << "' differs";
+  }
+}
+
+void check_sample(const TensorMap& sample, const DatasetInfo& info, const std::string& what) {
+  auto input = sample.find("input");
+  ASSERT_NE(input, sample.end()) << what << ": sample has no 'input'";
+  EXPECT_EQ(input->second.sizes().vec(), info.input_shape) << what;
+  if (info.num_classes > 0) {
+    auto target = sample.find("target");
+    ASSERT_NE(target, sample.end()) << what << ": classification sample has no 'target'";
+    const auto& t = target->second;
+    EXPECT_EQ(t.dim(), 0) << what << ": a sample's target is one class index";
+    EXPECT_FALSE(at::isFloatingType(t.scalar_type())) << what << ": target must be integral";
+    EXPECT_GE(t.min().item<std::int64_t>(), 0) << what;
+    EXPECT_LT(t.max().item<std::int64_t>(), info.num_classes) << what;
+  }
+}
+
+TEST_P(DatasetConformance, SplitsAreEachExactlyOneKind) {
+  auto splits = dataset()->splits();
+  ASSERT_FALSE(splits.empty());
+  for (const auto& split : splits) {
+    const bool map = dataset()->map_split(split) != nullptr;
+    const bool stream = dataset()->stream_split(split) != nullptr;
+    EXPECT_NE(map, stream) << "split '" << split << "' must be exactly one of map or stream";
+  }
+}
+
+TEST_P(DatasetConformance, UnknownSplitIsNull) {
+  EXPECT_EQ(dataset()->map_split("no_such_split_xyz"), nullptr);
+  EXPECT_EQ(dataset()->stream_split("no_such_split_xyz"), nullptr);
+}
+
+TEST_P(DatasetConformance, InfoMatchesSamples) {
+  const DatasetInfo info = dataset()->info();
+  EXPECT_FALSE(info.input_shape.empty());
+  for (auto d : info.input_shape) EXPECT_GT(d, 0);
+  EXPECT_GE(info.num_classes, 0);
+  for (const auto& split : dataset()->splits()) {
+    if (auto source = dataset()->map_split(split)) {
+      ASSERT_GT(source->size(), 0) << "split '" << split << "' is empty";
+      for (auto index : probe_indices(source->size())) {
+        check_sample(source->get(index), info, split + "[" + std::to_string(index) + "]");
+      }
+    } else if (auto stream_source = dataset()->stream_split(split)) {
+      auto stream = stream_source->open(StreamShard{});
+      ASSERT_NE(stream, nullptr) << split;
+      for (int i = 0; i < 3; ++i) {
+        auto sample = stream->next();
+        if (!sample) break;
+        check_sample(*sample, info, split + " stream sample " + std::to_string(i));
+      }
+    }
+  }
+}
+
+TEST_P(DatasetConformance, MapGetIsDeterministic) {
+  for (const auto& split : map_splits()) {
+    auto source = dataset()->map_split(split);
+    EXPECT_EQ(dataset()->map_split(split)->size(), source->size());
+    for (auto index : probe_indices(source->size())) {
+      TensorMap first = source->get(index);
+      TensorMap second = source->get(index);
+      expect_same_tensors(first, second, split + ".get(" + std::to_string(index) + ") twice");
+    }
+  }
+}
+
+TEST_P(DatasetConformance, MapGetBatchEqualsCollatedGet) {
+  for (const auto& split : map_splits()) {
+    auto source = dataset()->map_split(split);
+    auto indices = probe_indices(source->size());
+    std::vector<TensorMap> samples;
+    for (auto index : indices) samples.push_back(source->get(index));
+    Batch expected = collate(samples);
+    Batch batch = source->get_batch(indices);
+    EXPECT_EQ(batch.size, static_cast<std::int64_t>(indices.size())) << split;
+    expect_same_tensors(batch.tensors, expected.tensors, split + ".get_batch vs collate(get)");
+    // The caller's index buffer may be reused at once: the batch must not alias it.
+    std::vector<std::int64_t> scratch = indices;
+    Batch again = source->get_batch(scratch);
+    std::fill(scratch.begin(), scratch.end(), 0);
+    expect_same_tensors(again.tensors, expected.tensors, split + ".get_batch after reuse");
+  }
+}
+
+TEST_P(DatasetConformance, MapGetBatchIsThreadSafe) {
+  for (const auto& split : map_splits()) {
+    auto source = dataset()->map_split(split);
+    const std::int64_t size = source->size();
+    std::vector<std::vector<std::int64_t>> index_sets;
+    for (std::int64_t t = 0; t < 8; ++t) {
+      std::vector<std::int64_t> set;
+      for (std::int64_t i = 0; i < 16; ++i) set.push_back((t * 977 + i * 131) % size);
+      index_sets.push_back(set);
+    }
+    std::vector<Batch> serial;
+    for (const auto& set : index_sets) serial.push_back(source->get_batch(set));
+
+    constexpr int kThreads = 4;
+    constexpr int kRounds = 5;
+    std::vector<std::vector<Batch>> parallel(kThreads);
+    std::vector<std::string> errors(kThreads);
+    std::vector<std::thread> threads;
+    for (int t = 0; t < kThreads; ++t) {
+      threads.emplace_back([&, t] {
+        try {
+          for (int round = 0; round < kRounds; ++round) {
+            for (std::size_t s = 0; s < index_sets.size(); ++s) {
+              parallel[t].push_back(source->get_batch(index_sets[(s + t) % index_sets.size()]));
+            }
+          }
+        } catch (const std::exception& error) {
+          errors[t] = error.what();
+        }
+      });
+    }
+    for (auto& thread : threads) thread.join();
+    for (int t = 0; t < kThreads; ++t) {
+      ASSERT_TRUE(errors[t].empty()) << "thread " << t << ": " << errors[t];
+      for (std::size_t i = 0; i < parallel[t].size(); ++i) {
+        const std::size_t s = (i % index_sets.size() + t) % index_sets.size();
+        expect_same_tensors(parallel[t][i].tensors, serial[s].tensors,
+                            split + " parallel get_batch, thread " + std::to_string(t));
+      }
+    }
+  }
+}
+
+TEST_P(DatasetConformance, StreamIsDeterministicAndResumable) {
+  bool any = false;
+  for (const auto& split : dataset()->splits()) {
+    auto source = dataset()->stream_split(split);
+    if (!source) continue;
+    any = true;
+    StreamShard shard;
+    shard.seed = 5;
+    auto a = source->open(shard);
+    auto b = source->open(shard);
+    auto first_a = a->next();
+    auto first_b = b->next();
+    ASSERT_TRUE(first_a && first_b) << split << ": stream yields nothing";
+    expect_same_tensors(*first_a, *first_b, split + ": same shard, same first sample");
+    TensorMap position = a->state();
+    auto next_a = a->next();
+    auto resumed = source->open(shard);
+    resumed->restore(position);
+    auto next_resumed = resumed->next();
+    ASSERT_EQ(next_a.has_value(), next_resumed.has_value()) << split;
+    if (next_a) expect_same_tensors(*next_a, *next_resumed, split + ": restored stream");
+  }
+  if (!any) GTEST_SKIP() << "no streaming splits";
+}
+
+}  // namespace
+
+TRAINYARD_CONFORMANCE_SUITE(DatasetConformance, "dataset");

@@ -1,0 +1,135 @@
+// Device backend conformance: availability queries never crash; an available device has a
+// device 0 of its type, events that measure time, memory statistics, pinning that preserves
+// values and generator state that restores exactly.
+
+#include <ATen/ATen.h>
+#include <torch/utils.h>
+
+#include <chrono>
+#include <thread>
+
+#include "conformance.hpp"
+#include "trainyard/device.hpp"
+
+namespace {
+
+using trainyard::DeviceBackend;
+
+class DeviceConformance : public ::testing::TestWithParam<std::string> {
+ protected:
+  std::shared_ptr<DeviceBackend> build() {
+    return trainyard::conformance::registry().create<DeviceBackend>(
+        GetParam(), trainyard::conformance::section("device"),
+        trainyard::conformance::classification_context());
+  }
+  // The backend, or null after deciding to skip because the device is absent here.
+  std::shared_ptr<DeviceBackend> build_available() {
+    auto backend = build();
+    if (!backend->available()) {
+      skipped_ = "device '" + GetParam() + "' is not available on this machine";
+      return nullptr;
+    }
+    return backend;
+  }
+  std::string skipped_;
+};
+
+#define AVAILABLE_OR_SKIP(var)         \
+  auto var = build_available();        \
+  if (!var) GTEST_SKIP() << skipped_;
+
+TEST_P(DeviceConformance, AvailabilityQueriesDoNotCrash) {
+  auto backend = build();
+  const bool available = backend->available();
+  const int count = backend->device_count();
+  EXPECT_GE(count, 0);
+  if (available) {
+    EXPECT_GE(count, 1) << "an available device has at least one index";
+  }
+  if (GetParam() == "cpu") {
+    EXPECT_TRUE(available);
+    EXPECT_GE(count, 1);
+  }
+  // Safe to call on a device that is absent too.
+  EXPECT_NO_THROW(backend->manual_seed(1));
+}
+
+TEST_P(DeviceConformance, DeviceZeroHasTheBackendsType) {
+  AVAILABLE_OR_SKIP(backend);
+  for (int i = 0; i < backend->device_count(); ++i) {
+    const torch::Device device = backend->device(i);
+    EXPECT_EQ(c10::DeviceTypeName(device.type(), /*lower_case=*/true), GetParam())
+        << "a device backend is named after the device type it drives";
+    if (GetParam() == "cpu") { EXPECT_TRUE(device.is_cpu()); }
+    if (device.has_index()) { EXPECT_EQ(device.index(), i); }
+  }
+}
+
+TEST_P(DeviceConformance, EventsMeasureElapsedTime) {
+  AVAILABLE_OR_SKIP(backend);
+  auto start = backend->create_event(0);
+  auto stop = backend->create_event(0);
+  ASSERT_NE(start, nullptr);
+  ASSERT_NE(stop, nullptr);
+  start->record();
+  // Some work on the device, then wall time.
+  torch::Tensor x = torch::randn({256, 256}, torch::TensorOptions().device(backend->device(0)));
+  for (int i = 0; i < 4; ++i) x = x.matmul(x).tanh();
+  std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  stop->record();
+  backend->synchronize(0);
+  const double elapsed = start->elapsed_ms(*stop);
+  EXPECT_TRUE(std::isfinite(elapsed));
+  EXPECT_GE(elapsed, 0.0);
+  if (GetParam() == "cpu") { EXPECT_GE(elapsed, 15.0) << "the cpu timeline is wall time"; }
+}
+
+TEST_P(DeviceConformance, MemoryStatistics) {
+  AVAILABLE_OR_SKIP(backend);
+  backend->reset_peak_memory(0);
+  torch::Tensor held =
+      torch::ones({1 << 20}, torch::TensorOptions().device(backend->device(0)));  // 4 MiB
+  backend->synchronize(0);
+  const auto memory = backend->memory(0);
+  EXPECT_GT(memory.current_bytes, 0);
+  EXPECT_GT(memory.peak_bytes, 0);
+  EXPECT_GE(memory.peak_bytes, memory.current_bytes);
+  EXPECT_GE(memory.total_bytes, 0);
+  if (memory.total_bytes > 0) { EXPECT_LE(memory.current_bytes, memory.total_bytes); }
+  EXPECT_EQ(held.sum().item<float>(), static_cast<float>(1 << 20));
+}
+
+TEST_P(DeviceConformance, PinPreservesValues) {
+  AVAILABLE_OR_SKIP(backend);
+  torch::Tensor host = torch::arange(100, torch::kFloat);
+  torch::Tensor pinned = backend->pin(host);
+  ASSERT_TRUE(pinned.defined());
+  EXPECT_TRUE(pinned.device().is_cpu());
+  EXPECT_TRUE(at::equal(pinned, host));
+  torch::Tensor there = pinned.to(backend->device(0), /*non_blocking=*/true);
+  backend->synchronize(0);
+  EXPECT_TRUE(at::equal(there.cpu(), host));
+}
+
+TEST_P(DeviceConformance, RngStateRestoresTheSequence) {
+  AVAILABLE_OR_SKIP(backend);
+  backend->manual_seed(1234);
+  trainyard::StateDict saved;
+  backend->save_rng_state(saved);
+  if (saved.tensors.empty()) {
+    GTEST_SKIP() << "the backend keeps no generator state of its own (the engine saves torch's "
+                    "default CPU generator)";
+  }
+  const auto options = torch::TensorOptions().device(backend->device(0));
+  torch::Tensor first = torch::randn({64}, options).cpu();
+  backend->load_rng_state(saved);
+  torch::Tensor again = torch::randn({64}, options).cpu();
+  EXPECT_TRUE(at::equal(first, again)) << "load_rng_state did not restore the generator";
+  backend->manual_seed(1234);
+  torch::Tensor reseeded = torch::randn({64}, options).cpu();
+  EXPECT_TRUE(at::equal(first, reseeded)) << "manual_seed is not deterministic";
+}
+
+}  // namespace
+
+TRAINYARD_CONFORMANCE_SUITE(DeviceConformance, "device");

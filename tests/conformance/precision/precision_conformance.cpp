@@ -1,0 +1,147 @@
+// Precision conformance: the device check, loss scaling that unscales exactly, state that
+// round-trips, and an autocast guard that restores what was there before.
+
+#include <ATen/ATen.h>
+#include <ATen/autocast_mode.h>
+#include <torch/utils.h>
+
+#include "conformance.hpp"
+#include "trainyard/error.hpp"
+#include "trainyard/precision.hpp"
+
+namespace {
+
+using namespace trainyard;
+
+class PrecisionConformance : public ::testing::TestWithParam<std::string> {
+ protected:
+  std::shared_ptr<Precision> build() {
+    return conformance::registry().create<Precision>(GetParam(), conformance::section("precision"),
+                                                     conformance::classification_context());
+  }
+  // True when the precision runs on the CPU; a refusal must be a trainyard::Error.
+  bool runs_on_cpu(const Precision& precision) {
+    try {
+      precision.check_device(torch::Device(torch::kCPU));
+      return true;
+    } catch (const Error& error) {
+      cpu_refusal_ = error.what();
+      return false;
+    }
+  }
+  std::string cpu_refusal_;
+};
+
+TEST_P(PrecisionConformance, CheckDeviceCpu) {
+  auto precision = build();
+  if (GetParam() == "fp32") {
+    EXPECT_NO_THROW(precision->check_device(torch::Device(torch::kCPU)));
+    EXPECT_FALSE(precision->autocast_dtype().has_value()) << "fp32 runs without autocast";
+    return;
+  }
+  if (!runs_on_cpu(*precision)) {
+    EXPECT_FALSE(cpu_refusal_.empty());
+    GTEST_SKIP() << "refuses the CPU: " << cpu_refusal_;
+  }
+}
+
+TEST_P(PrecisionConformance, ScaledGradientsUnscaleToTheUnscaledOnes) {
+  auto precision = build();
+  if (!runs_on_cpu(*precision)) GTEST_SKIP() << "refuses the CPU: " << cpu_refusal_;
+  torch::manual_seed(11);
+  torch::Tensor w = torch::randn({4, 3}).requires_grad_();
+  torch::Tensor b = torch::randn({3}).requires_grad_();
+  torch::Tensor x = torch::randn({8, 4});
+  auto loss_fn = [&] { return (x.matmul(w) + b).tanh().pow(2).mean(); };
+
+  loss_fn().backward();
+  torch::Tensor expected_w = w.grad().clone();
+  torch::Tensor expected_b = b.grad().clone();
+  w.mutable_grad() = torch::Tensor();
+  b.mutable_grad() = torch::Tensor();
+
+  for (int round = 0; round < 3; ++round) {
+    torch::Tensor loss = loss_fn();
+    torch::Tensor scaled = precision->scale_loss(loss);
+    ASSERT_TRUE(scaled.defined());
+    ASSERT_EQ(scaled.dim(), 0);
+    scaled.backward();
+    std::vector<torch::Tensor> grads = {w.grad(), b.grad()};
+    EXPECT_TRUE(precision->unscale_and_check(grads)) << "finite gradients reported non-finite";
+    EXPECT_TRUE(torch::allclose(w.grad(), expected_w, 1e-5, 1e-7))
+        << "round " << round << ": max diff " << (w.grad() - expected_w).abs().max().item<double>();
+    EXPECT_TRUE(torch::allclose(b.grad(), expected_b, 1e-5, 1e-7)) << "round " << round;
+    precision->update(false);
+    w.mutable_grad() = torch::Tensor();
+    b.mutable_grad() = torch::Tensor();
+  }
+}
+
+void expect_same_state(const StateDict& a, const StateDict& b) {
+  EXPECT_EQ(a.metadata, b.metadata);
+  ASSERT_EQ(a.tensors.size(), b.tensors.size());
+  for (const auto& [key, tensor] : a.tensors) {
+    auto it = b.tensors.find(key);
+    ASSERT_NE(it, b.tensors.end()) << key;
+    EXPECT_TRUE(at::equal(tensor, it->second)) << key;
+  }
+}
+
+TEST_P(PrecisionConformance, StateRoundTrips) {
+  auto precision = build();
+  // Move the state away from its initial value where the plugin has any.
+  precision->update(true);
+  precision->update(false);
+  StateDict saved;
+  precision->save_state(saved);
+  auto fresh = build();
+  fresh->load_state(saved);
+  StateDict again;
+  fresh->save_state(again);
+  expect_same_state(saved, again);
+  EXPECT_EQ(precision->metrics(), fresh->metrics());
+}
+
+TEST_P(PrecisionConformance, AutocastGuardRestoresPreviousState) {
+  auto precision = build();
+  const auto dtype = precision->autocast_dtype();
+  for (auto device_type : {torch::kCPU, torch::kCUDA}) {
+    const bool enabled_before = at::autocast::is_autocast_enabled(device_type);
+    const auto dtype_before = at::autocast::get_autocast_dtype(device_type);
+    {
+      AutocastGuard guard(device_type, dtype);
+      if (dtype) {
+        EXPECT_TRUE(at::autocast::is_autocast_enabled(device_type));
+        EXPECT_EQ(at::autocast::get_autocast_dtype(device_type), *dtype);
+        {
+          AutocastGuard inner(device_type, dtype);
+          EXPECT_TRUE(at::autocast::is_autocast_enabled(device_type));
+        }
+        EXPECT_TRUE(at::autocast::is_autocast_enabled(device_type)) << "inner guard ended autocast";
+      } else {
+        EXPECT_EQ(at::autocast::is_autocast_enabled(device_type), enabled_before);
+      }
+    }
+    EXPECT_EQ(at::autocast::is_autocast_enabled(device_type), enabled_before);
+    EXPECT_EQ(at::autocast::get_autocast_dtype(device_type), dtype_before);
+  }
+  // Nested inside an already-enabled autocast of another dtype.
+  if (dtype) {
+    const auto saved_dtype = at::autocast::get_autocast_dtype(torch::kCPU);
+    const auto other = *dtype == torch::kBFloat16 ? torch::kHalf : torch::kBFloat16;
+    at::autocast::set_autocast_enabled(torch::kCPU, true);
+    at::autocast::set_autocast_dtype(torch::kCPU, other);
+    {
+      AutocastGuard guard(torch::kCPU, dtype);
+      EXPECT_EQ(at::autocast::get_autocast_dtype(torch::kCPU), *dtype);
+    }
+    EXPECT_TRUE(at::autocast::is_autocast_enabled(torch::kCPU));
+    EXPECT_EQ(at::autocast::get_autocast_dtype(torch::kCPU), other);
+    at::autocast::set_autocast_enabled(torch::kCPU, false);
+    at::autocast::set_autocast_dtype(torch::kCPU, saved_dtype);
+  }
+}
+
+}  // namespace
+
+TRAINYARD_CONFORMANCE_SUITE(PrecisionConformance, "precision");

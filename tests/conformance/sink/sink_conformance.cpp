@@ -1,0 +1,103 @@
+// Metric sink conformance: begin / write / end work with the run's output folder; the jsonl
+// sink writes one line per record.
+
+#include <cmath>
+#include <filesystem>
+#include <limits>
+
+#include "conformance.hpp"
+#include "test_support.hpp"
+#include "trainyard/metrics.hpp"
+
+namespace {
+
+namespace fs = std::filesystem;
+using trainyard::MetricRecord;
+using trainyard::MetricsSink;
+using trainyard::RunInfo;
+
+class SinkConformance : public ::testing::TestWithParam<std::string> {
+ protected:
+  std::shared_ptr<MetricsSink> build() {
+    return trainyard::conformance::registry().create<MetricsSink>(
+        GetParam(), trainyard::conformance::section("sinks." + GetParam()),
+        trainyard::conformance::classification_context());
+  }
+
+  static std::vector<MetricRecord> records() {
+    std::vector<MetricRecord> out;
+    for (int i = 1; i <= 3; ++i) {
+      MetricRecord r;
+      r.phase = "train";
+      r.step = i * 10;
+      r.epoch = 0;
+      r.elapsed_s = 0.5 * i;
+      r.values = {{"loss", 2.0 / i}, {"lr", 0.1}, {"samples_per_s", 1234.5}};
+      out.push_back(r);
+    }
+    MetricRecord eval;
+    eval.phase = "eval";
+    eval.step = 30;
+    eval.epoch = 1;
+    eval.elapsed_s = 2.0;
+    eval.values = {{"loss", 0.75}, {"accuracy", 0.8}};
+    out.push_back(eval);
+    MetricRecord summary;
+    summary.phase = "summary";
+    summary.step = 30;
+    summary.epoch = 1;
+    summary.elapsed_s = 2.5;
+    summary.values = {};
+    out.push_back(summary);
+    return out;
+  }
+
+  static RunInfo run_info(const fs::path& dir) {
+    RunInfo run;
+    run.name = "conformance";
+    run.total_steps = 30;
+    run.steps_per_epoch = 30;
+    run.epochs = 1;
+    run.output_dir = dir.string();
+    return run;
+  }
+};
+
+TEST_P(SinkConformance, BeginWriteEnd) {
+  auto sink = build();
+  trainyard::testing::TempDir dir;
+  const auto all = records();
+  ASSERT_NO_THROW(sink->begin(run_info(dir.path())));
+  for (const auto& record : all) ASSERT_NO_THROW(sink->write(record));
+  ASSERT_NO_THROW(sink->end());
+
+  if (GetParam() != "jsonl") return;
+  const fs::path file = dir / "metrics.jsonl";
+  ASSERT_TRUE(std::filesystem::exists(file)) << file;
+  auto lines = trainyard::testing::read_lines(file);
+  while (!lines.empty() && lines.back().empty()) lines.pop_back();
+  ASSERT_EQ(lines.size(), all.size());
+  for (std::size_t i = 0; i < lines.size(); ++i) {
+    ASSERT_FALSE(lines[i].empty());
+    EXPECT_EQ(lines[i].front(), '{') << lines[i];
+    EXPECT_EQ(lines[i].back(), '}') << lines[i];
+    EXPECT_NE(lines[i].find(all[i].phase), std::string::npos) << lines[i];
+  }
+}
+
+TEST_P(SinkConformance, NonFiniteValuesDoNotThrow) {
+  auto sink = build();
+  trainyard::testing::TempDir dir;
+  sink->begin(run_info(dir.path()));
+  MetricRecord record;
+  record.phase = "train";
+  record.step = 1;
+  record.values = {{"loss", std::numeric_limits<double>::quiet_NaN()},
+                   {"grad_norm", std::numeric_limits<double>::infinity()}};
+  EXPECT_NO_THROW(sink->write(record));
+  EXPECT_NO_THROW(sink->end());
+}
+
+}  // namespace
+
+TRAINYARD_CONFORMANCE_SUITE(SinkConformance, "sink");

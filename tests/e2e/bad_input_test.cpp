@@ -1,0 +1,240 @@
+// Bad input: every case ends with one clear error line on stderr and a non-zero exit — never a
+// crash, a stack dump or a hang.
+
+#include <gtest/gtest.h>
+#include <zlib.h>
+
+#include <filesystem>
+#include <string>
+#include <vector>
+
+#include "test_support.hpp"
+
+namespace trainyard::testing {
+namespace {
+
+namespace fs = std::filesystem;
+
+constexpr const char* kValidRecipe = R"([run]
+max_steps = 2
+[dataset]
+plugin = "synthetic"
+samples = 64
+[model]
+plugin = "mlp"
+[optimizer]
+plugin = "sgd"
+)";
+
+// Runs the host and checks the shape of a clean failure; returns the error line.
+std::string expect_clean_failure(const std::vector<std::string>& args) {
+  auto result = run_host(args, {}, 120);
+  EXPECT_FALSE(result.timed_out);
+  EXPECT_EQ(result.exit_code, 1) << "stdout:\n" << result.out << "\nstderr:\n" << result.err;
+  EXPECT_EQ(result.err.rfind("trainyard: error: ", 0), 0u) << result.err;
+  // One line, no C++ backtrace, no abort message.
+  EXPECT_EQ(std::count(result.err.begin(), result.err.end(), '\n'), 1) << result.err;
+  EXPECT_EQ(result.err.find("frame #"), std::string::npos);
+  EXPECT_EQ(result.err.find("terminate called"), std::string::npos);
+  return result.err;
+}
+
+TEST(BadInputTest, UnknownPluginListsTheKnownOnes) {
+  TempDir dir;
+  auto recipe = dir.write("r.toml", kValidRecipe);
+  auto error = expect_clean_failure({"run", recipe.string(), "--set", "model.plugin=resnet"});
+  EXPECT_HAS(error, "unknown model plugin 'resnet'");
+  EXPECT_HAS(error, "known: cnn, mlp");
+  EXPECT_HAS(error, "--set model.plugin=resnet");
+}
+
+TEST(BadInputTest, MissingPluginSectionNamesTheChoices) {
+  TempDir dir;
+  auto recipe = dir.write("r.toml", "[dataset]\nplugin = \"synthetic\"\n[optimizer]\nplugin = \"sgd\"\n");
+  auto error = expect_clean_failure({"run", recipe.string()});
+  EXPECT_HAS(error, "missing section [model]");
+  EXPECT_HAS(error, "cnn, mlp");
+}
+
+TEST(BadInputTest, UnknownKeyIsLocatedByLineAndColumn) {
+  TempDir dir;
+  auto recipe = dir.write("r.toml", std::string(kValidRecipe) + "chanels = [1, 2]\n");
+  auto error = expect_clean_failure({"validate", recipe.string()});
+  EXPECT_HAS(error, "r.toml:10:11");
+  EXPECT_HAS(error, "unknown option 'optimizer.chanels'");
+}
+
+TEST(BadInputTest, WrongTypeIsLocatedByLineAndColumn) {
+  TempDir dir;
+  auto recipe = dir.write("r.toml", std::string(kValidRecipe) + "[loader]\nbatch_size = \"64\"\n");
+  auto error = expect_clean_failure({"validate", recipe.string()});
+  EXPECT_HAS(error, "r.toml:11:14");
+  EXPECT_HAS(error, "loader.batch_size must be");
+  EXPECT_HAS(error, "integer");
+}
+
+TEST(BadInputTest, UnknownSectionIsRefused) {
+  TempDir dir;
+  auto recipe = dir.write("r.toml", std::string(kValidRecipe) + "[modle]\nplugin = \"cnn\"\n");
+  auto error = expect_clean_failure({"validate", recipe.string()});
+  EXPECT_HAS(error, "unknown recipe section 'modle'");
+}
+
+TEST(BadInputTest, TomlSyntaxErrorIsLocated) {
+  TempDir dir;
+  auto recipe = dir.write("r.toml", "[run]\nseed = = 1\n");
+  auto error = expect_clean_failure({"validate", recipe.string()});
+  EXPECT_HAS(error, "r.toml:2:");
+}
+
+TEST(BadInputTest, ExtendsCycleIsRefused) {
+  TempDir dir;
+  dir.write("a.toml", "extends = \"b.toml\"\n");
+  dir.write("b.toml", "extends = \"c.toml\"\n");
+  auto c = dir.write("c.toml", "extends = \"a.toml\"\n");
+  auto error = expect_clean_failure({"validate", c.string()});
+  EXPECT_HAS(error, "extends cycle");
+  EXPECT_HAS(error, "a.toml -> ");
+}
+
+TEST(BadInputTest, MissingRecipeIsNamed) {
+  auto error = expect_clean_failure({"run", "recipes/no_such_recipe.toml"});
+  EXPECT_HAS(error, "no_such_recipe.toml");
+}
+
+TEST(BadInputTest, BadOptionValueIsLocated) {
+  TempDir dir;
+  auto recipe = dir.write("r.toml", std::string(kValidRecipe) + "lr = -1.0\n");
+  auto error = expect_clean_failure({"run", recipe.string()});
+  EXPECT_HAS(error, "r.toml:10:6");
+  EXPECT_HAS(error, "optimizer.lr must be >= 0");
+}
+
+TEST(BadInputTest, MissingDatasetFolderIsNamed) {
+  auto error = expect_clean_failure({"run", "recipes/fashion_mnist_mlp.toml", "--set",
+                                     "dataset.root=/nonexistent/fashion"});
+  EXPECT_HAS(error, "/nonexistent/fashion");
+}
+
+// A copy of the real data with one file replaced.
+fs::path dataset_copy(const TempDir& dir) {
+  fs::path root = dir / "fashion";
+  fs::create_directories(root);
+  for (const auto& item : fs::directory_iterator("/usr/share/datasets/fashion-mnist")) {
+    fs::copy_file(item.path(), root / item.path().filename());
+  }
+  return root;
+}
+
+TEST(BadInputTest, MissingDatasetFileIsNamed) {
+  TempDir dir;
+  fs::path root = dataset_copy(dir);
+  fs::remove(root / "t10k-labels-idx1-ubyte.gz");
+  auto error = expect_clean_failure({"run", "recipes/fashion_mnist_mlp.toml", "--set",
+                                     "dataset.root=" + root.string()});
+  EXPECT_HAS(error, "t10k-labels-idx1-ubyte");
+}
+
+TEST(BadInputTest, TruncatedGzipDatasetFileIsNamed) {
+  TempDir dir;
+  fs::path root = dataset_copy(dir);
+  fs::path file = root / "train-labels-idx1-ubyte.gz";
+  fs::resize_file(file, fs::file_size(file) / 2);
+  auto error = expect_clean_failure({"run", "recipes/fashion_mnist_mlp.toml", "--set",
+                                     "dataset.root=" + root.string()});
+  EXPECT_HAS(error, file.string());
+}
+
+TEST(BadInputTest, IdxFileShorterThanItsHeaderSaysIsNamed) {
+  TempDir dir;
+  fs::path root = dataset_copy(dir);
+  // A well-formed gzip stream whose IDX payload is shorter than the header promises.
+  fs::path file = root / "t10k-labels-idx1-ubyte.gz";
+  gzFile out = gzopen(file.c_str(), "wb");
+  const unsigned char header[] = {0, 0, 8, 1, 0, 0, 0x27, 0x10, 1, 2, 3};
+  gzwrite(out, header, sizeof header);
+  gzclose(out);
+  auto error = expect_clean_failure({"run", "recipes/fashion_mnist_mlp.toml", "--set",
+                                     "dataset.root=" + root.string()});
+  EXPECT_HAS(error, file.string());
+  EXPECT_HAS(error, "header promises 10000");
+}
+
+TEST(BadInputTest, PluginWithAnotherAbiIsRefusedWithBothVersions) {
+  TempDir dir;
+  auto recipe = dir.write("r.toml", kValidRecipe);
+  fs::path plugin = test_plugin_folder() / "libwrong_abi.so";
+  auto error = expect_clean_failure({"run", recipe.string(), "--plugin-path", plugin.string()});
+  EXPECT_HAS(error, plugin.string());
+  EXPECT_HAS(error, "wrong ABI version");
+  EXPECT_HAS(error, "it has version 2, this host supports version 1");
+}
+
+TEST(BadInputTest, PluginForAnotherLibTorchIsRefusedWithBothTags) {
+  fs::path plugin = test_plugin_folder() / "libwrong_build_tag.so";
+  auto error = expect_clean_failure({"plugins", "--plugin-path", plugin.string()});
+  EXPECT_HAS(error, plugin.string());
+  EXPECT_HAS(error, "built for libtorch 1.13.1");
+  EXPECT_HAS(error, "this host is built for libtorch 2.11.0");
+}
+
+TEST(BadInputTest, LibraryWithoutEntryPointIsRefused) {
+  fs::path plugin = test_plugin_folder() / "libno_entry_point.so";
+  auto error = expect_clean_failure({"plugins", "--plugin-path", plugin.string()});
+  EXPECT_HAS(error, plugin.string());
+  EXPECT_HAS(error, "no entry point 'trainyard_plugin_descriptor'");
+}
+
+TEST(BadInputTest, DuplicatePluginNamesBothLibraries) {
+  fs::path plugin = test_plugin_folder() / "libduplicate_mlp.so";
+  auto error = expect_clean_failure({"plugins", "--plugin-path", plugin.string()});
+  EXPECT_HAS(error, "duplicate model plugin 'mlp'");
+  EXPECT_HAS(error, "libtrainyard_model_mlp.so");
+  EXPECT_HAS(error, plugin.string());
+}
+
+TEST(BadInputTest, PluginFactoryExceptionIsReported) {
+  TempDir dir;
+  auto recipe = dir.write("r.toml", std::string(kValidRecipe) + "[sinks.throwing]\n");
+  fs::path plugin = test_plugin_folder() / "libthrowing.so";
+  auto error = expect_clean_failure({"run", recipe.string(), "--plugin-path", plugin.string()});
+  EXPECT_HAS(error, "sink plugin 'throwing'");
+  EXPECT_HAS(error, "always throws");
+}
+
+TEST(BadInputTest, UnavailableDeviceIsNamed) {
+  TempDir dir;
+  auto recipe = dir.write("r.toml", kValidRecipe);
+  auto result = run_host({"run", recipe.string(), "--set", "run.device=cuda"}, {}, 120);
+  if (result.exit_code == 0) GTEST_SKIP() << "a CUDA device is present";
+  auto error = expect_clean_failure({"run", recipe.string(), "--set", "run.device=cuda"});
+  EXPECT_HAS(error, "'cuda', which is not available");
+}
+
+TEST(BadInputTest, CorruptCheckpointIsNotLoaded) {
+  TempDir dir;
+  auto recipe = dir.write("r.toml", std::string(kValidRecipe) + "[checkpoint]\nplugin = \"torch\"\n");
+  auto out = "run.output_dir=" + (dir / "out").string();
+  auto first = run_host({"run", recipe.string(), "--set", out});
+  ASSERT_EQ(first.exit_code, 0) << first.err;
+  // 64 samples in batches of 64 for one epoch: the checkpoint of step 1.
+  fs::path checkpoint = dir / "out" / "checkpoints" / "step-000000001";
+  ASSERT_TRUE(fs::exists(checkpoint / "shared.pt"));
+  fs::resize_file(checkpoint / "shared.pt", 100);
+  auto error = expect_clean_failure(
+      {"run", recipe.string(), "--set", out, "--resume", checkpoint.string()});
+  EXPECT_HAS(error, (checkpoint / "shared.pt").string());
+  EXPECT_HAS(error, "truncated");
+}
+
+TEST(BadInputTest, UnknownCommandAndOptionAreUsageErrors) {
+  auto command = run_host({"trian"});
+  EXPECT_EQ(command.exit_code, 2);
+  EXPECT_NE(command.err.find("unknown command 'trian'"), std::string::npos);
+  auto option = run_host({"run", "recipes/fashion_mnist_cnn.toml", "--frobnicate"});
+  EXPECT_EQ(option.exit_code, 2);
+  EXPECT_NE(option.err.find("frobnicate"), std::string::npos);
+}
+
+}  // namespace
+}  // namespace trainyard::testing

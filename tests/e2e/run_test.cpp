@@ -1,0 +1,166 @@
+// Whole runs of the host binary on real recipes: training, configuration output, resume.
+
+#include <gtest/gtest.h>
+
+#include <filesystem>
+#include <regex>
+#include <string>
+#include <vector>
+
+#include "metrics_file.hpp"
+#include "test_support.hpp"
+
+namespace trainyard::testing {
+namespace {
+
+namespace fs = std::filesystem;
+
+std::string describe(const CommandResult& result) {
+  return "exit " + std::to_string(result.exit_code) + "\nstdout:\n" + result.out +
+         "\nstderr:\n" + result.err;
+}
+
+TEST(RunTest, ShortCnnRecipeLossFalls) {
+  TempDir dir;
+  auto result = run_host({"run", "recipes/fashion_mnist_cnn.toml", "--set", "run.max_steps=120",
+                          "--set", "run.log_every=20", "--set", "run.eval_max_batches=10",
+                          "--set", "run.output_dir=" + dir.path().string()});
+  ASSERT_EQ(result.exit_code, 0) << describe(result);
+  auto records = read_metrics(dir / "metrics.jsonl");
+  auto train = of_phase(records, "train");
+  ASSERT_GE(train.size(), 6u);
+  EXPECT_LT(train.back().at("loss"), 0.75 * train.front().at("loss"))
+      << "first " << train.front().at("loss") << " last " << train.back().at("loss");
+  auto eval = of_phase(records, "eval");
+  ASSERT_EQ(eval.size(), 1u);
+  EXPECT_GT(eval.front().at("accuracy"), 0.5);
+  // The console shows the progress lines the sink promises.
+  EXPECT_NE(result.out.find("step 120/120"), std::string::npos) << result.out;
+  EXPECT_TRUE(fs::exists(dir / "checkpoints")) << "the base recipe saves at the end";
+}
+
+TEST(RunTest, ShortMlpRecipeLossFalls) {
+  TempDir dir;
+  auto result = run_host({"run", "recipes/fashion_mnist_mlp.toml", "--set", "run.max_steps=100",
+                          "--set", "run.log_every=20", "--set", "run.eval_max_batches=10",
+                          "--set", "run.output_dir=" + dir.path().string()});
+  ASSERT_EQ(result.exit_code, 0) << describe(result);
+  auto train = of_phase(read_metrics(dir / "metrics.jsonl"), "train");
+  ASSERT_GE(train.size(), 5u);
+  EXPECT_LT(train.back().at("loss"), 0.75 * train.front().at("loss"));
+}
+
+TEST(RunTest, PrintConfigShowsEveryDefault) {
+  auto result = run_host({"run", "recipes/fashion_mnist_cnn.toml", "--print-config", "--set",
+                          "optimizer.lr=3e-4"});
+  ASSERT_EQ(result.exit_code, 0) << describe(result);
+  for (const char* expected :
+       {"[strategy]\nplugin = \"single\"", "[precision]\nplugin = \"fp32\"",
+        "[scheduler]\nplugin = \"constant\"", "lr = 0.0003", "batch_size = 64",
+        "channels = [32, 64]", "beta2 = 0.999", "[sinks.console]", "[sinks.jsonl]",
+        "every_steps = 0"}) {
+    EXPECT_NE(result.out.find(expected), std::string::npos) << expected << "\n" << result.out;
+  }
+  // The printed recipe is itself a valid recipe that resolves to the same thing.
+  TempDir dir;
+  auto printed = dir.write("printed.toml", result.out);
+  auto again = run_host({"run", printed.string(), "--print-config"});
+  ASSERT_EQ(again.exit_code, 0) << describe(again);
+  EXPECT_EQ(again.out, result.out);
+}
+
+TEST(RunTest, ValidateAcceptsEveryShippedRecipe) {
+  for (const char* recipe : {"recipes/fashion_mnist_cnn.toml", "recipes/fashion_mnist_mlp.toml"}) {
+    auto result = run_host({"validate", recipe});
+    EXPECT_EQ(result.exit_code, 0) << recipe << "\n" << describe(result);
+    EXPECT_EQ(result.out, "");
+  }
+}
+
+TEST(RunTest, PluginsListsKindsVersionsPathsAndOptions) {
+  auto result = run_host({"plugins"});
+  ASSERT_EQ(result.exit_code, 0) << describe(result);
+  for (const char* expected :
+       {"model cnn", "model mlp", "dataset fashion_mnist", "dataset synthetic", "optimizer sgd",
+        "optimizer adamw", "scheduler warmup_cosine", "strategy single", "precision fp32",
+        "checkpoint torch", "sink console", "sink jsonl", "device cpu", "device cuda",
+        "channels : array of integers = [32, 64]", "lr : float = 0.001",
+        "libtrainyard_model_cnn.so"}) {
+    EXPECT_NE(result.out.find(expected), std::string::npos) << expected << "\n" << result.out;
+  }
+  auto models = run_host({"plugins", "model"});
+  ASSERT_EQ(models.exit_code, 0);
+  EXPECT_EQ(models.out.find("dataset "), std::string::npos);
+}
+
+TEST(RunTest, HelpIsAvailableEverywhere) {
+  for (auto args : std::vector<std::vector<std::string>>{
+           {"--help"}, {"run", "--help"}, {"validate", "--help"}, {"plugins", "--help"}}) {
+    auto result = run_host(args);
+    EXPECT_EQ(result.exit_code, 0) << args[0];
+    EXPECT_NE(result.out.find("usage: trainyard"), std::string::npos) << result.out;
+  }
+}
+
+// N steps, then a resumed run to 2N, equals 2N steps in one go: same losses to the last digit.
+TEST(RunTest, ResumeContinuesExactly) {
+  TempDir dir;
+  auto recipe = dir.write("recipe.toml", R"(
+[run]
+seed = 3
+epochs = 4
+log_every = 5
+[loader]
+batch_size = 16
+workers = 2
+[dataset]
+plugin = "synthetic"
+samples = 320
+eval_samples = 64
+input_shape = [1, 8, 8]
+[model]
+plugin = "cnn"
+channels = [4]
+hidden = 16
+dropout = 0.2
+[optimizer]
+plugin = "adamw"
+[checkpoint]
+plugin = "torch"
+[sinks.jsonl]
+)");
+  auto run = [&](const std::string& out, int max_steps, bool resume) {
+    std::vector<std::string> args = {"run", recipe.string(), "--set",
+                                     "run.output_dir=" + (dir / out).string(), "--set",
+                                     "run.max_steps=" + std::to_string(max_steps)};
+    if (resume) args.insert(args.end(), {"--resume", "auto"});
+    return run_host(args);
+  };
+  // 50 steps stop mid-epoch (20 steps per epoch).
+  auto whole = run("whole", 70, false);
+  ASSERT_EQ(whole.exit_code, 0) << describe(whole);
+  auto first = run("split", 50, false);
+  ASSERT_EQ(first.exit_code, 0) << describe(first);
+  auto second = run("split", 70, true);
+  ASSERT_EQ(second.exit_code, 0) << describe(second);
+  EXPECT_NE(second.err.find("resumed from"), std::string::npos) << second.err;
+
+  auto whole_train = of_phase(read_metrics(dir / "whole" / "metrics.jsonl"), "train");
+  auto split_train = of_phase(read_metrics(dir / "split" / "metrics.jsonl"), "train");
+  ASSERT_FALSE(split_train.empty());
+  ASSERT_GE(whole_train.size(), split_train.size());
+  // The resumed run's records are the tail of the uninterrupted run's, bit for bit.
+  auto offset = whole_train.size() - split_train.size();
+  for (std::size_t i = 0; i < split_train.size(); ++i) {
+    EXPECT_EQ(split_train[i].at("step"), whole_train[offset + i].at("step"));
+    EXPECT_EQ(split_train[i].raw.at("loss"), whole_train[offset + i].raw.at("loss"))
+        << "step " << split_train[i].at("step");
+  }
+  auto whole_eval = of_phase(read_metrics(dir / "whole" / "metrics.jsonl"), "eval");
+  auto split_eval = of_phase(read_metrics(dir / "split" / "metrics.jsonl"), "eval");
+  ASSERT_FALSE(split_eval.empty());
+  EXPECT_EQ(split_eval.back().raw.at("loss"), whole_eval.back().raw.at("loss"));
+}
+
+}  // namespace
+}  // namespace trainyard::testing

@@ -1,0 +1,414 @@
+// Unit tests of trainyard/loader.hpp: epoch order, rank sharding, batching, worker threads,
+// resuming mid-epoch and errors.
+
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <future>
+#include <memory>
+#include <numeric>
+#include <set>
+#include <stdexcept>
+#include <thread>
+#include <vector>
+
+#include "trainyard/batch.hpp"
+#include "trainyard/dataset.hpp"
+#include "trainyard/error.hpp"
+#include "trainyard/loader.hpp"
+
+namespace trainyard {
+namespace {
+
+// Sample i is {"x": [i, -i], "y": i * 10}.
+class CountingSource : public MapSource {
+ public:
+  explicit CountingSource(std::int64_t n, std::int64_t fail_at = -1,
+                          std::chrono::milliseconds delay = {})
+      : n_(n), fail_at_(fail_at), delay_(delay) {}
+  std::int64_t size() const override { return n_; }
+  TensorMap get(std::int64_t index) const override {
+    if (index == fail_at_) throw std::runtime_error("sample " + std::to_string(index) + " is bad");
+    if (delay_.count() > 0) std::this_thread::sleep_for(delay_);
+    return {{"x", torch::tensor({index, -index}, torch::kLong)},
+            {"y", torch::tensor(static_cast<double>(index * 10), torch::kFloat64)}};
+  }
+
+ private:
+  std::int64_t n_;
+  std::int64_t fail_at_;
+  std::chrono::milliseconds delay_;
+};
+
+std::vector<std::int64_t> iota(std::int64_t n) {
+  std::vector<std::int64_t> out(static_cast<std::size_t>(n));
+  std::iota(out.begin(), out.end(), 0);
+  return out;
+}
+
+LoaderOptions options_with(std::int64_t batch_size, bool shuffle, bool drop_last, int workers,
+                           std::uint64_t seed = 0) {
+  LoaderOptions options;
+  options.batch_size = batch_size;
+  options.shuffle = shuffle;
+  options.drop_last = drop_last;
+  options.workers = workers;
+  options.seed = seed;
+  return options;
+}
+
+// Every remaining batch of the current epoch.
+std::vector<Batch> drain(Loader& loader) {
+  std::vector<Batch> out;
+  while (auto batch = loader.next()) out.push_back(std::move(*batch));
+  return out;
+}
+
+// The sample indices of a batch (column 0 of "x").
+std::vector<std::int64_t> ids(const Batch& batch) {
+  torch::Tensor x = batch.at("x").select(1, 0).contiguous();
+  return std::vector<std::int64_t>(x.data_ptr<std::int64_t>(), x.data_ptr<std::int64_t>() + x.numel());
+}
+
+void expect_same_batches(const std::vector<Batch>& a, const std::vector<Batch>& b) {
+  ASSERT_EQ(a.size(), b.size());
+  for (std::size_t i = 0; i < a.size(); ++i) {
+    SCOPED_TRACE("batch " + std::to_string(i));
+    EXPECT_EQ(a[i].size, b[i].size);
+    ASSERT_EQ(a[i].tensors.size(), b[i].tensors.size());
+    for (const auto& [name, tensor] : a[i].tensors) {
+      ASSERT_TRUE(b[i].tensors.count(name)) << name;
+      const torch::Tensor& other = b[i].tensors.at(name);
+      EXPECT_EQ(tensor.dtype(), other.dtype()) << name;
+      EXPECT_EQ(tensor.sizes(), other.sizes()) << name;
+      EXPECT_TRUE(torch::equal(tensor, other)) << name;
+    }
+  }
+}
+
+TEST(LoaderTest, EpochIndicesAreDeterministicPermutations) {
+  LoaderOptions options;
+  options.seed = 11;
+  auto a = epoch_indices(100, options, 3);
+  auto b = epoch_indices(100, options, 3);
+  EXPECT_EQ(a, b);
+  auto sorted = a;
+  std::sort(sorted.begin(), sorted.end());
+  EXPECT_EQ(sorted, iota(100));
+  EXPECT_NE(a, iota(100));
+  EXPECT_NE(epoch_indices(100, options, 4), a);
+  LoaderOptions other = options;
+  other.seed = 12;
+  EXPECT_NE(epoch_indices(100, other, 3), a);
+  // Only seed + epoch matters.
+  EXPECT_EQ(epoch_indices(100, other, 2), a);
+  EXPECT_TRUE(epoch_indices(0, options, 0).empty());
+}
+
+// Reference values from PyTorch: g = torch.Generator(); g.manual_seed(s); torch.randperm(n, generator=g).
+TEST(LoaderTest, EpochIndicesMatchTorchRandperm) {
+  LoaderOptions options;
+  options.seed = 0;
+  EXPECT_EQ(epoch_indices(10, options, 0), (std::vector<std::int64_t>{4, 1, 7, 5, 3, 9, 0, 8, 6, 2}));
+  options.seed = 3;
+  EXPECT_EQ(epoch_indices(17, options, 2),
+            (std::vector<std::int64_t>{13, 15, 9, 6, 3, 1, 4, 10, 14, 0, 7, 11, 2, 12, 8, 5, 16}));
+}
+
+TEST(LoaderTest, NoShuffleIsInOrder) {
+  LoaderOptions options;
+  options.shuffle = false;
+  EXPECT_EQ(epoch_indices(13, options, 0), iota(13));
+  EXPECT_EQ(epoch_indices(13, options, 5), iota(13));
+}
+
+TEST(LoaderTest, RankShardsAreDisjointAndCoverTheDataset) {
+  const std::int64_t n = 24;
+  LoaderOptions options;
+  options.seed = 5;
+  auto full = epoch_indices(n, options, 1);
+  std::vector<std::vector<std::int64_t>> shards;
+  for (int rank = 0; rank < 3; ++rank) {
+    LoaderOptions ranked = options;
+    ranked.place = DataParallelPlace{rank, 3};
+    shards.push_back(epoch_indices(n, ranked, 1));
+  }
+  std::set<std::int64_t> seen;
+  for (int rank = 0; rank < 3; ++rank) {
+    ASSERT_EQ(shards[rank].size(), 8u);
+    for (std::size_t i = 0; i < shards[rank].size(); ++i) {
+      EXPECT_EQ(shards[rank][i], full[i * 3 + rank]);  // strided like DistributedSampler
+      EXPECT_TRUE(seen.insert(shards[rank][i]).second) << "index in two shards";
+    }
+  }
+  EXPECT_EQ(seen.size(), static_cast<std::size_t>(n));
+}
+
+TEST(LoaderTest, RankShardsArePaddedToEqualLength) {
+  const std::int64_t n = 10;
+  LoaderOptions options;
+  options.seed = 2;
+  auto full = epoch_indices(n, options, 0);
+  // DistributedSampler: indices += indices[:padding], then indices[rank::world_size].
+  auto padded = full;
+  padded.push_back(full[0]);
+  padded.push_back(full[1]);
+  std::vector<std::int64_t> all;
+  for (int rank = 0; rank < 4; ++rank) {
+    LoaderOptions ranked = options;
+    ranked.place = DataParallelPlace{rank, 4};
+    auto shard = epoch_indices(n, ranked, 0);
+    ASSERT_EQ(shard.size(), 3u) << "rank " << rank;
+    for (std::size_t i = 0; i < shard.size(); ++i) EXPECT_EQ(shard[i], padded[i * 4 + rank]);
+    all.insert(all.end(), shard.begin(), shard.end());
+  }
+  std::set<std::int64_t> unique(all.begin(), all.end());
+  EXPECT_EQ(unique.size(), static_cast<std::size_t>(n));
+  // More ranks than samples: indices repeat to fill every rank.
+  LoaderOptions many = options;
+  many.shuffle = false;
+  many.place = DataParallelPlace{6, 7};
+  EXPECT_EQ(epoch_indices(3, many, 0), (std::vector<std::int64_t>{0}));
+  // Without padding ranks get disjoint shards that still cover the dataset.
+  std::set<std::int64_t> unpadded;
+  std::size_t total = 0;
+  for (int rank = 0; rank < 4; ++rank) {
+    LoaderOptions ranked = options;
+    ranked.pad = false;
+    ranked.place = DataParallelPlace{rank, 4};
+    auto shard = epoch_indices(n, ranked, 0);
+    total += shard.size();
+    unpadded.insert(shard.begin(), shard.end());
+  }
+  EXPECT_EQ(unpadded.size(), total);
+}
+
+TEST(LoaderTest, BatchSizesWithAndWithoutDropLast) {
+  auto source = std::make_shared<CountingSource>(10);
+  {
+    Loader loader(source, options_with(4, false, true, 0));
+    EXPECT_EQ(loader.batches_per_epoch(), 2);
+    auto batches = drain(loader);
+    ASSERT_EQ(batches.size(), 2u);
+    EXPECT_EQ(batches[0].size, 4);
+    EXPECT_EQ(batches[1].size, 4);
+    EXPECT_EQ(ids(batches[0]), (std::vector<std::int64_t>{0, 1, 2, 3}));
+    EXPECT_EQ(ids(batches[1]), (std::vector<std::int64_t>{4, 5, 6, 7}));
+    EXPECT_EQ(batches[0].at("x").sizes(), (std::vector<std::int64_t>{4, 2}));
+    EXPECT_EQ(batches[0].at("y").sizes(), (std::vector<std::int64_t>{4}));
+    EXPECT_DOUBLE_EQ(batches[1].at("y")[1].item<double>(), 50.0);
+    EXPECT_FALSE(loader.next().has_value());  // stays at the end
+  }
+  {
+    Loader loader(source, options_with(4, false, false, 0));
+    EXPECT_EQ(loader.batches_per_epoch(), 3);
+    auto batches = drain(loader);
+    ASSERT_EQ(batches.size(), 3u);
+    EXPECT_EQ(batches[2].size, 2);
+    EXPECT_EQ(ids(batches[2]), (std::vector<std::int64_t>{8, 9}));
+    EXPECT_EQ(batches[2].at("x").size(0), 2);
+  }
+  {
+    // Exact multiples are the same either way.
+    Loader keep(source, options_with(5, true, false, 0));
+    Loader drop(source, options_with(5, true, true, 0));
+    EXPECT_EQ(keep.batches_per_epoch(), 2);
+    EXPECT_EQ(drop.batches_per_epoch(), 2);
+  }
+  {
+    // Fewer samples than a batch.
+    Loader drop(source, options_with(64, true, true, 0));
+    EXPECT_EQ(drop.batches_per_epoch(), 0);
+    EXPECT_FALSE(drop.next().has_value());
+    Loader keep(source, options_with(64, true, false, 2));
+    auto batches = drain(keep);
+    ASSERT_EQ(batches.size(), 1u);
+    EXPECT_EQ(batches[0].size, 10);
+  }
+}
+
+TEST(LoaderTest, ShuffledEpochFollowsEpochIndices) {
+  auto source = std::make_shared<CountingSource>(20);
+  LoaderOptions options = options_with(6, true, false, 0, 9);
+  Loader loader(source, options);
+  loader.start_epoch(2);
+  EXPECT_EQ(loader.epoch(), 2);
+  std::vector<std::int64_t> seen;
+  for (const auto& batch : drain(loader)) {
+    auto part = ids(batch);
+    seen.insert(seen.end(), part.begin(), part.end());
+  }
+  EXPECT_EQ(seen, epoch_indices(20, options, 2));
+}
+
+TEST(LoaderTest, SameBatchesForAnyWorkerCount) {
+  auto source = std::make_shared<CountingSource>(23);
+  std::vector<std::vector<Batch>> reference;
+  {
+    Loader loader(source, options_with(3, true, false, 0, 7));
+    for (std::int64_t epoch = 0; epoch < 2; ++epoch) {
+      loader.start_epoch(epoch);
+      reference.push_back(drain(loader));
+    }
+    ASSERT_EQ(reference[0].size(), 8u);
+  }
+  for (int workers : {1, 3}) {
+    for (int prefetch : {1, 2}) {
+      SCOPED_TRACE("workers " + std::to_string(workers) + ", prefetch " + std::to_string(prefetch));
+      LoaderOptions options = options_with(3, true, false, workers, 7);
+      options.prefetch = prefetch;
+      Loader loader(source, options);
+      for (std::int64_t epoch = 0; epoch < 2; ++epoch) {
+        loader.start_epoch(epoch);
+        expect_same_batches(drain(loader), reference[static_cast<std::size_t>(epoch)]);
+      }
+    }
+  }
+}
+
+TEST(LoaderTest, ResumeYieldsTheTailOfTheEpoch) {
+  auto source = std::make_shared<CountingSource>(29);
+  for (int workers : {0, 1, 3}) {
+    SCOPED_TRACE("workers " + std::to_string(workers));
+    LoaderOptions options = options_with(4, true, false, workers, 3);
+    Loader loader(source, options);
+    loader.start_epoch(1);
+    auto full = drain(loader);
+    ASSERT_EQ(full.size(), 8u);
+    for (std::int64_t first : {0, 1, 2, 5, 7, 8}) {
+      SCOPED_TRACE("first batch " + std::to_string(first));
+      // A fresh loader, as after a restart.
+      Loader resumed(source, options);
+      resumed.start_epoch(1, first);
+      EXPECT_EQ(resumed.position(), first);
+      std::vector<Batch> tail(full.begin() + first, full.end());
+      expect_same_batches(drain(resumed), tail);
+      EXPECT_EQ(resumed.position(), 8);
+    }
+    EXPECT_THROW(loader.start_epoch(1, 9), Error);
+    EXPECT_THROW(loader.start_epoch(1, -1), Error);
+  }
+}
+
+TEST(LoaderTest, StartEpochDiscardsBatchesInFlight) {
+  auto source = std::make_shared<CountingSource>(40);
+  LoaderOptions reference_options = options_with(4, true, true, 0, 1);
+  Loader reference(source, reference_options);
+  reference.start_epoch(3);
+  auto expected = drain(reference);
+  reference.start_epoch(0, 2);
+  auto expected_tail = drain(reference);
+
+  LoaderOptions options = options_with(4, true, true, 3, 1);
+  options.prefetch = 2;
+  Loader loader(source, options);
+  ASSERT_TRUE(loader.next().has_value());
+  ASSERT_TRUE(loader.next().has_value());
+  std::this_thread::sleep_for(std::chrono::milliseconds(20));  // let workers fill up
+  loader.start_epoch(3);
+  expect_same_batches(drain(loader), expected);
+  // And back into the middle of another epoch.
+  loader.start_epoch(0, 2);
+  expect_same_batches(drain(loader), expected_tail);
+}
+
+TEST(LoaderTest, RankPlaceShardsBatches) {
+  auto source = std::make_shared<CountingSource>(16);
+  LoaderOptions options = options_with(2, false, true, 2);
+  options.place = DataParallelPlace{1, 2};
+  Loader loader(source, options);
+  EXPECT_EQ(loader.batches_per_epoch(), 4);
+  std::vector<std::int64_t> seen;
+  for (const auto& batch : drain(loader)) {
+    auto part = ids(batch);
+    seen.insert(seen.end(), part.begin(), part.end());
+  }
+  EXPECT_EQ(seen, (std::vector<std::int64_t>{1, 3, 5, 7, 9, 11, 13, 15}));
+}
+
+TEST(LoaderTest, SourceErrorsAreRethrown) {
+  for (int workers : {0, 1, 3}) {
+    SCOPED_TRACE("workers " + std::to_string(workers));
+    // Sample 9 is in batch 2 (in order, batches of 4).
+    auto source = std::make_shared<CountingSource>(20, 9);
+    Loader loader(source, options_with(4, false, true, workers));
+    if (workers == 0) {
+      ASSERT_TRUE(loader.next().has_value());
+      ASSERT_TRUE(loader.next().has_value());
+    }
+    bool thrown = false;
+    try {
+      for (int i = 0; i < 5; ++i) {
+        auto batch = loader.next();
+        ASSERT_TRUE(batch.has_value()) << "the epoch ended without the error";
+        auto part = ids(*batch);
+        EXPECT_EQ(std::count(part.begin(), part.end(), 9), 0) << "a batch with the bad sample";
+      }
+    } catch (const std::runtime_error& error) {
+      thrown = true;
+      EXPECT_NE(std::string(error.what()).find("sample 9 is bad"), std::string::npos)
+          << error.what();
+    }
+    EXPECT_TRUE(thrown);
+  }
+}
+
+// Runs `body` on another thread and reports whether it finished within `limit`. A hung body is
+// left behind (detached) so the test fails instead of hanging.
+template <typename Body>
+bool finishes_within(std::chrono::seconds limit, Body body) {
+  auto done = std::make_shared<std::promise<void>>();
+  std::future<void> finished = done->get_future();
+  std::thread thread([done, body = std::move(body)]() mutable {
+    body();
+    done->set_value();
+  });
+  if (finished.wait_for(limit) == std::future_status::ready) {
+    thread.join();
+    return true;
+  }
+  thread.detach();
+  return false;
+}
+
+TEST(LoaderTest, DestroyingMidEpochDoesNotHang) {
+  auto source = std::make_shared<CountingSource>(200, -1, std::chrono::milliseconds(1));
+  for (int workers : {1, 4}) {
+    SCOPED_TRACE("workers " + std::to_string(workers));
+    auto* loader = new Loader(source, options_with(8, true, true, workers));
+    ASSERT_TRUE(loader->next().has_value());
+    // Destroyed while workers are blocked on a full prefetch queue or preparing batches.
+    EXPECT_TRUE(finishes_within(std::chrono::seconds(20), [loader] { delete loader; }));
+  }
+  // Destroyed before anything was consumed, and right after an error.
+  auto failing = std::make_shared<CountingSource>(50, 0);
+  EXPECT_TRUE(finishes_within(std::chrono::seconds(20), [failing] {
+    Loader loader(failing, options_with(4, false, true, 3));
+    try {
+      loader.next();
+    } catch (const std::exception&) {
+    }
+  }));
+  EXPECT_TRUE(finishes_within(std::chrono::seconds(20), [source] {
+    Loader loader(source, options_with(8, true, true, 4));
+  }));
+}
+
+TEST(LoaderTest, InvalidOptionsAreErrors) {
+  auto source = std::make_shared<CountingSource>(10);
+  EXPECT_THROW(Loader(nullptr, LoaderOptions{}), Error);
+  EXPECT_THROW(Loader(source, options_with(0, true, true, 0)), Error);
+  EXPECT_THROW(Loader(source, options_with(4, true, true, -1)), Error);
+}
+
+TEST(LoaderTest, EmptySource) {
+  auto source = std::make_shared<CountingSource>(0);
+  Loader loader(source, options_with(4, true, false, 2));
+  EXPECT_EQ(loader.batches_per_epoch(), 0);
+  EXPECT_FALSE(loader.next().has_value());
+}
+
+}  // namespace
+}  // namespace trainyard
