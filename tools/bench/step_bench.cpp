@@ -1,7 +1,7 @@
 // Step time of the cnn and mlp recipes through trainyard (engine + strategy + plugins) against a
 // bare hand-written LibTorch loop over the same architecture, optimizer and batches.
 //
-//   build/tools/bench/step_bench --benchmark_repetitions=5
+//   build/bin/step_bench --benchmark_repetitions=5
 // tools/bench/run adds Python PyTorch from the same venv and prints the ratios.
 
 #include <ATen/Parallel.h>
