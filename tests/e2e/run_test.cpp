@@ -93,6 +93,40 @@ TEST(RunTest, PluginsListsKindsVersionsPathsAndOptions) {
   EXPECT_EQ(models.out.find("dataset "), std::string::npos);
 }
 
+// Plugins come from the install's folder, TRAINYARD_PLUGIN_PATH, --plugin-path and the recipe's
+// plugin_paths — never from the current directory.
+TEST(RunTest, PluginsAreFoundOnlyInExplicitPlaces) {
+  const std::string host = host_binary().string();
+  auto from_cwd = run_command({host, "plugins", "sink"}, test_plugin_folder());
+  ASSERT_EQ(from_cwd.exit_code, 0) << describe(from_cwd);
+  EXPECT_EQ(from_cwd.out.find("sink throwing"), std::string::npos) << from_cwd.out;
+
+  auto from_env = run_command({host, "plugins", "sink"}, {}, 120,
+                              {"TRAINYARD_PLUGIN_PATH=/nonexistent-plugin-folder:" +
+                               (test_plugin_folder() / "libthrowing.so").string()});
+  EXPECT_EQ(from_env.exit_code, 1) << "a missing entry is an error: " << describe(from_env);
+  EXPECT_NE(from_env.err.find("/nonexistent-plugin-folder"), std::string::npos) << from_env.err;
+  auto from_env_ok = run_command({host, "plugins", "sink"}, {}, 120,
+                                 {"TRAINYARD_PLUGIN_PATH=" +
+                                  (test_plugin_folder() / "libthrowing.so").string()});
+  ASSERT_EQ(from_env_ok.exit_code, 0) << describe(from_env_ok);
+  EXPECT_NE(from_env_ok.out.find("sink throwing"), std::string::npos) << from_env_ok.out;
+
+  TempDir dir;
+  auto recipe = dir.write("recipe.toml", "plugin_paths = [\"" +
+                                             (test_plugin_folder() / "libthrowing.so").string() +
+                                             "\"]\n[dataset]\nplugin = \"synthetic\"\n[model]\n"
+                                             "plugin = \"mlp\"\n[optimizer]\nplugin = \"sgd\"\n"
+                                             "[sinks.throwing]\n");
+  auto from_recipe = run_host({"validate", recipe.string()});
+  EXPECT_EQ(from_recipe.exit_code, 0) << describe(from_recipe);
+
+  auto without = run_host({"validate", recipe.string(), "--no-default-plugins"});
+  EXPECT_EQ(without.exit_code, 1);
+  EXPECT_NE(without.err.find("unknown dataset plugin 'synthetic'"), std::string::npos)
+      << without.err;
+}
+
 TEST(RunTest, HelpIsAvailableEverywhere) {
   for (auto args : std::vector<std::vector<std::string>>{
            {"--help"}, {"run", "--help"}, {"validate", "--help"}, {"plugins", "--help"}}) {
