@@ -9,17 +9,15 @@
 #include <torch/nn/modules/linear.h>
 #include <torch/nn/modules/pooling.h>
 
-#include "trainyard/classification.hpp"
-#include "trainyard/model.hpp"
 #include "trainyard/plugin.hpp"
-#include "trainyard/sequential_block.hpp"
+#include "trainyard/sequential_classifier.hpp"
 
 namespace trainyard {
 namespace {
 
-class Cnn final : public Model {
+class Cnn final : public SequentialClassifier {
  public:
-  Cnn(const Config& options, const BuildContext& context) {
+  Cnn(const Config& options, const BuildContext& context) : SequentialClassifier("Cnn") {
     auto channels = options.get_int_list("channels");
     std::int64_t hidden = options.get_int("hidden");
     double dropout = options.get_float("dropout");
@@ -41,8 +39,8 @@ class Cnn final : public Model {
       if (batch_norm) stage->push_back(torch::nn::BatchNorm2d(channels[i]));
       stage->push_back(torch::nn::ReLU());
       stage->push_back(torch::nn::MaxPool2d(2));
-      macs_ += static_cast<double>(height * width * channels[i] * in * 9);
-      blocks_.push_back(sequential_block(*root_, "stage" + std::to_string(i), stage));
+      add_block("stage" + std::to_string(i), stage,
+                static_cast<double>(height * width * channels[i] * in * 9));
       in = channels[i];
       height /= 2;
       width /= 2;
@@ -54,25 +52,9 @@ class Cnn final : public Model {
     head->push_back(torch::nn::ReLU());
     if (dropout > 0) head->push_back(torch::nn::Dropout(dropout));
     head->push_back(torch::nn::Linear(hidden, context.data.num_classes));
-    blocks_.push_back(sequential_block(*root_, "head", head));
-    macs_ += static_cast<double>(features * hidden + hidden * context.data.num_classes);
+    add_block("head", head,
+              static_cast<double>(features * hidden + hidden * context.data.num_classes));
   }
-
-  torch::nn::Module& module() override { return *root_; }
-  std::vector<Block> blocks() override { return blocks_; }
-  torch::Tensor input(const Batch& batch) override { return batch.at("input"); }
-  torch::Tensor loss(const torch::Tensor& output, const Batch& batch) override {
-    return classification_loss(output, batch);
-  }
-  TensorMap eval_sums(const torch::Tensor& output, const Batch& batch) override {
-    return classification_sums(output, batch);
-  }
-  double flops_per_sample() const override { return 6.0 * macs_; }
-
- private:
-  std::shared_ptr<torch::nn::Module> root_ = std::make_shared<torch::nn::Module>("Cnn");
-  std::vector<Block> blocks_;
-  double macs_ = 0;
 };
 
 void register_components(Registry& registry) {

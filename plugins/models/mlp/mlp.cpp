@@ -5,17 +5,15 @@
 #include <torch/nn/modules/dropout.h>
 #include <torch/nn/modules/linear.h>
 
-#include "trainyard/classification.hpp"
-#include "trainyard/model.hpp"
 #include "trainyard/plugin.hpp"
-#include "trainyard/sequential_block.hpp"
+#include "trainyard/sequential_classifier.hpp"
 
 namespace trainyard {
 namespace {
 
-class Mlp final : public Model {
+class Mlp final : public SequentialClassifier {
  public:
-  Mlp(const Config& options, const BuildContext& context) {
+  Mlp(const Config& options, const BuildContext& context) : SequentialClassifier("Mlp") {
     auto hidden = options.get_int_list("hidden");
     double dropout = options.get_float("dropout");
     if (dropout < 0 || dropout >= 1) options.fail("dropout", "must be in [0, 1)");
@@ -32,33 +30,14 @@ class Mlp final : public Model {
       layer->push_back(torch::nn::Linear(width, hidden[i]));
       layer->push_back(torch::nn::ReLU());
       if (dropout > 0) layer->push_back(torch::nn::Dropout(dropout));
-      blocks_.push_back(sequential_block(*root_, "hidden" + std::to_string(i), layer));
-      macs_ += static_cast<double>(width * hidden[i]);
+      add_block("hidden" + std::to_string(i), layer, static_cast<double>(width * hidden[i]));
       width = hidden[i];
     }
     torch::nn::Sequential head;
     if (hidden.empty()) head->push_back(torch::nn::Flatten());
     head->push_back(torch::nn::Linear(width, context.data.num_classes));
-    blocks_.push_back(sequential_block(*root_, "head", head));
-    macs_ += static_cast<double>(width * context.data.num_classes);
+    add_block("head", head, static_cast<double>(width * context.data.num_classes));
   }
-
-  torch::nn::Module& module() override { return *root_; }
-  std::vector<Block> blocks() override { return blocks_; }
-  torch::Tensor input(const Batch& batch) override { return batch.at("input"); }
-  torch::Tensor loss(const torch::Tensor& output, const Batch& batch) override {
-    return classification_loss(output, batch);
-  }
-  TensorMap eval_sums(const torch::Tensor& output, const Batch& batch) override {
-    return classification_sums(output, batch);
-  }
-  // 2 FLOPs per multiply-add, forward plus twice that for backward.
-  double flops_per_sample() const override { return 6.0 * macs_; }
-
- private:
-  std::shared_ptr<torch::nn::Module> root_ = std::make_shared<torch::nn::Module>("Mlp");
-  std::vector<Block> blocks_;
-  double macs_ = 0;
 };
 
 void register_components(Registry& registry) {
