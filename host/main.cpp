@@ -12,6 +12,8 @@
 #include <string>
 #include <vector>
 
+#include "checkpoint_command.hpp"
+#include "cli.hpp"
 #include "trainyard/engine.hpp"
 #include "trainyard/error.hpp"
 #include "trainyard/plugin_loader.hpp"
@@ -25,68 +27,21 @@ namespace fs = std::filesystem;
 namespace trainyard {
 namespace {
 
-constexpr int kUsageError = 2;
-
 const char* kTopUsage = R"(usage: trainyard <command> [options]
 
 commands:
   run RECIPE        train from a recipe
   validate RECIPE   check a recipe and print nothing on success
   plugins [KIND]    list the loaded plugins, their options and defaults
+  checkpoint inspect PATH
+                    a checkpoint's contents, step, sizes and checksum status
+  checkpoint export PATH --format safetensors --out FILE
+                    the model's weights as one file other tools read
 
 Run 'trainyard <command> --help' for a command's options.
 Plugins are loaded from the install's plugin folder, TRAINYARD_PLUGIN_PATH (colon-separated),
 --plugin-path and the recipe's plugin_paths, never from the current directory.
 )";
-
-struct CommonOptions {
-  std::vector<std::string> plugin_paths;
-  bool no_default_plugins = false;
-};
-
-void add_common(po::options_description& options, CommonOptions& common) {
-  options.add_options()(
-      "plugin-path", po::value(&common.plugin_paths)->composing(),
-      "load plugins from this folder or library (repeatable)")(
-      "no-default-plugins", po::bool_switch(&common.no_default_plugins),
-      "skip the install's plugin folder and TRAINYARD_PLUGIN_PATH");
-}
-
-fs::path executable_path() {
-  std::error_code ec;
-  fs::path self = fs::read_symlink("/proc/self/exe", ec);
-  return ec ? fs::path() : self;
-}
-
-void load_plugins(PluginLoader& loader, const CommonOptions& common,
-                  const std::vector<fs::path>& recipe_paths) {
-  if (!common.no_default_plugins) {
-    fs::path bundled = bundled_plugin_folder(executable_path());
-    std::error_code ec;
-    if (fs::is_directory(bundled, ec)) loader.load_folder(bundled);
-    if (const char* env = std::getenv("TRAINYARD_PLUGIN_PATH")) {
-      for (const auto& path : split_search_path(env)) loader.load_path(path);
-    }
-  }
-  for (const auto& path : common.plugin_paths) loader.load_path(fs::absolute(path));
-  for (const auto& path : recipe_paths) loader.load_path(path);
-}
-
-// Parses a command's options; returns nullopt (after printing help) when --help was given.
-std::optional<po::variables_map> parse(const std::vector<std::string>& args,
-                                       po::options_description& options,
-                                       const po::positional_options_description& positional,
-                                       const std::string& usage) {
-  options.add_options()("help,h", "show this help");
-  po::variables_map values;
-  po::store(po::command_line_parser(args).options(options).positional(positional).run(), values);
-  if (values.count("help")) {
-    std::cout << usage << "\n" << options << std::endl;
-    return std::nullopt;
-  }
-  po::notify(values);
-  return values;
-}
 
 int command_run(const std::vector<std::string>& args, bool validate_only, Registry& registry) {
   CommonOptions common;
@@ -174,6 +129,7 @@ int dispatch(int argc, char** argv, Registry& registry) {
   if (command == "run") return command_run(args, false, registry);
   if (command == "validate") return command_run(args, true, registry);
   if (command == "plugins") return command_plugins(args, registry);
+  if (command == "checkpoint") return command_checkpoint(args, registry);
   std::cerr << "trainyard: unknown command '" << command << "'\n" << kTopUsage;
   return kUsageError;
 }

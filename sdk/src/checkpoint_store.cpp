@@ -1,7 +1,5 @@
 #include "trainyard/checkpoint_store.hpp"
 
-#include <fcntl.h>
-#include <unistd.h>
 #include <zlib.h>
 
 #include <algorithm>
@@ -23,14 +21,6 @@ namespace {
 
 constexpr const char* kManifest = "manifest.toml";
 constexpr const char* kPrefix = "step-";
-
-void fsync_path(const fs::path& path, bool directory) {
-  int fd = ::open(path.c_str(), directory ? (O_RDONLY | O_DIRECTORY) : O_RDONLY);
-  if (fd < 0) throw Error("cannot open " + path.string() + " to sync it");
-  int rc = ::fsync(fd);
-  ::close(fd);
-  if (rc != 0) throw Error("fsync failed for " + path.string());
-}
 
 CheckpointFileInfo describe_file(const fs::path& file) {
   std::ifstream in(file, std::ios::binary);
@@ -107,14 +97,14 @@ fs::path CheckpointStore::save(std::int64_t step, const CheckpointState& state) 
   auto write_one = [&](const std::string& stem, const StateDict& dict) {
     fs::path file = staging / (stem + backend_->extension());
     backend_->write(file, dict);
-    fsync_path(file, false);
+    sync_to_disk(file);
     manifest.files.push_back(describe_file(file));
   };
   write_one("shared", state.shared);
   write_one(rank_file_stem(rank_), state.local);
   write_manifest(staging / kManifest, manifest);
-  fsync_path(staging / kManifest, false);
-  fsync_path(staging, true);
+  sync_to_disk(staging / kManifest);
+  sync_to_disk(staging);
 
   // Re-saving a step replaces the old folder; the rename below is the commit point.
   if (fs::exists(final_path)) {
@@ -122,7 +112,7 @@ fs::path CheckpointStore::save(std::int64_t step, const CheckpointState& state) 
     if (fs::exists(final_path)) throw Error("cannot replace checkpoint " + final_path.string());
   }
   fs::rename(staging, final_path);
-  fsync_path(folder_, true);
+  sync_to_disk(folder_);
 
   if (keep_ > 0) {
     auto committed = list();
@@ -166,19 +156,25 @@ CheckpointManifest read_manifest(const fs::path& checkpoint) {
   return manifest;
 }
 
+std::optional<std::string> check_checkpoint_file(const fs::path& checkpoint,
+                                                 const CheckpointFileInfo& expected) {
+  const fs::path file = checkpoint / expected.name;
+  if (!fs::exists(file)) return "checkpoint file missing: " + file.string();
+  CheckpointFileInfo actual = describe_file(file);
+  if (actual.bytes != expected.bytes) {
+    return "checkpoint file " + file.string() + " has " + std::to_string(actual.bytes) +
+           " bytes, the manifest says " + std::to_string(expected.bytes) +
+           " (truncated or overwritten)";
+  }
+  if (actual.crc32 != expected.crc32) {
+    return "checkpoint file " + file.string() + " fails its checksum (corrupt)";
+  }
+  return std::nullopt;
+}
+
 void verify_checkpoint(const fs::path& checkpoint, const CheckpointManifest& manifest) {
   for (const auto& expected : manifest.files) {
-    const fs::path file = checkpoint / expected.name;
-    if (!fs::exists(file)) throw Error("checkpoint file missing: " + file.string());
-    CheckpointFileInfo actual = describe_file(file);
-    if (actual.bytes != expected.bytes) {
-      throw Error("checkpoint file " + file.string() + " has " + std::to_string(actual.bytes) +
-                  " bytes, the manifest says " + std::to_string(expected.bytes) +
-                  " (truncated or overwritten)");
-    }
-    if (actual.crc32 != expected.crc32) {
-      throw Error("checkpoint file " + file.string() + " fails its checksum (corrupt)");
-    }
+    if (auto problem = check_checkpoint_file(checkpoint, expected)) throw Error(*problem);
   }
 }
 

@@ -1,6 +1,8 @@
 #include "trainyard/files.hpp"
 
+#include <fcntl.h>
 #include <ftw.h>
+#include <unistd.h>
 #include <sys/stat.h>
 
 #include <cerrno>
@@ -34,6 +36,17 @@ void remove_tree(const std::filesystem::path& path) {
   if (::nftw(path.c_str(), remove_entry, 16, FTW_DEPTH | FTW_PHYS) != 0) {
     throw Error("cannot remove " + (failed_entry.empty() ? path.string() : failed_entry));
   }
+}
+
+void sync_to_disk(const std::filesystem::path& path) {
+  struct stat info {};
+  const bool folder = ::stat(path.c_str(), &info) == 0 && S_ISDIR(info.st_mode);
+  int fd = ::open(path.c_str(), folder ? (O_RDONLY | O_DIRECTORY | O_CLOEXEC) : (O_RDONLY | O_CLOEXEC));
+  if (fd < 0) throw Error("cannot open " + path.string() + " to sync it: " + std::strerror(errno));
+  const int rc = ::fsync(fd);
+  const int saved = errno;
+  ::close(fd);
+  if (rc != 0) throw Error("cannot sync " + path.string() + " to disk: " + std::strerror(saved));
 }
 
 }  // namespace trainyard

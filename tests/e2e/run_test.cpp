@@ -15,11 +15,6 @@ namespace {
 
 namespace fs = std::filesystem;
 
-std::string describe(const CommandResult& result) {
-  return "exit " + std::to_string(result.exit_code) + "\nstdout:\n" + result.out +
-         "\nstderr:\n" + result.err;
-}
-
 TEST(RunTest, ShortCnnRecipeLossFalls) {
   TempDir dir;
   auto result = run_host({"run", "recipes/fashion_mnist_cnn.toml", "--set", "run.max_steps=120",

@@ -151,4 +151,9 @@ std::vector<std::string> read_lines(const fs::path& file) {
   return lines;
 }
 
+std::string describe(const CommandResult& result) {
+  return "exit " + std::to_string(result.exit_code) + "\nstdout:\n" + result.out +
+         "\nstderr:\n" + result.err;
+}
+
 }  // namespace trainyard::testing

@@ -35,6 +35,9 @@ CommandResult run_command(const std::vector<std::string>& argv,
                           const std::filesystem::path& cwd = {}, int timeout_s = 600,
                           const std::vector<std::string>& env = {});
 
+// Exit status and both streams, for assertion messages.
+std::string describe(const CommandResult& result);
+
 // The host with `args` (cwd defaults to the repository).
 CommandResult run_host(const std::vector<std::string>& args, const std::filesystem::path& cwd = {},
                        int timeout_s = 600);

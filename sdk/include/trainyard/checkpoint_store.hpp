@@ -61,6 +61,9 @@ class CheckpointStore {
 };
 
 CheckpointManifest read_manifest(const std::filesystem::path& checkpoint);
+// The problem with one file the manifest lists (missing, wrong size, bad checksum), if any.
+std::optional<std::string> check_checkpoint_file(const std::filesystem::path& checkpoint,
+                                                 const CheckpointFileInfo& expected);
 // Checks sizes and checksums of every file the manifest lists; throws Error naming the first bad
 // one.
 void verify_checkpoint(const std::filesystem::path& checkpoint, const CheckpointManifest& manifest);

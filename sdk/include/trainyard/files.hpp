@@ -13,4 +13,8 @@ namespace trainyard {
 // to that copy, which crashes in remove_all.
 void remove_tree(const std::filesystem::path& path);
 
+// Flushes a file's (or a folder's entries') data to the disk; throws Error naming it on failure.
+// A rename is durable only once the folder holding it has been synced.
+void sync_to_disk(const std::filesystem::path& path);
+
 }  // namespace trainyard

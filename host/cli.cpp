@@ -1,0 +1,54 @@
+#include "cli.hpp"
+
+#include <cstdlib>
+#include <iostream>
+
+namespace po = boost::program_options;
+namespace fs = std::filesystem;
+
+namespace trainyard {
+
+void add_common(po::options_description& options, CommonOptions& common) {
+  options.add_options()(
+      "plugin-path", po::value(&common.plugin_paths)->composing(),
+      "load plugins from this folder or library (repeatable)")(
+      "no-default-plugins", po::bool_switch(&common.no_default_plugins),
+      "skip the install's plugin folder and TRAINYARD_PLUGIN_PATH");
+}
+
+fs::path executable_path() {
+  std::error_code ec;
+  fs::path self = fs::read_symlink("/proc/self/exe", ec);
+  return ec ? fs::path() : self;
+}
+
+void load_plugins(PluginLoader& loader, const CommonOptions& common,
+                  const std::vector<fs::path>& recipe_paths) {
+  if (!common.no_default_plugins) {
+    fs::path bundled = bundled_plugin_folder(executable_path());
+    std::error_code ec;
+    if (fs::is_directory(bundled, ec)) loader.load_folder(bundled);
+    if (const char* env = std::getenv("TRAINYARD_PLUGIN_PATH")) {
+      for (const auto& path : split_search_path(env)) loader.load_path(path);
+    }
+  }
+  for (const auto& path : common.plugin_paths) loader.load_path(fs::absolute(path));
+  for (const auto& path : recipe_paths) loader.load_path(path);
+}
+
+std::optional<po::variables_map> parse(const std::vector<std::string>& args,
+                                       po::options_description& options,
+                                       const po::positional_options_description& positional,
+                                       const std::string& usage) {
+  options.add_options()("help,h", "show this help");
+  po::variables_map values;
+  po::store(po::command_line_parser(args).options(options).positional(positional).run(), values);
+  if (values.count("help")) {
+    std::cout << usage << "\n" << options << std::endl;
+    return std::nullopt;
+  }
+  po::notify(values);
+  return values;
+}
+
+}  // namespace trainyard

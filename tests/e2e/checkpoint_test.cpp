@@ -1,0 +1,275 @@
+// Checkpoint formats and tools: safetensors files other programs read, headers that lie,
+// `trainyard checkpoint inspect` and `export`.
+
+#include <ATen/ATen.h>
+#include <gtest/gtest.h>
+
+#include <filesystem>
+#include <fstream>
+
+#include "test_support.hpp"
+#include "trainyard/build_context.hpp"
+#include "trainyard/checkpoint.hpp"
+#include "trainyard/plugin_loader.hpp"
+
+namespace trainyard::testing {
+namespace {
+
+namespace fs = std::filesystem;
+
+class SafetensorsTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    load_bundled_plugins(registry_);
+    backend_ = registry_.create<CheckpointBackend>("safetensors", Config({}, "checkpoint"),
+                                                  BuildContext{});
+  }
+
+  static StateDict sample() {
+    at::manual_seed(11);
+    StateDict state;
+    state.tensors["w.f32"] = at::randn({3, 5});
+    state.tensors["w.f64"] = at::randn({4}, at::kDouble);
+    state.tensors["w.f16"] = at::randn({2, 3}).to(at::kHalf);
+    state.tensors["w.bf16"] = at::randn({7}).to(at::kBFloat16);
+    state.tensors["i.i64"] = at::arange(-5, 5, at::kLong);
+    state.tensors["i.i32"] = at::arange(0, 6, at::kInt).reshape({2, 3});
+    state.tensors["u.u8"] = at::randint(0, 256, {9}, at::kByte);
+    state.tensors["b.bool"] = at::rand({5}) > 0.5;
+    state.tensors["s.scalar"] = at::scalar_tensor(3.25);
+    state.tensors["e.empty"] = at::empty({0, 3});
+    state.tensors["t.view"] = at::arange(12, at::kFloat).reshape({3, 4}).t();
+    state.metadata["note"] = "line one\nline \"two\" λ";
+    return state;
+  }
+
+  static void expect_equal(const StateDict& expected, const StateDict& actual) {
+    ASSERT_EQ(expected.tensors.size(), actual.tensors.size());
+    for (const auto& [name, tensor] : expected.tensors) {
+      auto it = actual.tensors.find(name);
+      ASSERT_NE(it, actual.tensors.end()) << name;
+      EXPECT_EQ(it->second.scalar_type(), tensor.scalar_type()) << name;
+      EXPECT_EQ(it->second.sizes(), tensor.sizes()) << name;
+      EXPECT_TRUE(at::equal(it->second, tensor.contiguous())) << name;
+    }
+    EXPECT_EQ(actual.metadata, expected.metadata);
+  }
+
+  // A file of the given header text and data bytes, with a correct length prefix unless
+  // `length` overrides it.
+  fs::path craft(const std::string& name, const std::string& header, std::size_t data_bytes,
+                 std::optional<std::uint64_t> length = std::nullopt) {
+    fs::path file = dir_ / name;
+    std::ofstream out(file, std::ios::binary);
+    std::uint64_t n = length.value_or(header.size());
+    for (int i = 0; i < 8; ++i) out.put(static_cast<char>((n >> (8 * i)) & 0xFF));
+    out << header << std::string(data_bytes, '\0');
+    return file;
+  }
+
+  std::string read_error(const fs::path& file) {
+    std::string message = error_of([&] { backend_->read(file); });
+    EXPECT_HAS(message, file.string());
+    return message;
+  }
+
+  Registry registry_;
+  std::shared_ptr<CheckpointBackend> backend_;
+  TempDir dir_;
+};
+
+TEST_F(SafetensorsTest, FileIsReadByPythonsSafetensorsWithIdenticalTensors) {
+  const fs::path python = source_dir() / ".venv" / "bin" / "python";
+  if (!fs::exists(python) ||
+      run_command({python.string(), "-c", "import safetensors.torch"}).exit_code != 0) {
+    GTEST_SKIP() << "Python with the safetensors package is not available (tools/setup installs it)";
+  }
+  StateDict original = sample();
+  const fs::path ours = dir_ / "ours.safetensors";
+  const fs::path theirs = dir_ / "theirs.safetensors";
+  backend_->write(ours, original);
+  // Python loads our file and writes it back with its own writer; reading that file gives the
+  // same tensors, so both directions agree.
+  auto result = run_command(
+      {python.string(), "-c",
+       "import sys\n"
+       "from safetensors import safe_open\n"
+       "from safetensors.torch import load_file, save_file\n"
+       "tensors = load_file(sys.argv[1])\n"
+       "with safe_open(sys.argv[1], 'pt') as f: metadata = f.metadata()\n"
+       "assert tensors['w.bf16'].dtype.__str__() == 'torch.bfloat16'\n"
+       "assert tuple(tensors['t.view'].shape) == (4, 3)\n"
+       "save_file(tensors, sys.argv[2], metadata=metadata)\n"
+       "print(len(tensors))\n",
+       ours.string(), theirs.string()});
+  ASSERT_EQ(result.exit_code, 0) << describe(result);
+  EXPECT_EQ(result.out, std::to_string(original.tensors.size()) + "\n");
+  expect_equal(original, backend_->read(theirs));
+}
+
+TEST_F(SafetensorsTest, RoundTripKeepsDtypesShapesAndMetadata) {
+  StateDict original = sample();
+  backend_->write(dir_ / "a.safetensors", original);
+  expect_equal(original, backend_->read(dir_ / "a.safetensors"));
+}
+
+TEST_F(SafetensorsTest, HeaderLengthBeyondTheFileIsRefused) {
+  auto file = craft("long.safetensors", R"({"a":{"dtype":"F32","shape":[1],"data_offsets":[0,4]}})",
+                    4, 5000);
+  EXPECT_HAS(read_error(file), "runs past the end");
+}
+
+TEST_F(SafetensorsTest, HugeHeaderLengthIsRefusedBeforeReading) {
+  auto file = craft("huge.safetensors", "{}", 0, std::uint64_t{1} << 40);
+  EXPECT_HAS(read_error(file), "exceeds the 100 MB bound");
+}
+
+TEST_F(SafetensorsTest, OffsetsPastTheDataAreRefused) {
+  auto file = craft("past.safetensors",
+                    R"({"a":{"dtype":"F32","shape":[4],"data_offsets":[0,16]}})", 8);
+  std::string message = read_error(file);
+  EXPECT_HAS(message, "tensor 'a' claims bytes [0, 16) of a 8-byte data section");
+}
+
+TEST_F(SafetensorsTest, SizeDisagreeingWithShapeIsRefused) {
+  auto file = craft("shape.safetensors",
+                    R"({"a":{"dtype":"F32","shape":[3],"data_offsets":[0,8]}})", 8);
+  EXPECT_HAS(read_error(file), "has 8 bytes of data but its shape and dtype need 12");
+}
+
+TEST_F(SafetensorsTest, OverlappingTensorsAreRefused) {
+  auto file = craft("overlap.safetensors",
+                    R"({"a":{"dtype":"F32","shape":[2],"data_offsets":[0,8]},)"
+                    R"("b":{"dtype":"F32","shape":[2],"data_offsets":[4,12]}})",
+                    12);
+  EXPECT_HAS(read_error(file), "overlapping or gapped");
+}
+
+TEST_F(SafetensorsTest, TrailingBytesAreRefused) {
+  auto file = craft("trailing.safetensors",
+                    R"({"a":{"dtype":"F32","shape":[1],"data_offsets":[0,4]}})", 9);
+  EXPECT_HAS(read_error(file), "trailing bytes");
+}
+
+TEST_F(SafetensorsTest, MalformedHeadersAreRefused) {
+  EXPECT_HAS(read_error(craft("json.safetensors", R"({"a": )", 0)), "invalid JSON at byte");
+  EXPECT_HAS(read_error(craft("dtype.safetensors",
+                              R"({"a":{"dtype":"F7","shape":[1],"data_offsets":[0,4]}})", 4)),
+             "unknown dtype 'F7'");
+  EXPECT_HAS(read_error(craft("dup.safetensors",
+                              R"({"a":{"dtype":"U8","shape":[1],"data_offsets":[0,1]},)"
+                              R"("a":{"dtype":"U8","shape":[1],"data_offsets":[1,2]}})",
+                              2)),
+             "duplicate entry 'a'");
+  EXPECT_HAS(read_error(craft("neg.safetensors",
+                              R"({"a":{"dtype":"U8","shape":[-1],"data_offsets":[0,1]}})", 1)),
+             "not a non-negative integer");
+  const fs::path tiny = dir_ / "tiny.safetensors";
+  std::ofstream(tiny) << "abc";
+  EXPECT_HAS(read_error(tiny), "shorter than the 8-byte header length");
+}
+
+// A short run that leaves one checkpoint; returns its folder.
+fs::path train_with_checkpoint(const TempDir& dir, const std::string& backend) {
+  auto recipe = dir.write("recipe.toml", R"(
+[run]
+seed = 1
+max_steps = 6
+eval = false
+[loader]
+batch_size = 16
+workers = 0
+[dataset]
+plugin = "synthetic"
+samples = 128
+eval_samples = 32
+input_shape = [1, 8, 8]
+[model]
+plugin = "mlp"
+hidden = [16]
+[optimizer]
+plugin = "adamw"
+[checkpoint]
+plugin = ")" + backend + R"("
+)");
+  auto result = run_host({"run", recipe.string(), "--set", "run.output_dir=" + (dir / "out").string()});
+  EXPECT_EQ(result.exit_code, 0) << describe(result);
+  return dir / "out" / "checkpoints" / "step-000000006";
+}
+
+TEST(CheckpointCommandTest, InspectShowsStepFilesTensorsAndStatus) {
+  TempDir dir;
+  fs::path checkpoint = train_with_checkpoint(dir, "torch");
+  auto result = run_host({"checkpoint", "inspect", checkpoint.string()});
+  ASSERT_EQ(result.exit_code, 0) << describe(result);
+  EXPECT_HAS(result.out, "step 6, backend torch");
+  EXPECT_HAS(result.out, "shared.pt");
+  EXPECT_HAS(result.out, "rank-00000.pt");
+  EXPECT_HAS(result.out, "model.");
+  EXPECT_HAS(result.out, "engine.step = 6");
+  EXPECT_HAS(result.out, "status: valid");
+}
+
+TEST(CheckpointCommandTest, InspectReportsACorruptFileAndFails) {
+  TempDir dir;
+  fs::path checkpoint = train_with_checkpoint(dir, "safetensors");
+  const fs::path shared = checkpoint / "shared.safetensors";
+  {
+    std::fstream file(shared, std::ios::in | std::ios::out | std::ios::binary);
+    file.seekp(-3, std::ios::end);
+    file.put('\x7f');
+  }
+  auto result = run_host({"checkpoint", "inspect", checkpoint.string()});
+  EXPECT_EQ(result.exit_code, 1) << describe(result);
+  EXPECT_HAS(result.out, "BAD");
+  EXPECT_HAS(result.err, "trainyard: error: checkpoint file " + shared.string() + " fails its checksum");
+  EXPECT_EQ(std::count(result.err.begin(), result.err.end(), '\n'), 1) << result.err;
+}
+
+TEST(CheckpointCommandTest, ExportWritesTheModelWeightsAsSafetensors) {
+  TempDir dir;
+  fs::path checkpoint = train_with_checkpoint(dir, "torch");
+  const fs::path out = dir / "model.safetensors";
+  auto result = run_host({"checkpoint", "export", checkpoint.string(), "--format", "safetensors",
+                          "--out", out.string()});
+  ASSERT_EQ(result.exit_code, 0) << describe(result);
+  EXPECT_FALSE(fs::exists(out.string() + ".partial"));
+
+  Registry registry;
+  load_bundled_plugins(registry);
+  auto torch_backend = registry.create<CheckpointBackend>("torch", Config({}, "checkpoint"), BuildContext{});
+  auto safetensors = registry.create<CheckpointBackend>("safetensors", Config({}, "checkpoint"), BuildContext{});
+  StateDict saved = torch_backend->read(checkpoint / "shared.pt");
+  StateDict exported = safetensors->read(out);
+  std::size_t model_entries = 0;
+  for (const auto& [name, tensor] : saved.tensors) {
+    if (name.rfind("model.", 0) != 0) continue;
+    ++model_entries;
+    auto it = exported.tensors.find(name.substr(6));
+    ASSERT_NE(it, exported.tensors.end()) << name;
+    EXPECT_TRUE(at::equal(it->second, tensor)) << name;
+  }
+  EXPECT_GT(model_entries, 0u);
+  EXPECT_EQ(exported.tensors.size(), model_entries);
+  EXPECT_EQ(exported.metadata.at("trainyard.step"), "6");
+}
+
+TEST(CheckpointCommandTest, ExportRefusesACorruptCheckpointAndBadArguments) {
+  TempDir dir;
+  fs::path checkpoint = train_with_checkpoint(dir, "torch");
+  fs::resize_file(checkpoint / "shared.pt", 64);
+  auto corrupt = run_host({"checkpoint", "export", checkpoint.string(), "--out",
+                           (dir / "x.safetensors").string()});
+  EXPECT_EQ(corrupt.exit_code, 1);
+  EXPECT_HAS(corrupt.err, "truncated");
+  EXPECT_FALSE(fs::exists(dir / "x.safetensors"));
+  auto no_out = run_host({"checkpoint", "export", checkpoint.string()});
+  EXPECT_EQ(no_out.exit_code, 2);
+  EXPECT_HAS(no_out.err, "--out");
+  auto missing = run_host({"checkpoint", "inspect", (dir / "nothing").string()});
+  EXPECT_EQ(missing.exit_code, 1);
+  EXPECT_HAS(missing.err, "has no manifest");
+}
+
+}  // namespace
+}  // namespace trainyard::testing
