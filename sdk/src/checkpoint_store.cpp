@@ -2,7 +2,11 @@
 
 #include <zlib.h>
 
+#include <ATen/ATen.h>
+
 #include <algorithm>
+#include <atomic>
+#include <exception>
 #include <cstdio>
 #include <fstream>
 #include <iomanip>
@@ -65,63 +69,191 @@ void write_manifest(const fs::path& file, const CheckpointManifest& manifest) {
   if (!out) throw Error("cannot write " + file.string());
 }
 
+std::string staging_name(std::int64_t step) { return "." + step_folder_name(step) + ".partial"; }
+
 }  // namespace
 
+struct CheckpointStore::Pending {
+  std::int64_t step = 0;
+  std::thread writer;
+  std::atomic<bool> written{false};
+  std::exception_ptr error;
+};
+
+CheckpointState snapshot_to_host(const CheckpointState& state) {
+  auto copy = [](const StateDict& dict) {
+    StateDict out;
+    out.metadata = dict.metadata;
+    for (const auto& [name, tensor] : dict.tensors) {
+      // A copy even on the host: training goes on changing the original in place.
+      out.tensors.emplace(name, tensor.detach().to(at::kCPU, /*non_blocking=*/false, /*copy=*/true));
+    }
+    return out;
+  };
+  return CheckpointState{copy(state.shared), copy(state.local)};
+}
+
 CheckpointStore::CheckpointStore(std::shared_ptr<CheckpointBackend> backend,
-                                 std::string backend_name, fs::path folder, int keep, int rank,
-                                 int world_size)
+                                 std::string backend_name, fs::path folder, int keep,
+                                 CheckpointPeers peers)
     : backend_(std::move(backend)),
       backend_name_(std::move(backend_name)),
       folder_(std::move(folder)),
       keep_(keep),
-      rank_(rank),
-      world_size_(world_size) {
-  if (world_size_ != 1) {
-    throw Error("checkpoints of multi-process runs are not supported by this build");
+      peers_(std::move(peers)) {
+  if (peers_.world_size < 1 || peers_.rank < 0 || peers_.rank >= peers_.world_size) {
+    throw Error("checkpoint store: rank " + std::to_string(peers_.rank) + " of " +
+                std::to_string(peers_.world_size) + " is not a valid place");
+  }
+  if (peers_.world_size > 1 && !peers_.all_ok) {
+    throw Error("checkpoint store: a multi-process run needs a way for ranks to agree");
   }
 }
 
-fs::path CheckpointStore::save(std::int64_t step, const CheckpointState& state) {
-  fs::create_directories(folder_);
-  const fs::path final_path = folder_ / step_folder_name(step);
-  const fs::path staging = folder_ / ("." + step_folder_name(step) + ".partial");
-  std::error_code ec;
-  remove_tree(staging);
-  fs::create_directories(staging);
+CheckpointStore::CheckpointStore(CheckpointStore&&) noexcept = default;
 
-  CheckpointManifest manifest;
-  manifest.step = step;
-  manifest.backend = backend_name_;
-  manifest.framework_version = kFrameworkVersion;
-  manifest.world_size = world_size_;
+CheckpointStore::~CheckpointStore() {
+  // An uncommitted background save stays a staging folder: never listed, replaced next time.
+  if (pending_ && pending_->writer.joinable()) pending_->writer.join();
+}
+
+bool CheckpointStore::agree(bool ok) const { return peers_.all_ok ? peers_.all_ok(ok) : ok; }
+
+void CheckpointStore::prepare_staging(std::int64_t step) {
+  bool ok = true;
+  std::string problem;
+  if (peers_.rank == 0) {
+    try {
+      fs::create_directories(folder_);
+      const fs::path staging = folder_ / staging_name(step);
+      remove_tree(staging);  // left by a save that never committed
+      fs::create_directories(staging);
+    } catch (const std::exception& error) {
+      ok = false;
+      problem = error.what();
+    }
+  }
+  // Nobody writes into the folder before it exists.
+  if (!agree(ok)) {
+    throw Error("checkpoint of step " + std::to_string(step) + " not saved: " +
+                (problem.empty() ? "rank 0 could not prepare " + folder_.string() : problem));
+  }
+}
+
+void CheckpointStore::write_files(std::int64_t step, const CheckpointState& state) const {
+  const fs::path staging = folder_ / staging_name(step);
   auto write_one = [&](const std::string& stem, const StateDict& dict) {
     fs::path file = staging / (stem + backend_->extension());
     backend_->write(file, dict);
     sync_to_disk(file);
-    manifest.files.push_back(describe_file(file));
   };
-  write_one("shared", state.shared);
-  write_one(rank_file_stem(rank_), state.local);
-  write_manifest(staging / kManifest, manifest);
-  sync_to_disk(staging / kManifest);
-  sync_to_disk(staging);
+  if (peers_.rank == 0) write_one("shared", state.shared);
+  write_one(rank_file_stem(peers_.rank), state.local);
+}
 
-  // Re-saving a step replaces the old folder; the rename below is the commit point.
-  if (fs::exists(final_path)) {
-    remove_tree(final_path);
-    if (fs::exists(final_path)) throw Error("cannot replace checkpoint " + final_path.string());
-  }
-  fs::rename(staging, final_path);
-  sync_to_disk(folder_);
-
-  if (keep_ > 0) {
-    auto committed = list();
-    while (static_cast<int>(committed.size()) > keep_) {
-      remove_tree(committed.front());
-      committed.erase(committed.begin());
+fs::path CheckpointStore::commit(std::int64_t step) {
+  const fs::path final_path = folder_ / step_folder_name(step);
+  const fs::path staging = folder_ / staging_name(step);
+  bool ok = true;
+  std::string problem;
+  if (peers_.rank == 0) {
+    try {
+      CheckpointManifest manifest;
+      manifest.step = step;
+      manifest.backend = backend_name_;
+      manifest.framework_version = kFrameworkVersion;
+      manifest.world_size = peers_.world_size;
+      manifest.files.push_back(describe_file(staging / ("shared" + backend_->extension())));
+      for (int rank = 0; rank < peers_.world_size; ++rank) {
+        manifest.files.push_back(
+            describe_file(staging / (rank_file_stem(rank) + backend_->extension())));
+      }
+      write_manifest(staging / kManifest, manifest);
+      sync_to_disk(staging / kManifest);
+      sync_to_disk(staging);
+      // Re-saving a step replaces the old folder; the rename below is the commit point.
+      if (fs::exists(final_path)) {
+        remove_tree(final_path);
+        if (fs::exists(final_path)) throw Error("cannot replace checkpoint " + final_path.string());
+      }
+      fs::rename(staging, final_path);
+      sync_to_disk(folder_);
+      if (keep_ > 0) {
+        auto committed = list();
+        while (static_cast<int>(committed.size()) > keep_) {
+          remove_tree(committed.front());
+          committed.erase(committed.begin());
+        }
+      }
+    } catch (const std::exception& error) {
+      ok = false;
+      problem = error.what();
     }
   }
+  if (!agree(ok)) {
+    throw Error("checkpoint of step " + std::to_string(step) + " not committed: " +
+                (problem.empty() ? "rank 0 could not commit it" : problem));
+  }
   return final_path;
+}
+
+fs::path CheckpointStore::save(std::int64_t step, const CheckpointState& state) {
+  commit_pending();
+  prepare_staging(step);
+  bool ok = true;
+  std::string problem;
+  try {
+    write_files(step, state);
+  } catch (const std::exception& error) {
+    ok = false;
+    problem = error.what();
+  }
+  if (!agree(ok)) {
+    throw Error("checkpoint of step " + std::to_string(step) + " not saved: " +
+                (problem.empty() ? "another rank failed to write its files" : problem));
+  }
+  return commit(step);
+}
+
+void CheckpointStore::save_async(std::int64_t step, const CheckpointState& state) {
+  commit_pending();
+  auto pending = std::make_unique<Pending>();
+  pending->step = step;
+  auto snapshot = std::make_shared<CheckpointState>(snapshot_to_host(state));
+  prepare_staging(step);
+  Pending* raw = pending.get();
+  pending->writer = std::thread([this, raw, snapshot] {
+    try {
+      write_files(raw->step, *snapshot);
+    } catch (...) {
+      raw->error = std::current_exception();
+    }
+    raw->written = true;
+  });
+  pending_ = std::move(pending);
+}
+
+bool CheckpointStore::has_pending() const { return pending_ != nullptr; }
+
+bool CheckpointStore::pending_written() const { return pending_ && pending_->written; }
+
+std::optional<fs::path> CheckpointStore::commit_pending() {
+  if (!pending_) return std::nullopt;
+  std::unique_ptr<Pending> pending = std::move(pending_);
+  pending->writer.join();
+  std::string problem;
+  if (pending->error) {
+    try {
+      std::rethrow_exception(pending->error);
+    } catch (const std::exception& error) {
+      problem = error.what();
+    }
+  }
+  if (!agree(problem.empty())) {
+    throw Error("checkpoint of step " + std::to_string(pending->step) + " not saved: " +
+                (problem.empty() ? "another rank failed to write its files" : problem));
+  }
+  return commit(pending->step);
 }
 
 CheckpointManifest read_manifest(const fs::path& checkpoint) {
@@ -184,15 +316,15 @@ CheckpointState CheckpointStore::load(const fs::path& checkpoint) const {
     throw Error("checkpoint " + checkpoint.string() + " was written by the '" + manifest.backend +
                 "' backend, this run uses '" + backend_name_ + "'");
   }
-  if (manifest.world_size != world_size_) {
+  if (manifest.world_size != peers_.world_size) {
     throw Error("checkpoint " + checkpoint.string() + " was written by " +
                 std::to_string(manifest.world_size) + " ranks, this run has " +
-                std::to_string(world_size_));
+                std::to_string(peers_.world_size));
   }
   verify_checkpoint(checkpoint, manifest);
   CheckpointState state;
   state.shared = backend_->read(checkpoint / ("shared" + backend_->extension()));
-  state.local = backend_->read(checkpoint / (rank_file_stem(rank_) + backend_->extension()));
+  state.local = backend_->read(checkpoint / (rank_file_stem(peers_.rank) + backend_->extension()));
   return state;
 }
 

@@ -264,6 +264,7 @@ Engine::Engine(Recipe recipe, const Registry& registry, RunControls controls)
     std::int64_t keep = section.get_int("keep");
     if (keep < 0) section.fail("keep", "must be >= 0");
     if (section.get_int("every_steps") < 0) section.fail("every_steps", "must be >= 0");
+    if (section.get_float("every_seconds") < 0) section.fail("every_seconds", "must be >= 0");
     s.checkpoints = std::make_unique<CheckpointStore>(s.checkpoint_backend, plugin_of(section),
                                                       folder, static_cast<int>(keep));
   }
@@ -337,6 +338,7 @@ RunSummary Engine::run() {
         return std::stoll(it->second);
       };
       s.strategy->load_state(state);
+      s.precision->load_state(state.shared);
       s.step = number("engine.step");
       epoch = number("engine.epoch");
       first_batch = number("engine.batch_in_epoch");
@@ -359,6 +361,11 @@ RunSummary Engine::run() {
   info.output_dir = s.output_dir.string();
   for (auto& sink : s.sinks) sink->begin(info);
 
+  const bool checkpoint_async =
+      s.checkpoints && s.recipe.section("checkpoint").get_bool("async");
+  const double every_seconds =
+      s.checkpoints ? s.recipe.section("checkpoint").get_float("every_seconds") : 0.0;
+  Clock::time_point last_save = Clock::now();
   auto save = [&](std::int64_t at_epoch, std::int64_t batch_in_epoch) {
     CheckpointState state;
     s.strategy->save_state(state);
@@ -375,7 +382,17 @@ RunSummary Engine::run() {
       state.local.tensors["engine.rng.cpu"] = generator.get_state();
     }
     s.device_backend->save_rng_state(state.local);
-    summary.last_checkpoint = s.checkpoints->save(s.step, state);
+    if (checkpoint_async) {
+      s.checkpoints->save_async(s.step, state);
+    } else {
+      summary.last_checkpoint = s.checkpoints->save(s.step, state);
+    }
+    last_save = Clock::now();
+  };
+  auto commit_pending_save = [&] {
+    if (s.checkpoints && s.checkpoints->has_pending()) {
+      summary.last_checkpoint = s.checkpoints->commit_pending();
+    }
   };
 
   auto flush_train_metrics = [&](std::int64_t at_epoch) {
@@ -468,8 +485,19 @@ RunSummary Engine::run() {
       std::vector<Batch> micro = next_micro_batches();
       if (micro.empty()) break;
       train_one_step(micro);
-      if (s.step % s.log_every == 0) flush_train_metrics(epoch);
-      if (every_steps > 0 && s.step % every_steps == 0 && s.step < s.total_steps) {
+      const bool log_boundary = s.step % s.log_every == 0;
+      if (log_boundary) flush_train_metrics(epoch);
+      // A background save is committed as soon as it is written, and at the latest at the next
+      // logging boundary, so a crash loses at most one interval of saved work.
+      if (s.checkpoints && s.checkpoints->has_pending() &&
+          (log_boundary || s.checkpoints->pending_written())) {
+        commit_pending_save();
+      }
+      const bool time_is_up =
+          every_seconds > 0 && log_boundary &&
+          std::chrono::duration<double>(Clock::now() - last_save).count() >= every_seconds;
+      if (((every_steps > 0 && s.step % every_steps == 0) || time_is_up) &&
+          s.step < s.total_steps) {
         save(epoch, s.train_loader->position());
         // Throughput and step time measure training, not saving.
         s.interval_start = Clock::now();
@@ -493,6 +521,7 @@ RunSummary Engine::run() {
     }
   }
 
+  commit_pending_save();
   summary.steps = s.step;
   summary.wall_s = std::chrono::duration<double>(Clock::now() - run_started).count();
   const std::int64_t steps_run = s.step - first_step;

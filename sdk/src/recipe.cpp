@@ -326,6 +326,12 @@ const OptionSpecs& loader_options() {
 const OptionSpecs& checkpoint_policy_options() {
   static const OptionSpecs specs = {
       option("every_steps", 0, "save every this many optimizer steps (0: only at the end)"),
+      option("every_seconds", 0.0,
+             "also save when this many seconds have passed since the last save (0: never), "
+             "checked every log_every steps"),
+      option("async", false,
+             "copy the state to host memory and write it on a background thread; the step "
+             "waits only for the copy"),
       option("at_end", true, "save when the run ends"),
       option("keep", 3, "checkpoints kept (older ones are deleted; 0 keeps all)"),
       option("dir", "", "checkpoint folder (default: <output_dir>/checkpoints)"),

@@ -4,12 +4,16 @@
 #include <ATen/ATen.h>
 #include <gtest/gtest.h>
 
+#include <chrono>
 #include <filesystem>
 #include <fstream>
+#include <random>
+#include <regex>
 
 #include "test_support.hpp"
 #include "trainyard/build_context.hpp"
 #include "trainyard/checkpoint.hpp"
+#include "trainyard/checkpoint_store.hpp"
 #include "trainyard/plugin_loader.hpp"
 
 namespace trainyard::testing {
@@ -269,6 +273,189 @@ TEST(CheckpointCommandTest, ExportRefusesACorruptCheckpointAndBadArguments) {
   auto missing = run_host({"checkpoint", "inspect", (dir / "nothing").string()});
   EXPECT_EQ(missing.exit_code, 1);
   EXPECT_HAS(missing.err, "has no manifest");
+}
+
+// The shared (model + optimizer) tensors of two checkpoints are bitwise equal.
+void expect_same_training_state(const fs::path& a, const fs::path& b) {
+  Registry registry;
+  load_bundled_plugins(registry);
+  auto backend = registry.create<CheckpointBackend>("torch", Config({}, "checkpoint"), BuildContext{});
+  StateDict left = backend->read(a / "shared.pt");
+  StateDict right = backend->read(b / "shared.pt");
+  ASSERT_EQ(left.tensors.size(), right.tensors.size());
+  std::size_t compared = 0;
+  for (const auto& [name, tensor] : left.tensors) {
+    auto it = right.tensors.find(name);
+    ASSERT_NE(it, right.tensors.end()) << name;
+    EXPECT_TRUE(at::equal(tensor, it->second)) << name << " differs";
+    ++compared;
+  }
+  EXPECT_GT(compared, 10u);
+  EXPECT_EQ(left.metadata.at("engine.step"), right.metadata.at("engine.step"));
+}
+
+constexpr const char* kResumeRecipe = R"(
+[run]
+seed = 5
+epochs = 10
+log_every = 5
+eval = false
+[loader]
+batch_size = 32
+workers = 2
+[dataset]
+plugin = "synthetic"
+samples = 640
+eval_samples = 0
+input_shape = [1, 16, 16]
+[model]
+plugin = "cnn"
+channels = [4, 8]
+hidden = 32
+dropout = 0.3
+[optimizer]
+plugin = "adamw"
+[checkpoint]
+plugin = "torch"
+every_steps = 5
+keep = 0
+)";
+
+TEST(CrashResumeTest, KillNineMidEpochThenResumeIsBitwiseExact) {
+  // 20 steps per epoch; the kill lands after step 30 (mid-epoch), the runs end at step 60.
+  TempDir dir;
+  auto recipe = dir.write("recipe.toml", kResumeRecipe);
+  auto run = [&](const std::string& out, const std::vector<std::string>& extra,
+                 const std::function<bool()>& kill_when = {}) {
+    std::vector<std::string> argv = {host_binary().string(), "run", recipe.string(), "--set",
+                                     "run.output_dir=" + (dir / out).string(), "--set",
+                                     "run.max_steps=60"};
+    argv.insert(argv.end(), extra.begin(), extra.end());
+    return run_command(argv, source_dir(), 600, {}, kill_when);
+  };
+  auto whole = run("whole", {});
+  ASSERT_EQ(whole.exit_code, 0) << describe(whole);
+
+  const fs::path step30 = dir / "crashed" / "checkpoints" / "step-000000030";
+  auto crashed = run("crashed", {}, [&] { return fs::exists(step30 / "manifest.toml"); });
+  ASSERT_TRUE(crashed.killed) << "the run ended before the kill: " << describe(crashed);
+  ASSERT_FALSE(fs::exists(dir / "crashed" / "checkpoints" / "step-000000060"));
+
+  auto resumed = run("crashed", {"--resume", "auto"});
+  ASSERT_EQ(resumed.exit_code, 0) << describe(resumed);
+  EXPECT_HAS(resumed.err, "resumed from");
+  expect_same_training_state(dir / "whole" / "checkpoints" / "step-000000060",
+                             dir / "crashed" / "checkpoints" / "step-000000060");
+}
+
+TEST(CrashResumeTest, AsyncSavesHoldTheSameStateAsSyncSaves) {
+  TempDir dir;
+  auto recipe = dir.write("recipe.toml", kResumeRecipe);
+  auto run = [&](const std::string& out, bool async) {
+    return run_host({"run", recipe.string(), "--set", "run.output_dir=" + (dir / out).string(),
+                     "--set", "run.max_steps=25", "--set",
+                     std::string("checkpoint.async=") + (async ? "true" : "false")});
+  };
+  auto sync = run("sync", false);
+  ASSERT_EQ(sync.exit_code, 0) << describe(sync);
+  auto async = run("async", true);
+  ASSERT_EQ(async.exit_code, 0) << describe(async);
+  for (const char* step : {"step-000000005", "step-000000020", "step-000000025"}) {
+    SCOPED_TRACE(step);
+    expect_same_training_state(dir / "sync" / "checkpoints" / step,
+                               dir / "async" / "checkpoints" / step);
+  }
+}
+
+TEST(CrashResumeTest, KillsDuringSavesNeverLeaveAPartialCheckpointToLoad) {
+  // A model whose checkpoints (weights + AdamW moments, ~25 MB) take far longer to write than
+  // a step: most kills land inside a save.
+  TempDir dir;
+  auto recipe = dir.write("recipe.toml", R"(
+[run]
+seed = 2
+max_steps = 100000
+epochs = 1000
+log_every = 1000
+eval = false
+threads = 1
+[loader]
+batch_size = 8
+workers = 0
+[dataset]
+plugin = "synthetic"
+samples = 256
+eval_samples = 0
+input_shape = [1, 28, 28]
+[model]
+plugin = "mlp"
+hidden = [1024, 1024]
+[optimizer]
+plugin = "adamw"
+[checkpoint]
+plugin = "torch"
+every_steps = 1
+keep = 2
+)");
+  Registry registry;
+  load_bundled_plugins(registry);
+  auto backend = registry.create<CheckpointBackend>("torch", Config({}, "checkpoint"), BuildContext{});
+  CheckpointStore store(backend, "torch", dir / "out" / "checkpoints", 0);
+
+  std::mt19937 random(1234);
+  std::uniform_int_distribution<int> delay_ms(0, 400);
+  int resumed = 0;
+  int partial_seen = 0;
+  std::int64_t last_step = -1;
+  const fs::path folder = dir / "out" / "checkpoints";
+  // The number of entries (committed or staging) in the checkpoint folder.
+  auto entries = [&] {
+    std::error_code ec;
+    std::size_t count = 0;
+    for (auto it = fs::directory_iterator(folder, ec); !ec && it != fs::directory_iterator();
+         it.increment(ec)) {
+      ++count;
+    }
+    return count;
+  };
+  for (int attempt = 0; attempt < 12; ++attempt) {
+    // Saving has begun once the folder changes; the kill comes a random moment later.
+    const std::size_t before = entries();
+    std::optional<std::chrono::steady_clock::time_point> saving_since;
+    const auto delay = std::chrono::milliseconds(delay_ms(random));
+    auto result = run_command(
+        {host_binary().string(), "run", recipe.string(), "--set",
+         "run.output_dir=" + (dir / "out").string(), "--resume", "auto"},
+        source_dir(), 120, {}, [&] {
+          const auto now = std::chrono::steady_clock::now();
+          if (!saving_since && entries() != before) saving_since = now;
+          return saving_since && now - *saving_since >= delay;
+        });
+    ASSERT_TRUE(result.killed) << describe(result);
+    // Whatever the moment of the kill, everything listed as committed verifies...
+    for (const auto& checkpoint : store.list()) {
+      EXPECT_NO_THROW(verify_checkpoint(checkpoint, read_manifest(checkpoint)))
+          << "attempt " << attempt << ": " << checkpoint;
+    }
+    for (const auto& entry : fs::directory_iterator(folder)) {
+      if (entry.path().extension() == ".partial") ++partial_seen;
+    }
+    // ...and a resumed run starts from the newest of them, never from a partial one.
+    if (result.err.find("resumed from") != std::string::npos) {
+      ++resumed;
+      std::smatch match;
+      const std::string err = result.err;
+      ASSERT_TRUE(std::regex_search(err, match, std::regex(R"(at step (\d+))"))) << err;
+      const std::int64_t step = std::stoll(match[1]);
+      EXPECT_GE(step, last_step) << "resumed from an older checkpoint than the last one";
+      last_step = step;
+    }
+  }
+  auto latest = store.latest_valid({});
+  ASSERT_TRUE(latest);
+  EXPECT_NO_THROW(store.load(*latest));
+  EXPECT_GE(resumed, 8) << "too few runs got far enough to save";
+  EXPECT_GE(partial_seen, 1) << "no kill landed inside a save; the test proves nothing";
 }
 
 }  // namespace

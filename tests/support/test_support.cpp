@@ -35,7 +35,8 @@ void load_bundled_plugins(Registry& registry) {
 }
 
 CommandResult run_command(const std::vector<std::string>& argv, const fs::path& cwd,
-                          int timeout_s, const std::vector<std::string>& env) {
+                          int timeout_s, const std::vector<std::string>& env,
+                          const std::function<bool()>& kill_when) {
   int out_pipe[2], err_pipe[2];
   if (::pipe(out_pipe) != 0 || ::pipe(err_pipe) != 0) throw std::runtime_error("pipe failed");
   pid_t pid = ::fork();
@@ -74,7 +75,11 @@ CommandResult run_command(const std::vector<std::string>& argv, const fs::path& 
       ::kill(-pid, SIGKILL);
       break;
     }
-    int ready = ::poll(fds, 2, static_cast<int>(std::min<long long>(left, 1000)));
+    if (kill_when && !result.killed && kill_when()) {
+      result.killed = true;
+      ::kill(-pid, SIGKILL);
+    }
+    int ready = ::poll(fds, 2, static_cast<int>(std::min<long long>(left, kill_when ? 2 : 1000)));
     if (ready < 0) break;
     for (int i = 0; i < 2; ++i) {
       if (fds[i].fd < 0 || !(fds[i].revents & (POLLIN | POLLHUP | POLLERR))) continue;

@@ -5,6 +5,7 @@
 
 #include <exception>
 #include <filesystem>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -25,15 +26,19 @@ void load_bundled_plugins(Registry& registry);
 struct CommandResult {
   int exit_code = -1;   // -1 when killed by a signal or timed out
   bool timed_out = false;
+  bool killed = false;  // kill_when asked for it
   std::string out;
   std::string err;
 };
 
 // Runs argv[0] with arguments, without a shell, capturing both streams. Killed after
 // `timeout_s`. Environment entries in `env` ("NAME=value") are added to the current one.
+// `kill_when`, polled every few milliseconds while the command runs, sends SIGKILL to it (and
+// its process group) the first time it returns true: a crash at a moment the test chooses.
 CommandResult run_command(const std::vector<std::string>& argv,
                           const std::filesystem::path& cwd = {}, int timeout_s = 600,
-                          const std::vector<std::string>& env = {});
+                          const std::vector<std::string>& env = {},
+                          const std::function<bool()>& kill_when = {});
 
 // Exit status and both streams, for assertion messages.
 std::string describe(const CommandResult& result);

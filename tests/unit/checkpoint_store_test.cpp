@@ -2,13 +2,16 @@
 
 #include <gtest/gtest.h>
 
+#include <condition_variable>
 #include <cstdint>
 #include <filesystem>
 #include <fstream>
 #include <map>
+#include <mutex>
 #include <memory>
 #include <set>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "test_support.hpp"
@@ -23,6 +26,7 @@ namespace {
 namespace fs = std::filesystem;
 using testing::error_of;
 using testing::TempDir;
+using testing::contains;
 
 
 // A plain binary format: counts, lengths, names, dtypes, shapes and raw bytes.
@@ -348,8 +352,175 @@ TEST_F(CheckpointStoreTest, PartialStagingFoldersAreNeverListed) {
   expect_equal(checkpoints.load(five).shared, sample_state(5).shared);
 }
 
-TEST_F(CheckpointStoreTest, MultiProcessIsRefused) {
-  EXPECT_THROW(CheckpointStore(std::make_shared<RawBackend>(), "raw", dir_ / "c", 1, 0, 2), Error);
+TEST_F(CheckpointStoreTest, MultiProcessNeedsAnAgreementAndAValidPlace) {
+  EXPECT_HAS(error_of([&] {
+               CheckpointStore(std::make_shared<RawBackend>(), "raw", dir_ / "c", 1,
+                               CheckpointPeers{0, 2, {}});
+             }),
+             "needs a way for ranks to agree");
+  EXPECT_HAS(error_of([&] {
+               CheckpointStore(std::make_shared<RawBackend>(), "raw", dir_ / "c", 1,
+                               CheckpointPeers{2, 2, [](bool ok) { return ok; }});
+             }),
+             "rank 2 of 2 is not a valid place");
+}
+
+}  // namespace
+}  // namespace trainyard
+
+namespace trainyard {
+namespace {
+
+// In-process stand-in for the collective the engine provides: every "rank" (a thread) calls
+// all_ok at the same points; each call returns the AND over all ranks of that round.
+class ThreadAgreement {
+ public:
+  explicit ThreadAgreement(int ranks) : ranks_(ranks) {}
+  bool all_ok(bool ok) {
+    std::unique_lock<std::mutex> lock(mutex_);
+    const std::uint64_t round = round_;
+    round_ok_ = round_ok_ && ok;
+    if (++arrived_ == ranks_) {
+      result_ = round_ok_;
+      arrived_ = 0;
+      round_ok_ = true;
+      ++round_;
+      changed_.notify_all();
+      return result_;
+    }
+    changed_.wait(lock, [&] { return round_ != round; });
+    return result_;
+  }
+  CheckpointPeers peers(int rank) {
+    return CheckpointPeers{rank, ranks_, [this](bool ok) { return all_ok(ok); }};
+  }
+
+ private:
+  int ranks_;
+  std::mutex mutex_;
+  std::condition_variable changed_;
+  int arrived_ = 0;
+  bool round_ok_ = true;
+  bool result_ = true;
+  std::uint64_t round_ = 0;
+};
+
+// Fails every write (a full disk, a dead file system) on the rank it is given to.
+class FailingBackend : public RawBackend {
+ public:
+  void write(const fs::path& file, const StateDict&) const override {
+    throw Error("cannot write " + file.string() + ": no space left on device");
+  }
+};
+
+CheckpointState rank_state(int rank) {
+  CheckpointState state = sample_state(7);
+  state.local.tensors["rng"] = torch::full({4}, rank, torch::kUInt8);
+  state.local.metadata["rank"] = std::to_string(rank);
+  return state;
+}
+
+// Runs body(rank) on `ranks` threads and returns what each threw (empty when nothing).
+template <typename Body>
+std::vector<std::string> on_ranks(int ranks, Body body) {
+  std::vector<std::string> errors(static_cast<std::size_t>(ranks));
+  std::vector<std::thread> threads;
+  for (int rank = 0; rank < ranks; ++rank) {
+    threads.emplace_back([&, rank] {
+      try {
+        body(rank);
+      } catch (const std::exception& error) {
+        errors[static_cast<std::size_t>(rank)] = error.what();
+      }
+    });
+  }
+  for (auto& thread : threads) thread.join();
+  return errors;
+}
+
+class MultiRankCheckpointTest : public ::testing::Test {
+ protected:
+  TempDir dir_;
+};
+
+TEST_F(MultiRankCheckpointTest, EveryRankWritesItsFileAndRankZeroTheSharedOneAndManifest) {
+  ThreadAgreement agreement(3);
+  auto errors = on_ranks(3, [&](int rank) {
+    CheckpointStore store(std::make_shared<RawBackend>(), "raw", dir_ / "c", 0,
+                          agreement.peers(rank));
+    fs::path folder = store.save(4, rank_state(rank));
+    EXPECT_EQ(folder.filename(), "step-000000004");
+    agreement.all_ok(true);  // every rank has returned from save before anyone loads
+    CheckpointState loaded = store.load(folder);
+    expect_equal(loaded.local, rank_state(rank).local);
+    expect_equal(loaded.shared, rank_state(0).shared);
+  });
+  for (const auto& error : errors) EXPECT_EQ(error, "");
+  CheckpointManifest manifest = read_manifest(dir_ / "c" / "step-000000004");
+  EXPECT_EQ(manifest.world_size, 3);
+  std::vector<std::string> files;
+  for (const auto& file : manifest.files) files.push_back(file.name);
+  EXPECT_EQ(files, (std::vector<std::string>{"shared.raw", "rank-00000.raw", "rank-00001.raw",
+                                             "rank-00002.raw"}));
+}
+
+TEST_F(MultiRankCheckpointTest, OneRankFailingFailsEveryRankAndCommitsNothing) {
+  ThreadAgreement agreement(3);
+  auto errors = on_ranks(3, [&](int rank) {
+    std::shared_ptr<CheckpointBackend> backend = rank == 1 ? std::make_shared<FailingBackend>()
+                                                           : std::make_shared<RawBackend>();
+    CheckpointStore store(backend, "raw", dir_ / "c", 0, agreement.peers(rank));
+    store.save(4, rank_state(rank));
+  });
+  EXPECT_HAS(errors[1], "no space left on device");
+  EXPECT_HAS(errors[0], "checkpoint of step 4 not saved: another rank failed");
+  EXPECT_HAS(errors[2], "checkpoint of step 4 not saved: another rank failed");
+  EXPECT_TRUE(CheckpointStore(std::make_shared<RawBackend>(), "raw", dir_ / "c", 0).list().empty());
+}
+
+TEST_F(MultiRankCheckpointTest, AsyncSavesCommitTogether) {
+  ThreadAgreement agreement(2);
+  auto errors = on_ranks(2, [&](int rank) {
+    CheckpointStore store(std::make_shared<RawBackend>(), "raw", dir_ / "c", 2,
+                          agreement.peers(rank));
+    for (std::int64_t step = 1; step <= 3; ++step) {
+      store.save_async(step, rank_state(rank));  // commits the previous one first
+    }
+    auto last = store.commit_pending();
+    ASSERT_TRUE(last);
+    EXPECT_EQ(last->filename(), "step-000000003");
+  });
+  for (const auto& error : errors) EXPECT_EQ(error, "");
+  CheckpointStore reader(std::make_shared<RawBackend>(), "raw", dir_ / "c", 0);
+  auto listed = reader.list();
+  ASSERT_EQ(listed.size(), 2u);  // keep = 2
+  EXPECT_EQ(listed.back().filename(), "step-000000003");
+}
+
+TEST_F(CheckpointStoreTest, AsyncSaveWritesTheSnapshotNotLaterChanges) {
+  auto checkpoints = store();
+  CheckpointState state = sample_state(2);
+  const CheckpointState expected = snapshot_to_host(state);
+  checkpoints.save_async(9, state);
+  // Training goes on and changes the tensors in place while the writer runs.
+  state.shared.tensors["model.weight"].add_(100);
+  state.local.tensors["rng"].zero_();
+  EXPECT_TRUE(checkpoints.list().empty()) << "listed before its commit";
+  EXPECT_TRUE(checkpoints.has_pending());
+  auto folder = checkpoints.commit_pending();
+  ASSERT_TRUE(folder);
+  EXPECT_FALSE(checkpoints.has_pending());
+  CheckpointState loaded = checkpoints.load(*folder);
+  expect_equal(loaded.shared, expected.shared);
+  expect_equal(loaded.local, expected.local);
+  EXPECT_FALSE(checkpoints.commit_pending()) << "nothing pending any more";
+}
+
+TEST_F(CheckpointStoreTest, AsyncWriteErrorSurfacesAtCommitAndNothingIsListed) {
+  CheckpointStore checkpoints(std::make_shared<FailingBackend>(), "raw", dir_ / "checkpoints", 0);
+  checkpoints.save_async(3, sample_state());
+  EXPECT_HAS(error_of([&] { checkpoints.commit_pending(); }), "no space left on device");
+  EXPECT_TRUE(checkpoints.list().empty());
 }
 
 }  // namespace

@@ -9,6 +9,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "trainyard/checkpoint.hpp"
@@ -30,14 +31,42 @@ struct CheckpointManifest {
   std::vector<CheckpointFileInfo> files;
 };
 
+// How the ranks of a job take part in a save. Every rank calls all_ok at the same points of
+// every save, in the same order; it returns true on every rank exactly when `ok` was true on
+// every rank, and throws (never hangs) when a peer is gone. A single process needs none.
+struct CheckpointPeers {
+  int rank = 0;
+  int world_size = 1;
+  std::function<bool(bool ok)> all_ok;
+};
+
+// Multi-rank protocol of one save: rank 0 prepares the staging folder; every rank writes its own
+// files (rank 0 also the shared one) and syncs them; the ranks agree that every write
+// succeeded; rank 0 writes the manifest, renames the folder into place and prunes; the ranks
+// agree that the commit happened. One rank's failure fails the save on every rank, and nothing
+// uncommitted is ever listed or loaded.
 class CheckpointStore {
  public:
   CheckpointStore(std::shared_ptr<CheckpointBackend> backend, std::string backend_name,
-                  std::filesystem::path folder, int keep, int rank = 0, int world_size = 1);
+                  std::filesystem::path folder, int keep, CheckpointPeers peers = {});
+  ~CheckpointStore();
+  CheckpointStore(CheckpointStore&&) noexcept;
+  CheckpointStore& operator=(CheckpointStore&&) = delete;
 
   // Writes `state` as checkpoint `step` and returns its folder. Older checkpoints beyond `keep`
-  // are removed afterwards.
+  // are removed afterwards. Commits a pending background save first.
   std::filesystem::path save(std::int64_t step, const CheckpointState& state);
+
+  // Copies `state` into host memory and writes it on a background thread: the caller waits only
+  // for the copy. The checkpoint is committed by the next commit_pending() (the engine calls it
+  // at fixed steps, the same on every rank) or by the next save.
+  void save_async(std::int64_t step, const CheckpointState& state);
+  // True when a background save has finished writing and awaits its commit (never blocks).
+  bool pending_written() const;
+  bool has_pending() const;
+  // Waits for the background save, agrees with the other ranks and commits it; returns its
+  // folder, or nullopt when nothing was pending. Throws when any rank failed to write.
+  std::optional<std::filesystem::path> commit_pending();
 
   // Reads a checkpoint folder, verifying the manifest, every file's size and checksum, before
   // any state is used. Throws Error naming the file at fault.
@@ -52,13 +81,22 @@ class CheckpointStore {
   const std::filesystem::path& folder() const { return folder_; }
 
  private:
+  struct Pending;
+  void prepare_staging(std::int64_t step);
+  void write_files(std::int64_t step, const CheckpointState& state) const;
+  std::filesystem::path commit(std::int64_t step);
+  bool agree(bool ok) const;
+
   std::shared_ptr<CheckpointBackend> backend_;
   std::string backend_name_;
   std::filesystem::path folder_;
   int keep_;
-  int rank_;
-  int world_size_;
+  CheckpointPeers peers_;
+  std::unique_ptr<Pending> pending_;
 };
+
+// The state with every tensor copied to host memory, detached from whatever training does next.
+CheckpointState snapshot_to_host(const CheckpointState& state);
 
 CheckpointManifest read_manifest(const std::filesystem::path& checkpoint);
 // The problem with one file the manifest lists (missing, wrong size, bad checksum), if any.
