@@ -75,22 +75,37 @@ std::string staging_name(std::int64_t step) { return "." + step_folder_name(step
 
 struct CheckpointStore::Pending {
   std::int64_t step = 0;
+  std::shared_ptr<CheckpointState> snapshot;
   std::thread writer;
   std::atomic<bool> written{false};
   std::exception_ptr error;
 };
 
-CheckpointState snapshot_to_host(const CheckpointState& state) {
-  auto copy = [](const StateDict& dict) {
+CheckpointState snapshot_to_host(const CheckpointState& state, CheckpointState* reuse) {
+  auto copy = [](const StateDict& dict, StateDict* buffers) {
     StateDict out;
     out.metadata = dict.metadata;
     for (const auto& [name, tensor] : dict.tensors) {
+      at::Tensor source = tensor.detach();
+      if (buffers) {
+        // The previous snapshot's memory, already touched: copying into it costs no page
+        // faults, which dominate a fresh copy of a large state.
+        auto it = buffers->tensors.find(name);
+        if (it != buffers->tensors.end() && it->second.sizes().equals(source.sizes()) &&
+            it->second.scalar_type() == source.scalar_type() && it->second.is_contiguous()) {
+          it->second.copy_(source);
+          out.tensors.emplace(name, it->second);
+          continue;
+        }
+      }
       // A copy even on the host: training goes on changing the original in place.
-      out.tensors.emplace(name, tensor.detach().to(at::kCPU, /*non_blocking=*/false, /*copy=*/true));
+      out.tensors.emplace(name, source.to(at::kCPU, /*non_blocking=*/false, /*copy=*/true)
+                                    .contiguous());
     }
     return out;
   };
-  return CheckpointState{copy(state.shared), copy(state.local)};
+  return CheckpointState{copy(state.shared, reuse ? &reuse->shared : nullptr),
+                         copy(state.local, reuse ? &reuse->local : nullptr)};
 }
 
 CheckpointStore::CheckpointStore(std::shared_ptr<CheckpointBackend> backend,
@@ -219,9 +234,12 @@ void CheckpointStore::save_async(std::int64_t step, const CheckpointState& state
   commit_pending();
   auto pending = std::make_unique<Pending>();
   pending->step = step;
-  auto snapshot = std::make_shared<CheckpointState>(snapshot_to_host(state));
+  auto snapshot = std::make_shared<CheckpointState>(
+      snapshot_to_host(state, snapshot_buffers_ ? snapshot_buffers_.get() : nullptr));
+  snapshot_buffers_.reset();
   prepare_staging(step);
   Pending* raw = pending.get();
+  pending->snapshot = snapshot;
   pending->writer = std::thread([this, raw, snapshot] {
     try {
       write_files(raw->step, *snapshot);
@@ -241,6 +259,7 @@ std::optional<fs::path> CheckpointStore::commit_pending() {
   if (!pending_) return std::nullopt;
   std::unique_ptr<Pending> pending = std::move(pending_);
   pending->writer.join();
+  snapshot_buffers_ = std::move(pending->snapshot);  // written: reusable by the next snapshot
   std::string problem;
   if (pending->error) {
     try {

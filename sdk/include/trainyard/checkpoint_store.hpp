@@ -93,10 +93,12 @@ class CheckpointStore {
   int keep_;
   CheckpointPeers peers_;
   std::unique_ptr<Pending> pending_;
+  std::shared_ptr<CheckpointState> snapshot_buffers_;
 };
 
 // The state with every tensor copied to host memory, detached from whatever training does next.
-CheckpointState snapshot_to_host(const CheckpointState& state);
+// Tensors of `reuse` with the same name, shape and dtype are overwritten instead of allocating.
+CheckpointState snapshot_to_host(const CheckpointState& state, CheckpointState* reuse = nullptr);
 
 CheckpointManifest read_manifest(const std::filesystem::path& checkpoint);
 // The problem with one file the manifest lists (missing, wrong size, bad checksum), if any.
