@@ -222,6 +222,12 @@ TEST_F(TokenShards, RestoredStreamYieldsExactlyTheRemainingSamples) {
   EXPECT_HAS(error_of([&] { other_epoch->restore(state); }), "another reader");
 }
 
+TEST_F(TokenShards, InvalidReaderIsRefused) {
+  EXPECT_HAS(error_of([&] { train_->open(StreamShard{0, 0, 0, 1, 0, 0}); }), "invalid reader");
+  EXPECT_HAS(error_of([&] { train_->open(StreamShard{2, 2, 0, 1, 0, 0}); }), "rank 2 of 2");
+  EXPECT_HAS(error_of([&] { train_->open(StreamShard{0, 1, 3, 3, 0, 0}); }), "worker 3 of 3");
+}
+
 TEST_F(TokenShards, ConcurrentReadersSeeTheSameWindows) {
   auto expected = drain(*train_->open(StreamShard{0, 1, 0, 1, 3, 0}));
   std::vector<std::vector<std::int64_t>> got(4);
