@@ -133,5 +133,17 @@ TEST(GptModel, OptionsAreChecked) {
   EXPECT_NE(make_gpt({{"seq_len", Value(16)}}, context), nullptr);
 }
 
+// The shipped recipe resolves: its sections name existing plugins with valid options.
+TEST(GptTextRecipe, Validates) {
+  auto result = run_host({"validate", "recipes/gpt_text.toml"}, {}, 120);
+  EXPECT_EQ(result.exit_code, 0) << result.err;
+  auto printed = run_host({"run", "recipes/gpt_text.toml", "--print-config"}, {}, 120);
+  ASSERT_EQ(printed.exit_code, 0) << printed.err;
+  for (const char* expected : {"plugin = \"gpt\"", "plugin = \"text\"", "seq_len = 128",
+                               "n_layers = 4"}) {
+    EXPECT_HAS(printed.out, expected);
+  }
+}
+
 }  // namespace
 }  // namespace trainyard::testing
