@@ -283,7 +283,15 @@ std::unique_ptr<Dataset> make_text(const Config& options) {
 
   std::vector<TextFile> files;
   std::size_t bytes = 0;
-  for (const auto& path : token_shards::expand_glob(pattern, options.qualified("path"))) {
+  std::vector<fs::path> paths;
+  try {
+    paths = token_shards::expand_glob(pattern, options.qualified("path"));
+  } catch (const Error& error) {
+    const bool fortunes = pattern.string().rfind("/usr/share/games/fortunes", 0) == 0;
+    if (!fortunes) throw;
+    throw Error(std::string(error.what()) + " (tools/setup installs Debian's fortunes)");
+  }
+  for (const auto& path : paths) {
     const std::string name = path.filename().string();
     const bool excluded = std::any_of(excludes.begin(), excludes.end(), [&](const auto& glob) {
       return ::fnmatch(glob.c_str(), name.c_str(), 0) == 0;
