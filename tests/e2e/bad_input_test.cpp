@@ -44,7 +44,7 @@ TEST(BadInputTest, UnknownPluginListsTheKnownOnes) {
   auto recipe = dir.write("r.toml", kValidRecipe);
   auto error = expect_clean_failure({"run", recipe.string(), "--set", "model.plugin=resnet"});
   EXPECT_HAS(error, "unknown model plugin 'resnet'");
-  EXPECT_HAS(error, "known: cnn, mlp");
+  EXPECT_HAS(error, "known: cnn, gpt, mlp");
   EXPECT_HAS(error, "--set model.plugin=resnet");
 }
 
@@ -53,7 +53,7 @@ TEST(BadInputTest, MissingPluginSectionNamesTheChoices) {
   auto recipe = dir.write("r.toml", "[dataset]\nplugin = \"synthetic\"\n[optimizer]\nplugin = \"sgd\"\n");
   auto error = expect_clean_failure({"run", recipe.string()});
   EXPECT_HAS(error, "missing section [model]");
-  EXPECT_HAS(error, "cnn, mlp");
+  EXPECT_HAS(error, "cnn, gpt, mlp");
 }
 
 TEST(BadInputTest, UnknownKeyIsLocatedByLineAndColumn) {

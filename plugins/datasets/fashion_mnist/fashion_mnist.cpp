@@ -7,6 +7,7 @@
 
 #include <array>
 #include <filesystem>
+#include <limits>
 #include <mutex>
 
 #include "trainyard/dataset.hpp"
@@ -70,7 +71,13 @@ std::vector<std::int64_t> check_idx(const std::vector<std::uint8_t>& bytes, cons
   std::size_t expected = 1;
   for (std::size_t d = 0; d < dims; ++d) {
     shape.push_back(read_be32(bytes, 4 + 4 * d));
-    expected *= static_cast<std::size_t>(shape.back());
+    // A product that overflows could wrap around to the file's size and be trusted.
+    const auto size = static_cast<std::size_t>(shape.back());
+    if (size != 0 && expected > std::numeric_limits<std::size_t>::max() / size) {
+      throw Error("dataset file " + path.string() + " has a header (offsets 4.." +
+                  std::to_string(header - 1) + ") whose dimensions multiply past 2^64 bytes (corrupt)");
+    }
+    expected *= size;
   }
   if (bytes.size() - header != expected) {
     throw Error("dataset file " + path.string() + " holds " + std::to_string(bytes.size() - header) +
@@ -100,6 +107,11 @@ class FashionMnistSplit final : public MapSource {
     auto label_bytes = read_file(labels_path);
     auto image_shape = check_idx(image_bytes, images_path, kImageMagic, 3);
     auto label_shape = check_idx(label_bytes, labels_path, kLabelMagic, 1);
+    if (image_shape[1] != 28 || image_shape[2] != 28) {
+      throw Error("dataset file " + images_path.string() + " holds " +
+                  std::to_string(image_shape[1]) + "x" + std::to_string(image_shape[2]) +
+                  " images; Fashion-MNIST images are 28x28");
+    }
     if (image_shape[0] != label_shape[0]) {
       throw Error("dataset files disagree: " + images_path.string() + " has " +
                   std::to_string(image_shape[0]) + " images, " + labels_path.string() + " has " +

@@ -18,32 +18,59 @@ using namespace trainyard;
 
 constexpr std::int64_t kBatch = 4;
 constexpr std::int64_t kClasses = 10;
+// Language models get token windows of kSequence ids below kVocab instead of images.
+constexpr std::int64_t kSequence = 12;
+constexpr std::int64_t kVocab = 10;
+
+BuildContext language_model_context() {
+  BuildContext context = conformance::classification_context({kSequence}, 0);
+  context.data.vocab_size = kVocab;
+  context.data.sequence_length = kSequence;
+  return context;
+}
 
 class ModelConformance : public ::testing::TestWithParam<std::string> {
  protected:
-  // The model, or null after GTEST_SKIP when it needs another kind of data.
+  // The model, built for images or else for token windows; null after GTEST_SKIP when it needs
+  // yet another kind of data.
   std::shared_ptr<Model> build(std::uint64_t seed = 0) {
-    torch::manual_seed(seed);
-    try {
-      return conformance::registry().create<Model>(GetParam(), conformance::section("model"),
-                                                   conformance::classification_context());
-    } catch (const Error& error) {
-      const std::string message = error.what();
-      if (message.find("need") != std::string::npos) {
-        skipped_ = "needs another kind of data: " + message;
-        return nullptr;
+    std::string message;
+    for (bool language : {false, true}) {
+      torch::manual_seed(seed);
+      try {
+        language_ = language;
+        return conformance::registry().create<Model>(
+            GetParam(), conformance::section("model"),
+            language ? language_model_context() : conformance::classification_context());
+      } catch (const Error& error) {
+        message = error.what();
+        if (message.find("need") == std::string::npos) throw;
       }
-      throw;
     }
+    skipped_ = "needs another kind of data: " + message;
+    return nullptr;
   }
 
-  static Batch batch() {
+  Batch batch() const {
     Batch batch;
     batch.size = kBatch;
-    batch.tensors["input"] = torch::randn({kBatch, 1, 28, 28});
-    batch.tensors["target"] = torch::randint(0, kClasses, {kBatch}, torch::kLong);
+    if (language_) {
+      batch.tensors["input"] = torch::randint(0, kVocab, {kBatch, kSequence}, torch::kLong);
+      batch.tensors["target"] = torch::randint(0, kVocab, {kBatch, kSequence}, torch::kLong);
+    } else {
+      batch.tensors["input"] = torch::randn({kBatch, 1, 28, 28});
+      batch.tensors["target"] = torch::randint(0, kClasses, {kBatch}, torch::kLong);
+    }
     return batch;
   }
+
+  // Logits: [batch, classes] for a classifier, [batch, sequence, vocabulary] for a language model.
+  std::vector<std::int64_t> output_shape() const {
+    if (language_) return {kBatch, kSequence, kVocab};
+    return {kBatch, kClasses};
+  }
+
+  bool language_ = false;
 
   std::string skipped_;
 };
@@ -103,7 +130,7 @@ TEST_P(ModelConformance, ForwardLossBackwardAndSums) {
   auto blocks = model->blocks();
   torch::Tensor output = run_blocks(*model, blocks, b);
   ASSERT_TRUE(output.defined());
-  ASSERT_EQ(output.sizes().vec(), (std::vector<std::int64_t>{kBatch, kClasses}));
+  ASSERT_EQ(output.sizes().vec(), output_shape());
   EXPECT_TRUE(output.isfinite().all().item<bool>());
 
   torch::Tensor loss = model->loss(output, b);

@@ -1,0 +1,45 @@
+// Token shards on disk (the format is documented in token_shards.hpp and README.md), read through
+// mmap as fixed-length language-modelling windows: a streaming "train" split sharded across
+// ranks and loader workers, and a held-out map-style "test" split.
+
+#include "token_shards.hpp"
+#include "trainyard/error.hpp"
+#include "trainyard/plugin.hpp"
+
+namespace trainyard {
+namespace {
+
+std::unique_ptr<Dataset> make_tokens(const Config& options) {
+  const auto pattern = options.get_path("path");
+  if (pattern.empty()) {
+    throw Error("dataset 'tokens' needs option dataset.path: a glob of token shard files");
+  }
+  token_shards::CorpusOptions corpus;
+  corpus.seq_len = options.get_int("seq_len");
+  corpus.vocab_size = options.get_int("vocab_size");
+  corpus.eval_every = options.get_int("eval_every");
+  if (corpus.seq_len < 1) options.fail("seq_len", "must be >= 1");
+  if (corpus.vocab_size < 0) options.fail("vocab_size", "must be >= 0");
+  if (corpus.eval_every < 0 || corpus.eval_every == 1) {
+    options.fail("eval_every", "must be 0 (no test split) or >= 2");
+  }
+  auto shards = token_shards::expand_glob(pattern, options.qualified("path"));
+  return std::make_unique<token_shards::TokenDataset>(
+      std::make_shared<token_shards::TokenCorpus>(shards, corpus));
+}
+
+void register_components(Registry& registry) {
+  registry.add<Dataset>(
+      "tokens",
+      {option("path", "", "glob of token shard files (read in sorted order)"),
+       option("seq_len", 128, "tokens per window (the model's sequence length)"),
+       option("vocab_size", 0, "vocabulary size (0: the largest the shard headers record)"),
+       option("eval_every", 20, "hold out every N-th window as the test split (0: none)")},
+      "memory-mapped token shards as language-modelling windows; streaming train split",
+      [](const Config& options, const BuildContext&) { return make_tokens(options); });
+}
+
+}  // namespace
+}  // namespace trainyard
+
+TRAINYARD_PLUGIN("tokens", "1.0.0", trainyard::register_components)
