@@ -4,6 +4,7 @@
 #include <ATen/ATen.h>
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <chrono>
 #include <filesystem>
 #include <fstream>
@@ -365,6 +366,23 @@ TEST(CrashResumeTest, AsyncSavesHoldTheSameStateAsSyncSaves) {
     expect_same_training_state(dir / "sync" / "checkpoints" / step,
                                dir / "async" / "checkpoints" / step);
   }
+}
+
+TEST(CheckpointPolicyTest, EverySecondsSavesAtLoggingBoundariesOnceTimeIsUp) {
+  TempDir dir;
+  auto recipe = dir.write("recipe.toml", kResumeRecipe);
+  auto result = run_host({"run", recipe.string(), "--set", "run.output_dir=" + (dir / "out").string(),
+                          "--set", "run.max_steps=12", "--set", "run.log_every=4", "--set",
+                          "checkpoint.every_steps=0", "--set", "checkpoint.every_seconds=0.000001",
+                          "--set", "checkpoint.at_end=false"});
+  ASSERT_EQ(result.exit_code, 0) << describe(result);
+  std::vector<std::string> names;
+  for (const auto& entry : fs::directory_iterator(dir / "out" / "checkpoints")) {
+    names.push_back(entry.path().filename().string());
+  }
+  std::sort(names.begin(), names.end());
+  // Time is always up, so every logging boundary before the end saves: steps 4 and 8.
+  EXPECT_EQ(names, (std::vector<std::string>{"step-000000004", "step-000000008"}));
 }
 
 TEST(CrashResumeTest, KillsDuringSavesNeverLeaveAPartialCheckpointToLoad) {
