@@ -14,6 +14,7 @@
 
 #include "checkpoint_command.hpp"
 #include "cli.hpp"
+#include "doctor.hpp"
 #include "trainyard/engine.hpp"
 #include "trainyard/error.hpp"
 #include "trainyard/plugin_loader.hpp"
@@ -33,6 +34,7 @@ commands:
   run RECIPE        train from a recipe
   validate RECIPE   check a recipe and print nothing on success
   plugins [KIND]    list the loaded plugins, their options and defaults
+  doctor [RECIPE]   check LibTorch, threads, plugins, devices (and what RECIPE needs)
   checkpoint inspect PATH
                     a checkpoint's contents, step, sizes and checksum status
   checkpoint export PATH --format safetensors --out FILE
@@ -130,6 +132,7 @@ int dispatch(int argc, char** argv, Registry& registry) {
   if (command == "validate") return command_run(args, true, registry);
   if (command == "plugins") return command_plugins(args, registry);
   if (command == "checkpoint") return command_checkpoint(args, registry);
+  if (command == "doctor") return command_doctor(args, registry);
   std::cerr << "trainyard: unknown command '" << command << "'\n" << kTopUsage;
   return kUsageError;
 }

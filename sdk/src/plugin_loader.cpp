@@ -103,16 +103,22 @@ void PluginLoader::load_library(const fs::path& requested) {
   loaded_.push_back({path, name, version});
 }
 
-void PluginLoader::load_folder(const fs::path& folder) {
+std::vector<fs::path> plugin_libraries(const fs::path& folder) {
   std::error_code ec;
   if (!fs::is_directory(folder, ec)) throw Error("plugin folder not found: " + folder.string());
   std::vector<fs::path> libraries;
   for (const auto& item : fs::directory_iterator(folder, ec)) {
-    if (item.is_regular_file() && is_shared_library(item.path())) libraries.push_back(item.path());
+    if (item.is_regular_file() && is_shared_library(item.path())) {
+      libraries.push_back(fs::absolute(item.path()));
+    }
   }
   if (ec) throw Error("cannot read plugin folder " + folder.string() + ": " + ec.message());
   std::sort(libraries.begin(), libraries.end());
-  for (const auto& library : libraries) load_library(fs::absolute(library));
+  return libraries;
+}
+
+void PluginLoader::load_folder(const fs::path& folder) {
+  for (const auto& library : plugin_libraries(folder)) load_library(library);
 }
 
 void PluginLoader::load_path(const fs::path& path) {

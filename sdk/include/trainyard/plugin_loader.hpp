@@ -39,6 +39,9 @@ class PluginLoader {
 // for <prefix>/bin/trainyard (the build tree has the same layout).
 std::filesystem::path bundled_plugin_folder(const std::filesystem::path& executable);
 
+// The shared libraries directly in `folder`, sorted by name; throws Error when it is unreadable.
+std::vector<std::filesystem::path> plugin_libraries(const std::filesystem::path& folder);
+
 // Entries of a colon-separated list such as TRAINYARD_PLUGIN_PATH, made absolute.
 std::vector<std::filesystem::path> split_search_path(const std::string& list);
 

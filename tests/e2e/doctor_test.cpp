@@ -1,0 +1,46 @@
+// `trainyard doctor`: passes on a working install, and names what is missing.
+
+#include <gtest/gtest.h>
+
+#include "test_support.hpp"
+
+namespace trainyard::testing {
+namespace {
+
+TEST(DoctorTest, PassesHereWithOneLinePerCheck) {
+  auto result = run_host({"doctor", "recipes/fashion_mnist_cnn.toml"});
+  ASSERT_EQ(result.exit_code, 0) << describe(result);
+  EXPECT_HAS(result.out, "ok    libtorch 2.11.0");
+  EXPECT_HAS(result.out, "Gloo yes");
+  EXPECT_HAS(result.out, "ok    threads:");
+  EXPECT_HAS(result.out, "ok    plugin folder " + plugin_folder().string());
+  EXPECT_HAS(result.out, "ok    plugin single ");
+  EXPECT_HAS(result.out, "ok    device cpu: ");
+  EXPECT_HAS(result.out, "tensor round trip ok");
+  EXPECT_HAS(result.out, "ok    recipe dataset fashion_mnist opens");
+  EXPECT_EQ(result.out.find("FAIL"), std::string::npos) << result.out;
+}
+
+TEST(DoctorTest, NamesAnEmptyPluginFolderAndFails) {
+  TempDir empty;
+  auto result = run_host({"doctor", "--no-default-plugins", "--plugin-path", empty.path().string()});
+  EXPECT_EQ(result.exit_code, 1) << describe(result);
+  EXPECT_HAS(result.out, "FAIL  plugin folder " + empty.path().string() + " holds no plugin libraries");
+  EXPECT_HAS(result.out, "FAIL  device cpu: no plugin provides it");
+}
+
+TEST(DoctorTest, NamesABrokenPluginAndWhatARecipeLacks) {
+  TempDir dir;
+  auto recipe = dir.write("r.toml", "[dataset]\nplugin = \"nonexistent\"\n[model]\nplugin = \"mlp\"\n"
+                                    "[optimizer]\nplugin = \"sgd\"\n");
+  auto result = run_host({"doctor", recipe.string(), "--plugin-path",
+                          (test_plugin_folder() / "libwrong_abi.so").string()});
+  EXPECT_EQ(result.exit_code, 1) << describe(result);
+  EXPECT_HAS(result.out, "FAIL  ");
+  EXPECT_HAS(result.out, "libwrong_abi.so");
+  EXPECT_HAS(result.out, "FAIL  recipe " + recipe.string());
+  EXPECT_HAS(result.out, "nonexistent");
+}
+
+}  // namespace
+}  // namespace trainyard::testing
