@@ -205,6 +205,12 @@ Engine::Engine(Recipe recipe, const Registry& registry, RunControls controls)
   s.context.build = build;
   s.context.step.accumulation = s.accumulation;
   s.context.step.max_grad_norm = max_grad_norm;
+  try {
+    s.context.step.activation_checkpointing =
+        ActivationCheckpointing::parse(run.get_string("activation_checkpointing"));
+  } catch (const Error& error) {
+    run.fail("activation_checkpointing", error.what());
+  }
   s.strategy->setup(s.context);
 
   const Config& loader = s.loader_options;
@@ -337,6 +343,7 @@ RunSummary Engine::run() {
         return std::stoll(it->second);
       };
       s.strategy->load_state(state);
+      s.precision->load_state(state.shared);
       s.step = number("engine.step");
       epoch = number("engine.epoch");
       first_batch = number("engine.batch_in_epoch");
