@@ -271,7 +271,7 @@ std::vector<Block> with_activation_checkpointing(std::vector<Block> blocks,
     }
     for (const auto& name : selection.names) {
       if (!known.count(name)) {
-        throw Error("activation checkpointing names block '" + name +
+        throw Error("activation checkpointing (run.activation_checkpointing) names block '" + name +
                     "', which the model does not have (its blocks: " + listed + ")");
       }
     }
