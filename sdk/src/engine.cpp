@@ -205,6 +205,12 @@ Engine::Engine(Recipe recipe, const Registry& registry, RunControls controls)
   s.context.build = build;
   s.context.step.accumulation = s.accumulation;
   s.context.step.max_grad_norm = max_grad_norm;
+  try {
+    s.context.step.activation_checkpointing =
+        ActivationCheckpointing::parse(run.get_string("activation_checkpointing"));
+  } catch (const Error& error) {
+    run.fail("activation_checkpointing", error.what());
+  }
   s.strategy->setup(s.context);
 
   const Config& loader = s.loader_options;

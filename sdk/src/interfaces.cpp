@@ -94,6 +94,18 @@ double MetricRecord::get(const std::string& name, double fallback) const {
   return fallback;
 }
 
+bool Precision::should_step(const torch::Tensor& found_inf) {
+  return !found_inf.defined() || found_inf.item<double>() == 0;
+}
+
+bool Precision::unscale_and_check(const std::vector<torch::Tensor>& gradients) {
+  return should_step(unscale(gradients));
+}
+
+void Precision::update(bool found_inf) {
+  update(at::full({}, found_inf ? 1.0 : 0.0, at::kFloat));
+}
+
 AutocastGuard::AutocastGuard(torch::DeviceType device_type,
                              std::optional<torch::ScalarType> dtype)
     : device_type_(device_type) {

@@ -8,6 +8,7 @@
 #include <set>
 #include <sstream>
 
+#include "trainyard/activation_checkpoint.hpp"
 #include "trainyard/error.hpp"
 
 namespace trainyard {
@@ -304,6 +305,8 @@ const OptionSpecs& run_options() {
       option("eval_max_batches", 0, "evaluate on at most this many batches (0: all)"),
       option("grad_accumulation", 1, "micro-batches per optimizer step"),
       option("max_grad_norm", 0.0, "clip gradients to this global norm (0: no clipping)"),
+      option("activation_checkpointing", "none",
+             "blocks recomputed in backward: none, all, every:K, blocks:NAME,NAME..."),
       option("output_dir", "", "where the run writes (default: runs/<recipe name>)"),
   };
   return specs;
@@ -386,7 +389,13 @@ Recipe resolve_recipe(const Recipe& recipe, const Registry& registry) {
   auto put = [&](const std::string& name, const Config& config) {
     out->set(name, Value(config.table_ptr(), config.table().where));
   };
-  put("run", validate_section(require_table(root, "run"), run_options(), {}));
+  Config run = validate_section(require_table(root, "run"), run_options(), {});
+  try {
+    ActivationCheckpointing::parse(run.get_string("activation_checkpointing"));
+  } catch (const Error& error) {
+    run.fail("activation_checkpointing", error.what());
+  }
+  put("run", run);
   put("loader", validate_section(require_table(root, "loader"), loader_options(), {}));
 
   for (const auto& section : plugin_sections()) {

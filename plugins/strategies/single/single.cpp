@@ -4,6 +4,7 @@
 #include <ATen/core/grad_mode.h>
 #include <torch/optim/optimizer.h>
 
+#include "trainyard/activation_checkpoint.hpp"
 #include "trainyard/gradients.hpp"
 #include "trainyard/model.hpp"
 #include "trainyard/module_state.hpp"
@@ -22,7 +23,7 @@ class Single final : public Strategy {
     model_ = context.make_model(context.build);
     model_->module().to(context.build.device);
     model_->module().train();
-    blocks_ = model_->blocks();
+    blocks_ = with_activation_checkpointing(model_->blocks(), context.step.activation_checkpointing);
     parameters_ = model_->module().parameters(true);
     optimizer_ = context.optimizer->create(parameters_);
     autocast_dtype_ = context.precision->autocast_dtype();

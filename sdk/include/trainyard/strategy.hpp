@@ -8,6 +8,7 @@
 #include <span>
 #include <string>
 
+#include "trainyard/activation_checkpoint.hpp"
 #include "trainyard/batch.hpp"
 #include "trainyard/build_context.hpp"
 #include "trainyard/component.hpp"
@@ -21,10 +22,17 @@ class Precision;
 class DeviceBackend;
 class Communicator;
 
-// Step mechanics every strategy honours.
+// Step mechanics every strategy honours:
+// - accumulation: train_step gets K micro-batches; each one's loss is divided by K and gradients
+//   are synchronised across ranks only after the last one (no_sync before); one optimizer step.
+// - max_grad_norm: gradients (unscaled, synchronised) are clipped to this global norm, the norm
+//   over every gradient of every shard; StepResult::grad_norm reports it before clipping.
+// - activation_checkpointing: the strategy passes its model's blocks through
+//   with_activation_checkpointing before running them.
 struct StepOptions {
   std::int64_t accumulation = 1;  // micro-batches per optimizer step
   double max_grad_norm = 0;       // clip by global norm when > 0
+  ActivationCheckpointing activation_checkpointing;
 };
 
 // Everything a strategy builds from. It calls make_model (possibly several times, or with a

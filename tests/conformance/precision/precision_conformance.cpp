@@ -5,6 +5,9 @@
 #include <ATen/autocast_mode.h>
 #include <torch/utils.h>
 
+#include <cmath>
+#include <limits>
+
 #include "conformance.hpp"
 #include "trainyard/error.hpp"
 #include "trainyard/precision.hpp"
@@ -75,6 +78,42 @@ TEST_P(PrecisionConformance, ScaledGradientsUnscaleToTheUnscaledOnes) {
     w.mutable_grad() = torch::Tensor();
     b.mutable_grad() = torch::Tensor();
   }
+}
+
+TEST_P(PrecisionConformance, UnscaleReportsNonFiniteGradientsAsATensor) {
+  // The two-phase form sharded strategies use: unscale reports found_inf as a tensor (they
+  // all-reduce it), should_step decides. A precision that does not scale reports nothing.
+  auto precision = build();
+  if (!runs_on_cpu(*precision)) GTEST_SKIP() << "refuses the CPU: " << cpu_refusal_;
+  torch::Tensor loss = precision->scale_loss(torch::ones({}));
+  const bool scales = !at::equal(loss, torch::ones({}));
+  std::vector<torch::Tensor> finite = {loss.detach() * torch::ones({3})};
+  torch::Tensor found = precision->unscale(finite);
+  EXPECT_TRUE(Precision::should_step(found));
+  EXPECT_TRUE(torch::allclose(finite[0], torch::ones({3}))) << "unscale did not undo the scale";
+  if (found.defined()) {
+    EXPECT_EQ(found.numel(), 1);
+    EXPECT_EQ(found.item<double>(), 0.0);
+  } else {
+    EXPECT_FALSE(scales) << "a precision that scales the loss must check the gradients";
+  }
+  for (double bad : {std::numeric_limits<double>::infinity(), std::nan("")}) {
+    std::vector<torch::Tensor> gradients = {torch::ones({3}), torch::full({2}, bad)};
+    torch::Tensor non_finite = precision->unscale(gradients);
+    if (!scales) continue;
+    ASSERT_TRUE(non_finite.defined());
+    EXPECT_EQ(non_finite.item<double>(), 1.0) << bad;
+    EXPECT_FALSE(Precision::should_step(non_finite));
+  }
+  precision->update(found);
+}
+
+TEST_P(PrecisionConformance, AutocastRunsInItsDtype) {
+  auto precision = build();
+  if (!runs_on_cpu(*precision)) GTEST_SKIP() << "refuses the CPU: " << cpu_refusal_;
+  torch::Tensor a = torch::randn({4, 4});
+  AutocastGuard guard(torch::kCPU, precision->autocast_dtype());
+  EXPECT_EQ(a.matmul(a).scalar_type(), precision->autocast_dtype().value_or(torch::kFloat));
 }
 
 void expect_same_state(const StateDict& a, const StateDict& b) {

@@ -1,0 +1,49 @@
+#pragma once
+// Activation checkpointing: a block runs its forward without keeping its intermediate
+// activations and recomputes them in backward, trading compute for memory. LibTorch's C++ API has
+// no torch.utils.checkpoint, so the SDK provides one that every strategy applies to its blocks.
+
+#include <cstdint>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include <ATen/core/Tensor.h>
+
+namespace trainyard {
+
+struct Block;
+
+// Which blocks of a model are recomputed. Text form (the recipe's run.activation_checkpointing):
+//   "none"                 no block
+//   "all"                  every block
+//   "every:K"              blocks 0, K, 2K, ... in forward order ("every:1" is "all")
+//   "blocks:NAME,NAME..."  the named blocks
+struct ActivationCheckpointing {
+  enum class Mode { kNone, kAll, kEvery, kNamed };
+  Mode mode = Mode::kNone;
+  std::int64_t every = 1;
+  std::vector<std::string> names;
+
+  // Throws Error explaining the accepted forms.
+  static ActivationCheckpointing parse(const std::string& text);
+  std::string to_string() const;
+  bool enabled() const { return mode != Mode::kNone; }
+  bool selects(std::size_t index, const std::string& name) const;
+};
+
+// The blocks with the selected ones recomputed in backward. Unselected blocks are returned as
+// they are. Throws Error when a named block does not exist (listing the model's blocks).
+std::vector<Block> with_activation_checkpointing(std::vector<Block> blocks,
+                                                 const ActivationCheckpointing& selection);
+
+// Runs `forward(input)` without storing its intermediate activations for backward: only `input`
+// (and the RNG and autocast state of the call) is kept; backward restores that state, recomputes
+// the forward with grad enabled and backpropagates through it. `parameters` are the tensors the
+// forward reads besides its input (the block's parameters): their gradients flow through the
+// outer graph, so gradient hooks (DDP's reducer) and parameters shared between blocks behave as
+// without checkpointing. Without grad mode, or when nothing requires grad, it is a plain call.
+at::Tensor checkpointed_call(const std::function<at::Tensor(const at::Tensor&)>& forward,
+                             const at::Tensor& input, const std::vector<at::Tensor>& parameters);
+
+}  // namespace trainyard

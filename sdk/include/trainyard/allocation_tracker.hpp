@@ -1,0 +1,38 @@
+#pragma once
+// Counts the bytes LibTorch's allocators hand out while a tracker lives: live bytes now and
+// their peak, per device type. It listens on the allocators' own reporting hook (the one
+// torch.profiler's profile_memory uses: the CPU allocator and the CUDA caching allocator both
+// report every allocation and free to it), so it measures real allocations, not estimates.
+// Only memory allocated while the tracker lives is counted; it covers the creating thread and
+// the threads that inherit its thread-local state (the autograd engine's, intra-op workers).
+
+#include <c10/core/DeviceType.h>
+
+#include <cstdint>
+#include <memory>
+
+namespace trainyard {
+
+class AllocationTracker {
+ public:
+  AllocationTracker();
+  ~AllocationTracker();
+  AllocationTracker(const AllocationTracker&) = delete;
+  AllocationTracker& operator=(const AllocationTracker&) = delete;
+
+  // Bytes allocated since the tracker started (or since reset_peak) and not yet freed.
+  std::int64_t current_bytes(c10::DeviceType device = c10::DeviceType::CPU) const;
+  // The highest current_bytes reached since the tracker started or reset_peak().
+  std::int64_t peak_bytes(c10::DeviceType device = c10::DeviceType::CPU) const;
+  // Starts a new peak from the current value.
+  void reset_peak();
+
+  struct Counters;
+
+ private:
+  std::shared_ptr<Counters> counters_;
+  struct Installation;
+  std::unique_ptr<Installation> installation_;
+};
+
+}  // namespace trainyard

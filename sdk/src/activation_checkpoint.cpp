@@ -1,0 +1,304 @@
+#include "trainyard/activation_checkpoint.hpp"
+
+#include <ATen/ATen.h>
+#include <ATen/autocast_mode.h>
+#include <ATen/core/grad_mode.h>
+#include <ATen/core/ivalue.h>
+#include <torch/csrc/autograd/autograd.h>
+#include <torch/csrc/autograd/custom_function.h>
+
+#include <algorithm>
+#include <mutex>
+#include <optional>
+#include <set>
+
+#include "trainyard/error.hpp"
+#include "trainyard/model.hpp"
+
+namespace trainyard {
+
+namespace {
+
+constexpr const char* kForms =
+    "\"none\", \"all\", \"every:K\" (K >= 1) or \"blocks:NAME,NAME...\"";
+
+std::vector<std::string> split(const std::string& text, char separator) {
+  std::vector<std::string> parts;
+  std::string::size_type start = 0;
+  while (true) {
+    auto end = text.find(separator, start);
+    parts.push_back(text.substr(start, end == std::string::npos ? std::string::npos : end - start));
+    if (end == std::string::npos) break;
+    start = end + 1;
+  }
+  return parts;
+}
+
+// What a recompute must reproduce of the original call: its function, random streams and autocast.
+struct AutocastState {
+  bool enabled = false;
+  at::ScalarType dtype = at::kFloat;
+};
+
+constexpr c10::DeviceType kAutocastDevices[] = {c10::DeviceType::CPU, c10::DeviceType::CUDA};
+
+struct Recompute : torch::CustomClassHolder {
+  std::function<at::Tensor(const at::Tensor&)> forward;
+  at::Tensor cpu_rng_state;
+  std::optional<c10::Device> device;  // a non-CPU device whose generator the forward may draw from
+  at::Tensor device_rng_state;
+  AutocastState autocast[std::size(kAutocastDevices)];
+};
+
+at::Generator generator_of(const c10::Device& device) {
+  return at::globalContext().defaultGenerator(device);
+}
+
+at::Tensor rng_state(at::Generator generator) {
+  std::lock_guard<std::mutex> lock(generator.mutex());
+  return generator.get_state();
+}
+
+void set_rng_state(at::Generator generator, const at::Tensor& state) {
+  std::lock_guard<std::mutex> lock(generator.mutex());
+  generator.set_state(state);
+}
+
+// Sets the random streams to a recorded state and puts the current one back on destruction
+// (torch.random.fork_rng): a recompute must not shift the draws that come after it.
+class ForkedRng {
+ public:
+  explicit ForkedRng(const Recompute& recompute) {
+    forks_.push_back({generator_of(c10::Device(c10::kCPU)), {}});
+    forks_.back().saved = rng_state(forks_.back().generator);
+    set_rng_state(forks_.back().generator, recompute.cpu_rng_state);
+    if (recompute.device) {
+      forks_.push_back({generator_of(*recompute.device), {}});
+      forks_.back().saved = rng_state(forks_.back().generator);
+      set_rng_state(forks_.back().generator, recompute.device_rng_state);
+    }
+  }
+  ~ForkedRng() {
+    for (auto& fork : forks_) set_rng_state(fork.generator, fork.saved);
+  }
+  ForkedRng(const ForkedRng&) = delete;
+  ForkedRng& operator=(const ForkedRng&) = delete;
+
+ private:
+  struct Fork {
+    at::Generator generator;
+    at::Tensor saved;
+  };
+  std::vector<Fork> forks_;
+};
+
+// Puts autocast as it was during the original forward, and back afterwards.
+class RestoredAutocast {
+ public:
+  explicit RestoredAutocast(const Recompute& recompute) {
+    for (std::size_t i = 0; i < std::size(kAutocastDevices); ++i) {
+      previous_[i] = {at::autocast::is_autocast_enabled(kAutocastDevices[i]),
+                      at::autocast::get_autocast_dtype(kAutocastDevices[i])};
+      at::autocast::set_autocast_enabled(kAutocastDevices[i], recompute.autocast[i].enabled);
+      at::autocast::set_autocast_dtype(kAutocastDevices[i], recompute.autocast[i].dtype);
+    }
+    at::autocast::increment_nesting();
+  }
+  ~RestoredAutocast() {
+    // The casts cached during the recompute belong to its graph only.
+    if (at::autocast::decrement_nesting() == 0) at::autocast::clear_cache();
+    for (std::size_t i = 0; i < std::size(kAutocastDevices); ++i) {
+      at::autocast::set_autocast_enabled(kAutocastDevices[i], previous_[i].enabled);
+      at::autocast::set_autocast_dtype(kAutocastDevices[i], previous_[i].dtype);
+    }
+  }
+  RestoredAutocast(const RestoredAutocast&) = delete;
+  RestoredAutocast& operator=(const RestoredAutocast&) = delete;
+
+ private:
+  AutocastState previous_[std::size(kAutocastDevices)];
+};
+
+class CheckpointFunction : public torch::autograd::Function<CheckpointFunction> {
+ public:
+  static at::Tensor forward(torch::autograd::AutogradContext* context, const at::Tensor& input,
+                            at::TensorList parameters, c10::intrusive_ptr<Recompute> recompute) {
+    recompute->cpu_rng_state = rng_state(generator_of(c10::Device(c10::kCPU)));
+    if (input.is_cuda()) {
+      recompute->device = input.device();
+      recompute->device_rng_state = rng_state(generator_of(input.device()));
+    }
+    for (std::size_t i = 0; i < std::size(kAutocastDevices); ++i) {
+      recompute->autocast[i] = {at::autocast::is_autocast_enabled(kAutocastDevices[i]),
+                                at::autocast::get_autocast_dtype(kAutocastDevices[i])};
+    }
+    std::vector<at::Tensor> saved = {input};
+    saved.insert(saved.end(), parameters.begin(), parameters.end());
+    context->save_for_backward(saved);
+    at::Tensor output;
+    {
+      // Casts made here carry no graph: keep them out of autocast's weight cache, where a later
+      // grad-enabled use would pick them up and lose the weights' gradients.
+      const bool cache_enabled = at::autocast::is_autocast_cache_enabled();
+      at::autocast::set_autocast_cache_enabled(false);
+      at::NoGradGuard no_grad;
+      try {
+        output = recompute->forward(input);
+      } catch (...) {
+        at::autocast::set_autocast_cache_enabled(cache_enabled);
+        throw;
+      }
+      at::autocast::set_autocast_cache_enabled(cache_enabled);
+    }
+    context->saved_data["recompute"] = c10::IValue::make_capsule(std::move(recompute));
+    return output;
+  }
+
+  static torch::autograd::variable_list backward(torch::autograd::AutogradContext* context,
+                                                 torch::autograd::variable_list grad_outputs) {
+    auto recompute = c10::static_intrusive_pointer_cast<Recompute>(
+        context->saved_data.at("recompute").toCapsule());
+    torch::autograd::variable_list saved = context->get_saved_variables();
+    const at::Tensor& input = saved.front();
+
+    at::Tensor detached = input.detach();
+    detached.requires_grad_(input.requires_grad());
+    at::Tensor output;
+    {
+      ForkedRng rng(*recompute);
+      RestoredAutocast autocast(*recompute);
+      at::AutoGradMode grad_mode(true);
+      output = recompute->forward(detached);
+    }
+
+    // Differentiate with respect to whatever requires grad; the rest gets no gradient.
+    std::vector<std::size_t> positions;
+    torch::autograd::variable_list targets;
+    for (std::size_t i = 0; i < saved.size(); ++i) {
+      const at::Tensor& target = i == 0 ? detached : saved[i];
+      if (target.requires_grad()) {
+        positions.push_back(i);
+        targets.push_back(target);
+      }
+    }
+    // One gradient per input of apply(): the input, each parameter, and the recompute capsule.
+    torch::autograd::variable_list gradients(saved.size() + 1);
+    if (targets.empty() || !output.requires_grad()) return gradients;
+    torch::autograd::variable_list computed =
+        torch::autograd::grad({output}, targets, {grad_outputs.at(0)}, /*retain_graph=*/false,
+                              /*create_graph=*/false, /*allow_unused=*/true);
+    for (std::size_t k = 0; k < positions.size(); ++k) gradients[positions[k]] = computed[k];
+    return gradients;
+  }
+};
+
+}  // namespace
+
+ActivationCheckpointing ActivationCheckpointing::parse(const std::string& text) {
+  ActivationCheckpointing selection;
+  if (text == "none") return selection;
+  if (text == "all") {
+    selection.mode = Mode::kAll;
+    return selection;
+  }
+  if (text.rfind("every:", 0) == 0) {
+    const std::string number = text.substr(6);
+    std::size_t used = 0;
+    long long every = 0;
+    try {
+      every = std::stoll(number, &used);
+    } catch (const std::exception&) {
+      used = 0;
+    }
+    if (number.empty() || used != number.size() || every < 1) {
+      throw Error("'" + text + "' is not a valid block selection: K in \"every:K\" must be an "
+                  "integer >= 1");
+    }
+    selection.mode = every == 1 ? Mode::kAll : Mode::kEvery;
+    selection.every = every;
+    return selection;
+  }
+  if (text.rfind("blocks:", 0) == 0) {
+    selection.mode = Mode::kNamed;
+    for (const auto& name : split(text.substr(7), ',')) {
+      if (name.empty()) throw Error("'" + text + "' names an empty block");
+      selection.names.push_back(name);
+    }
+    return selection;
+  }
+  throw Error("'" + text + "' is not a valid block selection; expected " + kForms);
+}
+
+std::string ActivationCheckpointing::to_string() const {
+  switch (mode) {
+    case Mode::kNone:
+      return "none";
+    case Mode::kAll:
+      return "all";
+    case Mode::kEvery:
+      return "every:" + std::to_string(every);
+    case Mode::kNamed: {
+      std::string out = "blocks:";
+      for (std::size_t i = 0; i < names.size(); ++i) out += (i ? "," : "") + names[i];
+      return out;
+    }
+  }
+  return "none";
+}
+
+bool ActivationCheckpointing::selects(std::size_t index, const std::string& name) const {
+  switch (mode) {
+    case Mode::kNone:
+      return false;
+    case Mode::kAll:
+      return true;
+    case Mode::kEvery:
+      return index % static_cast<std::size_t>(every) == 0;
+    case Mode::kNamed:
+      return std::find(names.begin(), names.end(), name) != names.end();
+  }
+  return false;
+}
+
+std::vector<Block> with_activation_checkpointing(std::vector<Block> blocks,
+                                                 const ActivationCheckpointing& selection) {
+  if (selection.mode == ActivationCheckpointing::Mode::kNamed) {
+    std::set<std::string> known;
+    std::string listed;
+    for (const auto& block : blocks) {
+      known.insert(block.name);
+      listed += (listed.empty() ? "" : ", ") + block.name;
+    }
+    for (const auto& name : selection.names) {
+      if (!known.count(name)) {
+        throw Error("activation checkpointing (run.activation_checkpointing) names block '" + name +
+                    "', which the model does not have (its blocks: " + listed + ")");
+      }
+    }
+  }
+  for (std::size_t i = 0; i < blocks.size(); ++i) {
+    if (!selection.selects(i, blocks[i].name)) continue;
+    auto forward = blocks[i].forward;
+    auto module = blocks[i].module;
+    blocks[i].forward = [forward, module](const at::Tensor& x) {
+      // Read at call time: a strategy may move or replace the parameters after wrapping.
+      return checkpointed_call(forward, x, module ? module->parameters(true)
+                                                  : std::vector<at::Tensor>{});
+    };
+  }
+  return blocks;
+}
+
+at::Tensor checkpointed_call(const std::function<at::Tensor(const at::Tensor&)>& forward,
+                             const at::Tensor& input, const std::vector<at::Tensor>& parameters) {
+  bool needs_graph = at::GradMode::is_enabled() && input.requires_grad();
+  if (at::GradMode::is_enabled()) {
+    for (const auto& parameter : parameters) needs_graph = needs_graph || parameter.requires_grad();
+  }
+  if (!needs_graph) return forward(input);
+  auto recompute = c10::make_intrusive<Recompute>();
+  recompute->forward = forward;
+  return CheckpointFunction::apply(input, at::TensorList(parameters), std::move(recompute));
+}
+
+}  // namespace trainyard

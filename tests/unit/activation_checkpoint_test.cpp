@@ -1,0 +1,333 @@
+// Activation checkpointing: gradients identical to the plain run (dropout on, autocast on,
+// parameters shared between blocks), the RNG stream after backward unchanged, the block
+// selection forms, and a smaller measured activation footprint.
+
+#include <ATen/ATen.h>
+#include <ATen/core/grad_mode.h>
+#include <torch/cuda.h>
+#include <torch/nn/modules/linear.h>
+
+#include "step_harness.hpp"
+#include "trainyard/activation_checkpoint.hpp"
+#include "trainyard/allocation_tracker.hpp"
+
+namespace {
+
+using namespace trainyard;
+using namespace trainyard::testing;
+
+BuildContext vector_context(std::int64_t features, std::int64_t classes) {
+  BuildContext context;
+  context.data.input_shape = {features};
+  context.data.num_classes = classes;
+  return context;
+}
+
+std::shared_ptr<Model> make_model(const std::string& plugin, const std::string& options,
+                                  const BuildContext& context) {
+  at::manual_seed(3);
+  auto model = bundled_registry().create<Model>(plugin, options_section("model", options), context);
+  model->module().train();
+  return model;
+}
+
+struct Pass {
+  TensorMap gradients;
+  torch::Tensor loss;
+  torch::Tensor next_random;  // the RNG stream right after backward
+};
+
+// One forward and backward from a fixed RNG state (dropout draws from it), optionally under
+// autocast.
+Pass run_pass(Model& model, const std::vector<Block>& blocks, const Batch& batch,
+              std::optional<torch::ScalarType> autocast = std::nullopt) {
+  model.module().zero_grad(/*set_to_none=*/true);
+  at::manual_seed(77);
+  Pass pass;
+  {
+    AutocastGuard guard(torch::kCPU, autocast);
+    pass.loss = model.loss(run_blocks(model, blocks, batch), batch);
+  }
+  pass.loss.backward();
+  for (const auto& item : model.module().named_parameters(true)) {
+    EXPECT_TRUE(item.value().grad().defined()) << item.key() << " got no gradient";
+    if (item.value().grad().defined()) pass.gradients[item.key()] = item.value().grad().clone();
+  }
+  pass.next_random = at::rand({4}, batch.at("input").options());
+  return pass;
+}
+
+void expect_identical(const Pass& actual, const Pass& expected) {
+  // The recompute runs the same kernels on the same inputs with the same random draws, so the
+  // results are equal bit for bit, not merely close.
+  EXPECT_TRUE(at::equal(actual.loss, expected.loss));
+  ASSERT_EQ(actual.gradients.size(), expected.gradients.size());
+  for (const auto& [name, gradient] : expected.gradients) {
+    EXPECT_TRUE(at::equal(actual.gradients.at(name), gradient))
+        << name << " differs by "
+        << (actual.gradients.at(name) - gradient).abs().max().item<double>();
+  }
+  EXPECT_TRUE(at::equal(actual.next_random, expected.next_random))
+      << "the recompute shifted the random stream";
+}
+
+const char* kDropoutMlp = "hidden = [48, 40, 32, 24]\ndropout = 0.5";
+
+TEST(ActivationCheckpointing, GradientsIdenticalWithDropoutForAllAndEveryOther) {
+  auto model = make_model("mlp", kDropoutMlp, vector_context(20, 5));
+  Batch batch = random_batch(16, {20}, 5, 1);
+  const std::vector<Block> plain = model->blocks();
+  ASSERT_EQ(plain.size(), 5u);
+  Pass expected = run_pass(*model, plain, batch);
+  for (const std::string selection : {"all", "every:2", "blocks:hidden1,head"}) {
+    SCOPED_TRACE(selection);
+    auto blocks = with_activation_checkpointing(plain, ActivationCheckpointing::parse(selection));
+    expect_identical(run_pass(*model, blocks, batch), expected);
+  }
+  // Dropout did act: another random stream gives other gradients, so a recompute with the wrong
+  // masks would be seen.
+  at::manual_seed(78);
+  model->module().zero_grad(true);
+  model->loss(run_blocks(*model, plain, batch), batch).backward();
+  const std::string first = expected.gradients.begin()->first;
+  EXPECT_FALSE(at::equal(model->module().named_parameters()[first].grad(),
+                         expected.gradients.at(first)))
+      << "dropout had no effect; the test would not see a wrong mask";
+}
+
+TEST(ActivationCheckpointing, GradientsIdenticalUnderBf16Autocast) {
+  auto model = make_model("mlp", kDropoutMlp, vector_context(20, 5));
+  Batch batch = random_batch(16, {20}, 5, 2);
+  const std::vector<Block> plain = model->blocks();
+  Pass expected = run_pass(*model, plain, batch, torch::kBFloat16);
+  auto blocks = with_activation_checkpointing(plain, ActivationCheckpointing::parse("all"));
+  expect_identical(run_pass(*model, blocks, batch, torch::kBFloat16), expected);
+}
+
+TEST(ActivationCheckpointing, CnnStagesGradientsIdentical) {
+  BuildContext context;
+  context.data.input_shape = {1, 12, 12};
+  context.data.num_classes = 4;
+  auto model = make_model("cnn", "channels = [4, 8]\nhidden = 16\ndropout = 0.3", context);
+  Batch batch = random_batch(6, {1, 12, 12}, 4, 3);
+  const std::vector<Block> plain = model->blocks();
+  ASSERT_EQ(plain.front().name, "stage0");
+  Pass expected = run_pass(*model, plain, batch);
+  auto blocks = with_activation_checkpointing(plain, ActivationCheckpointing::parse("all"));
+  expect_identical(run_pass(*model, blocks, batch), expected);
+}
+
+TEST(ActivationCheckpointing, GradientsIdenticalWithDropoutOnCuda) {
+  // The recompute restores the CUDA generator that dropout on the GPU draws from.
+  if (!torch::cuda::is_available()) GTEST_SKIP() << "no CUDA device";
+  auto model = make_model("mlp", kDropoutMlp, vector_context(20, 5));
+  model->module().to(torch::kCUDA);
+  Batch batch = random_batch(16, {20}, 5, 1).to(torch::kCUDA);
+  const std::vector<Block> plain = model->blocks();
+  for (auto autocast : {std::optional<torch::ScalarType>(), std::optional(torch::kBFloat16)}) {
+    model->module().zero_grad(true);
+    at::manual_seed(77);
+    torch::Tensor loss;
+    {
+      AutocastGuard guard(torch::kCUDA, autocast);
+      loss = model->loss(run_blocks(*model, plain, batch), batch);
+    }
+    loss.backward();
+    TensorMap expected;
+    for (const auto& item : model->module().named_parameters(true)) {
+      expected[item.key()] = item.value().grad().clone();
+    }
+    torch::Tensor expected_next = at::rand({4}, batch.at("input").options());
+    auto blocks = with_activation_checkpointing(plain, ActivationCheckpointing::parse("all"));
+    model->module().zero_grad(true);
+    at::manual_seed(77);
+    {
+      AutocastGuard guard(torch::kCUDA, autocast);
+      loss = model->loss(run_blocks(*model, blocks, batch), batch);
+    }
+    loss.backward();
+    for (const auto& item : model->module().named_parameters(true)) {
+      EXPECT_TRUE(at::equal(item.value().grad(), expected.at(item.key())))
+          << item.key() << (autocast ? " under bf16 autocast" : "");
+    }
+    EXPECT_TRUE(at::equal(at::rand({4}, batch.at("input").options()), expected_next));
+  }
+}
+
+TEST(ActivationCheckpointing, ParametersSharedBetweenBlocksGetBothContributions) {
+  at::manual_seed(4);
+  auto shared = std::make_shared<torch::nn::LinearImpl>(6, 6);
+  auto own = std::make_shared<torch::nn::LinearImpl>(6, 6);
+  std::vector<Block> plain = {
+      {"first", shared, [shared](const torch::Tensor& x) { return shared->forward(x).tanh(); }},
+      {"second", own, [own](const torch::Tensor& x) { return own->forward(x).relu(); }},
+      {"tied", shared, [shared](const torch::Tensor& x) { return shared->forward(x) * 2; }},
+  };
+  torch::Tensor input = at::randn({5, 6});
+  auto gradients = [&](const std::vector<Block>& blocks) {
+    shared->zero_grad(true);
+    own->zero_grad(true);
+    torch::Tensor x = input;
+    for (const auto& block : blocks) x = block.forward(x);
+    x.pow(2).sum().backward();
+    return std::vector<torch::Tensor>{shared->weight.grad().clone(), shared->bias.grad().clone(),
+                                      own->weight.grad().clone()};
+  };
+  auto expected = gradients(plain);
+  for (const std::string selection : {"all", "blocks:tied", "every:2"}) {
+    auto actual = gradients(with_activation_checkpointing(plain, ActivationCheckpointing::parse(selection)));
+    for (std::size_t i = 0; i < expected.size(); ++i) {
+      EXPECT_TRUE(at::equal(actual[i], expected[i])) << selection << " gradient " << i;
+    }
+  }
+}
+
+TEST(ActivationCheckpointing, WithoutGradItIsAPlainCall) {
+  auto model = make_model("mlp", "hidden = [8]", vector_context(5, 3));
+  Batch batch = random_batch(4, {5}, 3, 5);
+  auto blocks = with_activation_checkpointing(model->blocks(), ActivationCheckpointing::parse("all"));
+  at::NoGradGuard no_grad;
+  torch::Tensor output = run_blocks(*model, blocks, batch);
+  EXPECT_FALSE(output.requires_grad());
+  EXPECT_TRUE(at::equal(output, run_blocks(*model, model->blocks(), batch)));
+}
+
+TEST(ActivationCheckpointing, SelectionForms) {
+  using Mode = ActivationCheckpointing::Mode;
+  EXPECT_EQ(ActivationCheckpointing::parse("none").mode, Mode::kNone);
+  EXPECT_EQ(ActivationCheckpointing::parse("all").mode, Mode::kAll);
+  EXPECT_EQ(ActivationCheckpointing::parse("every:1").mode, Mode::kAll);
+  auto every = ActivationCheckpointing::parse("every:3");
+  std::vector<std::size_t> chosen;
+  for (std::size_t i = 0; i < 8; ++i) {
+    if (every.selects(i, "b")) chosen.push_back(i);
+  }
+  EXPECT_EQ(chosen, (std::vector<std::size_t>{0, 3, 6}));
+  EXPECT_EQ(every.to_string(), "every:3");
+  auto named = ActivationCheckpointing::parse("blocks:stage0,head");
+  EXPECT_TRUE(named.selects(5, "head"));
+  EXPECT_FALSE(named.selects(0, "stage1"));
+  EXPECT_EQ(named.to_string(), "blocks:stage0,head");
+  for (const std::string bad : {"some", "every:0", "every:", "every:2x", "blocks:", "blocks:a,,b",
+                                "All"}) {
+    const std::string message = error_of([&] { ActivationCheckpointing::parse(bad); });
+    EXPECT_TRUE(contains(message, "'" + bad + "'"));
+  }
+  auto model = make_model("mlp", "hidden = [8]", vector_context(5, 3));
+  const std::string message = error_of([&] {
+    with_activation_checkpointing(model->blocks(), ActivationCheckpointing::parse("blocks:stage9"));
+  });
+  EXPECT_TRUE(contains(message, "'stage9'"));
+  EXPECT_TRUE(contains(message, "hidden0, head"));
+}
+
+TEST(AllocationTracker, CountsTheBytesAllocatedAndFreedWhileItLives) {
+  torch::Tensor before = at::empty({1000});
+  AllocationTracker tracker;
+  EXPECT_EQ(tracker.current_bytes(), 0);
+  {
+    torch::Tensor a = at::empty({1000});
+    torch::Tensor b = at::empty({500}, at::kDouble);
+    EXPECT_EQ(tracker.current_bytes(), 1000 * 4 + 500 * 8);
+  }
+  before.reset();  // allocated before the tracker: not counted either way
+  EXPECT_EQ(tracker.current_bytes(), 0);
+  EXPECT_EQ(tracker.peak_bytes(), 1000 * 4 + 500 * 8);
+  tracker.reset_peak();
+  EXPECT_EQ(tracker.peak_bytes(), 0);
+}
+
+struct Footprint {
+  std::int64_t held_after_forward = 0;  // what the graph keeps for backward (and the output)
+  std::int64_t peak = 0;                // the most live at once during forward and backward
+};
+
+// Activation memory of one training forward and backward: bytes allocated above what existed
+// before (parameters, their gradients, the input), counted by the allocator.
+Footprint measure(torch::nn::Module& module, const std::function<torch::Tensor()>& loss_of) {
+  // Gradients exist beforehand and accumulate in place, so they are not counted.
+  loss_of().backward();
+  module.zero_grad(/*set_to_none=*/false);
+  Footprint footprint;
+  AllocationTracker tracker;
+  torch::Tensor loss = loss_of();
+  footprint.held_after_forward = tracker.current_bytes();
+  loss.backward();
+  loss.reset();
+  footprint.peak = tracker.peak_bytes();
+  return footprint;
+}
+
+void report(const std::string& what, const std::vector<std::pair<std::string, Footprint>>& runs) {
+  std::cout << what << "\n";
+  for (const auto& [name, footprint] : runs) {
+    std::cout << "  " << name << ": held after forward " << footprint.held_after_forward
+              << " B, peak " << footprint.peak << " B\n";
+  }
+}
+
+TEST(ActivationCheckpointing, CnnStagesHoldLessActivationMemory) {
+  BuildContext context;
+  context.data.input_shape = {1, 28, 28};
+  context.data.num_classes = 10;
+  auto model = make_model("cnn", "channels = [16, 32, 32]", context);
+  Batch batch = random_batch(32, {1, 28, 28}, 10, 6);
+  const std::vector<Block> plain = model->blocks();
+  auto footprint = [&](const std::string& selection) {
+    auto blocks = with_activation_checkpointing(plain, ActivationCheckpointing::parse(selection));
+    return measure(model->module(), [&] { return model->loss(run_blocks(*model, blocks, batch), batch); });
+  };
+  Footprint none = footprint("none");
+  Footprint every = footprint("every:2");
+  Footprint all = footprint("all");
+  report("cnn [16, 32, 32], batch 32", {{"none", none}, {"every:2", every}, {"all", all}});
+  ASSERT_GT(none.held_after_forward, 0);
+  // Each conv stage keeps its conv, BatchNorm, ReLU and pooling outputs (and pooling indices);
+  // checkpointed, it keeps only its input.
+  EXPECT_LT(all.held_after_forward * 3, none.held_after_forward);
+  EXPECT_LT(every.held_after_forward, none.held_after_forward);
+  EXPECT_LT(all.held_after_forward, every.held_after_forward);
+  // The peak comes while the largest block is recomputed and differentiated: here stage0 holds
+  // most of the activations, so the peak drops little (uniform blocks: next test).
+  EXPECT_LT(all.peak, none.peak);
+}
+
+TEST(ActivationCheckpointing, UniformWideBlocksHaveALowerPeak) {
+  // Residual feed-forward blocks shaped like a transformer's MLP (d -> 4d -> d): each keeps
+  // 9d per sample without checkpointing and d with it, and backward needs one block at a time.
+  const std::int64_t width = 64;
+  const int depth = 8;
+  at::manual_seed(9);
+  auto root = std::make_shared<torch::nn::Module>();
+  std::vector<Block> plain;
+  for (int i = 0; i < depth; ++i) {
+    auto up = root->register_module("up" + std::to_string(i), torch::nn::Linear(width, 4 * width));
+    auto down = root->register_module("down" + std::to_string(i), torch::nn::Linear(4 * width, width));
+    auto block = std::make_shared<torch::nn::Module>();
+    block->register_module("up", up);
+    block->register_module("down", down);
+    plain.push_back({"ffn" + std::to_string(i), block, [up, down](const torch::Tensor& x) {
+                       return x + down->forward(at::gelu(up->forward(x)));
+                     }});
+  }
+  torch::Tensor input = at::randn({256, width});
+  auto footprint = [&](const std::string& selection) {
+    auto blocks = with_activation_checkpointing(plain, ActivationCheckpointing::parse(selection));
+    return measure(*root, [&] {
+      torch::Tensor x = input;
+      for (const auto& block : blocks) x = block.forward(x);
+      return x.pow(2).mean();
+    });
+  };
+  Footprint none = footprint("none");
+  Footprint every = footprint("every:2");
+  Footprint all = footprint("all");
+  report("8 residual d->4d->d blocks, d 64, batch 256",
+         {{"none", none}, {"every:2", every}, {"all", all}});
+  EXPECT_LT(all.held_after_forward * 4, none.held_after_forward);
+  EXPECT_LT(all.peak * 2, none.peak);
+  EXPECT_LT(every.peak, none.peak);
+  EXPECT_LT(all.peak, every.peak);
+}
+
+}  // namespace
