@@ -3,15 +3,35 @@
 #include <ATen/CPUGeneratorImpl.h>
 #include <ATen/ATen.h>
 
+#include <algorithm>
 #include <condition_variable>
+#include <cstdlib>
 #include <exception>
 #include <map>
 #include <mutex>
+#include <string>
 #include <thread>
 
 #include "trainyard/error.hpp"
+#include "trainyard/stream_loader.hpp"
 
 namespace trainyard {
+
+int default_loader_workers(unsigned cores, int local_world_size) {
+  const int per_rank = std::max(1, static_cast<int>(cores) / std::max(1, local_world_size));
+  return std::clamp(per_rank / 4, 1, 4);
+}
+
+int local_world_size_from_env() {
+  const char* text = std::getenv("LOCAL_WORLD_SIZE");
+  if (text == nullptr || *text == '\0') return 1;
+  char* end = nullptr;
+  const long value = std::strtol(text, &end, 10);
+  if (*end != '\0' || value < 1 || value > 1 << 20) {
+    throw Error("LOCAL_WORLD_SIZE must be a positive integer, got '" + std::string(text) + "'");
+  }
+  return static_cast<int>(value);
+}
 
 std::vector<std::int64_t> epoch_indices(std::int64_t dataset_size, const LoaderOptions& options,
                                         std::int64_t epoch) {
@@ -140,14 +160,36 @@ Loader::Loader(std::shared_ptr<const MapSource> source, LoaderOptions options)
   start_epoch(0);
 }
 
+Loader::Loader(std::shared_ptr<const StreamSource> source, LoaderOptions options,
+               bool equal_lengths)
+    : options_(options),
+      stream_(std::make_unique<StreamLoader>(std::move(source), std::move(options),
+                                             equal_lengths)) {}
+
 // Workers refer to the loader; they must stop before its members go away.
 Loader::~Loader() { workers_.reset(); }
 
-std::int64_t Loader::batches_per_epoch() const { return num_batches_; }
+std::int64_t Loader::batches_per_epoch() const {
+  if (stream_) return stream_->batches_per_epoch().value_or(-1);
+  return num_batches_;
+}
 
-std::int64_t Loader::position() const { return next_batch_; }
+std::int64_t Loader::position() const { return stream_ ? stream_->position() : next_batch_; }
+
+void Loader::save_state(StateDict& out) const {
+  if (stream_) stream_->save_state(out);
+}
+
+void Loader::load_state(const StateDict& in) {
+  if (stream_) stream_->load_state(in);
+}
 
 void Loader::start_epoch(std::int64_t epoch, std::int64_t first_batch) {
+  if (stream_) {
+    stream_->start_epoch(epoch, first_batch);
+    epoch_ = epoch;
+    return;
+  }
   auto indices = std::make_shared<const std::vector<std::int64_t>>(
       epoch_indices(source_->size(), options_, epoch));
   const auto count = static_cast<std::int64_t>(indices->size());
@@ -175,10 +217,16 @@ Batch Loader::make_batch(const std::vector<std::int64_t>& indices,
                          std::int64_t batch_index) const {
   const auto begin = static_cast<std::size_t>(batch_index * options_.batch_size);
   const auto end = std::min(indices.size(), begin + static_cast<std::size_t>(options_.batch_size));
-  return source_->get_batch(std::span<const std::int64_t>(indices.data() + begin, end - begin));
+  Batch batch =
+      source_->get_batch(std::span<const std::int64_t>(indices.data() + begin, end - begin));
+  if (options_.pin_memory) {
+    for (auto& [name, tensor] : batch.tensors) tensor = options_.pin_memory(tensor);
+  }
+  return batch;
 }
 
 std::optional<Batch> Loader::next() {
+  if (stream_) return stream_->next();
   if (next_batch_ >= num_batches_) return std::nullopt;
   const std::int64_t batch_index = next_batch_++;
   if (workers_) return workers_->take(batch_index);

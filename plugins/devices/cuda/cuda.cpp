@@ -6,7 +6,10 @@
 #include <ATen/cuda/CUDAGeneratorImpl.h>
 #include <c10/cuda/CUDACachingAllocator.h>
 #include <c10/cuda/CUDAGuard.h>
+#include <c10/cuda/CUDAStream.h>
 #include <torch/cuda.h>
+
+#include <map>
 
 #include "trainyard/device.hpp"
 #include "trainyard/error.hpp"
@@ -66,6 +69,36 @@ class Cuda final : public DeviceBackend {
     c10::cuda::CUDACachingAllocator::resetPeakStats(static_cast<c10::DeviceIndex>(index));
   }
   torch::Tensor pin(const torch::Tensor& host) const override { return host.pin_memory(); }
+  // Copies on a side stream, so the copy runs while the kernels queued before it (the previous
+  // step) still run on the current stream; the current stream then waits on an event for the
+  // copy before anything queued after this call. Only pinned sources copy without blocking the
+  // host; others are copied synchronously on the side stream (still correct).
+  Batch stage(const Batch& host, int index) override {
+    const auto device_index = static_cast<c10::DeviceIndex>(index);
+    const torch::Device target(torch::kCUDA, device_index);
+    c10::cuda::CUDAGuard guard(device_index);
+    const c10::cuda::CUDAStream compute = c10::cuda::getCurrentCUDAStream(device_index);
+    const c10::cuda::CUDAStream copy = copy_stream(device_index);
+    Batch out;
+    out.size = host.size;
+    {
+      c10::cuda::CUDAStreamGuard on_copy_stream(copy);
+      for (const auto& [name, tensor] : host.tensors) {
+        out.tensors.emplace(name, tensor.to(target, /*non_blocking=*/tensor.is_pinned()));
+      }
+    }
+    at::cuda::CUDAEvent copied;
+    copied.record(copy);
+    copied.block(compute);
+    // The memory was allocated on the copy stream; the allocator must not hand it out again
+    // before the compute stream is done with it.
+    for (const auto& [name, tensor] : out.tensors) {
+      if (tensor.is_cuda() && tensor.storage().data_ptr().get() != nullptr) {
+        c10::cuda::CUDACachingAllocator::recordStream(tensor.storage().data_ptr(), compute);
+      }
+    }
+    return out;
+  }
   void manual_seed(std::uint64_t seed) override {
     if (available()) torch::cuda::manual_seed_all(seed);
   }
@@ -85,6 +118,18 @@ class Cuda final : public DeviceBackend {
       generator.set_state(it->second);
     }
   }
+
+ private:
+  // One side stream per device, drawn once: staging always queues behind its own earlier copies.
+  c10::cuda::CUDAStream copy_stream(c10::DeviceIndex index) {
+    auto it = copy_streams_.find(index);
+    if (it == copy_streams_.end()) {
+      it = copy_streams_.emplace(index, c10::cuda::getStreamFromPool(false, index)).first;
+    }
+    return it->second;
+  }
+
+  std::map<c10::DeviceIndex, c10::cuda::CUDAStream> copy_streams_;
 };
 
 void register_components(Registry& registry) {
