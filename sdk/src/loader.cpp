@@ -63,9 +63,12 @@ std::vector<std::int64_t> epoch_indices(std::int64_t dataset_size, const LoaderO
 
 // Persistent worker threads. Worker w prepares batches w, w + W, w + 2W, ... of the epoch, at
 // most `prefetch` ahead of the consumer each, into a map the consumer drains in order; so the
-// order never depends on which worker is faster.
+// order never depends on which worker is faster. Each worker sleeps on its own condition
+// variable: taking batch b frees the slot of batch b + W * prefetch, which is worker b % W's, so
+// a step wakes one thread rather than all of them.
 struct Loader::Workers {
-  explicit Workers(Loader& loader) : owner(loader), count(loader.options_.workers) {
+  explicit Workers(Loader& loader)
+      : owner(loader), count(loader.options_.workers), work(static_cast<std::size_t>(count)) {
     next.assign(static_cast<std::size_t>(count), 0);
     for (int w = 0; w < count; ++w) threads.emplace_back([this, w] { run(w); });
   }
@@ -75,8 +78,12 @@ struct Loader::Workers {
       std::lock_guard<std::mutex> lock(mutex);
       stop = true;
     }
-    work.notify_all();
+    wake_all();
     for (auto& thread : threads) thread.join();
+  }
+
+  void wake_all() {
+    for (auto& worker : work) worker.notify_all();
   }
 
   // Called with `mutex` held, after the loader has switched to the new epoch.
@@ -98,7 +105,7 @@ struct Loader::Workers {
     ready.erase(batch_index);
     consumed = batch_index + 1;
     lock.unlock();
-    work.notify_all();
+    work[static_cast<std::size_t>(batch_index % count)].notify_one();
     return batch;
   }
 
@@ -107,7 +114,7 @@ struct Loader::Workers {
     std::unique_lock<std::mutex> lock(mutex);
     while (true) {
       auto& mine = next[static_cast<std::size_t>(worker)];
-      work.wait(lock, [&] {
+      work[static_cast<std::size_t>(worker)].wait(lock, [&] {
         return stop || (mine < owner.num_batches_ && mine < consumed + ahead && !error);
       });
       if (stop) return;
@@ -138,7 +145,7 @@ struct Loader::Workers {
   // Fixed before any thread starts: threads.size() grows while the first threads already run.
   const std::int64_t count;
   std::mutex mutex;
-  std::condition_variable work;
+  std::vector<std::condition_variable> work;  // one per worker
   std::condition_variable done;
   std::vector<std::thread> threads;
   std::vector<std::int64_t> next;
@@ -209,7 +216,7 @@ void Loader::start_epoch(std::int64_t epoch, std::int64_t first_batch) {
   if (workers_) {
     workers_->restart_locked(first_batch);
     lock.unlock();
-    workers_->work.notify_all();
+    workers_->wake_all();
   }
 }
 

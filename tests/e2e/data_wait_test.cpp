@@ -17,12 +17,12 @@ std::string describe(const CommandResult& result) {
          "\nstderr:\n" + result.err;
 }
 
-struct Run {
+struct RunMetrics {
   std::vector<MetricLine> train;
   MetricLine summary;
 };
 
-Run run_recipe(const TempDir& dir, const std::string& recipe, std::vector<std::string> sets) {
+RunMetrics run_recipe(const TempDir& dir, const std::string& recipe, std::vector<std::string> sets) {
   std::vector<std::string> args = {"run", recipe, "--set", "run.eval=false", "--set",
                                    "run.output_dir=" + dir.path().string(), "--set",
                                    "checkpoint.at_end=false", "--set", "sinks.console.enabled=false"};
@@ -32,7 +32,7 @@ Run run_recipe(const TempDir& dir, const std::string& recipe, std::vector<std::s
   }
   auto result = run_host(args);
   EXPECT_EQ(result.exit_code, 0) << describe(result);
-  Run run;
+  RunMetrics run;
   if (result.exit_code != 0) return run;
   auto records = read_metrics(dir / "metrics.jsonl");
   run.train = of_phase(records, "train");
@@ -44,7 +44,7 @@ Run run_recipe(const TempDir& dir, const std::string& recipe, std::vector<std::s
 
 TEST(DataWaitTest, EveryTrainRecordAndTheSummaryReportIt) {
   TempDir dir;
-  Run run = run_recipe(dir, "recipes/fashion_mnist_mlp.toml",
+  RunMetrics run = run_recipe(dir, "recipes/fashion_mnist_mlp.toml",
                        {"run.max_steps=60", "run.log_every=20", "loader.workers=0"});
   ASSERT_EQ(run.train.size(), 3u);
   for (const auto& record : run.train) {
@@ -75,8 +75,8 @@ TEST(DataWaitTest, WorkersHideThePreparationOfBatches) {
       all.push_back("loader.workers=" + workers);
       return all;
     };
-    Run in_line = run_recipe(inline_dir, "recipes/fashion_mnist_mlp.toml", with("0"));
-    Run ahead = run_recipe(workers_dir, "recipes/fashion_mnist_mlp.toml", with("2"));
+    RunMetrics in_line = run_recipe(inline_dir, "recipes/fashion_mnist_mlp.toml", with("0"));
+    RunMetrics ahead = run_recipe(workers_dir, "recipes/fashion_mnist_mlp.toml", with("2"));
     ASSERT_FALSE(in_line.train.empty());
     ASSERT_FALSE(ahead.train.empty());
     const double waited_in_line = in_line.train.back().at("data_wait_ms");
@@ -92,7 +92,7 @@ TEST(DataWaitTest, WorkersHideThePreparationOfBatches) {
 // than 2% of the time.
 TEST(DataWaitTest, DefaultLoaderKeepsTheCnnRecipeBusy) {
   TempDir dir;
-  Run run = run_recipe(dir, "recipes/fashion_mnist_cnn.toml", {"run.max_steps=300"});
+  RunMetrics run = run_recipe(dir, "recipes/fashion_mnist_cnn.toml", {"run.max_steps=300"});
   ASSERT_FALSE(run.train.empty());
   const double share = run.summary.at("data_wait_share");
   RecordProperty("data_wait_share", std::to_string(share));

@@ -8,6 +8,7 @@
 // the same with PyTorch's DataLoader; tools/bench/run prints both side by side.
 
 #include <ATen/ATen.h>
+#include <ATen/Parallel.h>
 
 #include <algorithm>
 #include <chrono>

@@ -87,7 +87,9 @@ class Cuda final : public DeviceBackend {
         out.tensors.emplace(name, tensor.to(target, /*non_blocking=*/tensor.is_pinned()));
       }
     }
-    at::cuda::CUDAEvent copied;
+    // One event per device, recorded anew each time: a wait takes the event's state when it is
+    // queued, so reuse is safe and spares creating an event per batch.
+    at::cuda::CUDAEvent& copied = copy_events_[device_index];
     copied.record(copy);
     copied.block(compute);
     // The memory was allocated on the copy stream; the allocator must not hand it out again
@@ -130,6 +132,7 @@ class Cuda final : public DeviceBackend {
   }
 
   std::map<c10::DeviceIndex, c10::cuda::CUDAStream> copy_streams_;
+  std::map<c10::DeviceIndex, at::cuda::CUDAEvent> copy_events_;
 };
 
 void register_components(Registry& registry) {
