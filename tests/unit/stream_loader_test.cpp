@@ -30,6 +30,7 @@ struct RangeOptions {
   bool jitter = false;           // sleep a pseudo-random few hundred microseconds per sample
   std::int64_t fail_at = -1;     // the sample whose reading throws
   int short_reader = -1;         // this global reader ends one sample early (an unbalanced plugin)
+  std::shared_ptr<std::atomic<std::int64_t>> reads;  // counts samples read, when set
 };
 
 // Samples 0..size-1, permuted per (seed, epoch); of R = world_size x workers readers, reader
@@ -42,6 +43,7 @@ class RangeStream : public SampleStream {
   std::optional<TensorMap> next() override {
     if (position_ >= ids_.size()) return std::nullopt;
     const std::int64_t id = ids_[position_++];
+    if (options_.reads) ++*options_.reads;
     if (id == options_.fail_at) throw std::runtime_error("sample " + std::to_string(id) + " is bad");
     if (options_.jitter) {
       std::this_thread::sleep_for(std::chrono::microseconds((id * 7919) % 400));
@@ -282,6 +284,33 @@ TEST(StreamLoaderTest, ResumeFromSavedPositionYieldsTheRestOfTheEpoch) {
       }
     }
   }
+}
+
+// Resuming from saved reader states does not read the epoch's head again; without them the
+// loader has to.
+TEST(StreamLoaderTest, ResumeFromSavedStateSkipsReading) {
+  RangeOptions range;
+  range.size = 200;
+  range.reads = std::make_shared<std::atomic<std::int64_t>>(0);
+  auto source = std::make_shared<RangeSource>(range);
+  const LoaderOptions options = stream_options(4, 0);
+  StateDict saved;
+  {
+    StreamLoader first(source, options, true);
+    for (int i = 0; i < 40; ++i) ASSERT_TRUE(first.next().has_value());
+    first.save_state(saved);
+  }
+  range.reads->store(0);
+  StreamLoader resumed(source, options, true);
+  resumed.load_state(saved);
+  resumed.start_epoch(0, 40);
+  EXPECT_EQ(range.reads->load(), 0);
+  range.reads->store(0);
+  StreamLoader replayed(source, options, true);
+  replayed.start_epoch(0, 40);
+  EXPECT_EQ(range.reads->load(), 160);
+  // Both continue alike.
+  EXPECT_EQ(ids(drain(resumed)), ids(drain(replayed)));
 }
 
 TEST(StreamLoaderTest, SavedStateHoldsTheReadersPositionNotThePrefetchedOne) {
