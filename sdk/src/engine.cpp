@@ -241,9 +241,14 @@ Engine::Engine(Recipe recipe, const Registry& registry, RunControls controls)
   train.seed = seed;
   train.place = s.strategy->data_parallel_place();
   if (s.device.type() != torch::kCPU) {
-    // Batches are finished in page-locked memory, so stage() copies them without blocking.
+    // Workers finish batches in page-locked memory and start their copies to the device, so
+    // the training thread only orders its stream after them (stage()).
     std::shared_ptr<DeviceBackend> backend = s.device_backend;
-    train.pin_memory = [backend](const torch::Tensor& host) { return backend->pin(host); };
+    const int index = s.device_choice.index;
+    train.finish_batch = [backend, index](Batch batch) {
+      for (auto& [name, tensor] : batch.tensors) tensor = backend->pin(tensor);
+      return backend->prefetch(batch, index);
+    };
   }
   s.train_loader = open_split(*s.dataset, train_split, train, /*equal_lengths=*/true);
   if (!s.train_loader) {

@@ -226,9 +226,7 @@ Batch Loader::make_batch(const std::vector<std::int64_t>& indices,
   const auto end = std::min(indices.size(), begin + static_cast<std::size_t>(options_.batch_size));
   Batch batch =
       source_->get_batch(std::span<const std::int64_t>(indices.data() + begin, end - begin));
-  if (options_.pin_memory) {
-    for (auto& [name, tensor] : batch.tensors) tensor = options_.pin_memory(tensor);
-  }
+  if (options_.finish_batch) batch = options_.finish_batch(std::move(batch));
   return batch;
 }
 

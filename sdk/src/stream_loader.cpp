@@ -107,9 +107,7 @@ struct StreamLoader::Reader {
         item.last = true;
       }
       Batch batch = collate(samples);
-      if (owner.options_.pin_memory) {
-        for (auto& [name, tensor] : batch.tensors) tensor = owner.options_.pin_memory(tensor);
-      }
+      if (owner.options_.finish_batch) batch = owner.options_.finish_batch(std::move(batch));
       item.batch = std::move(batch);
       item.state = stream->state();
       ++produced;

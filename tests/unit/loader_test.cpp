@@ -470,18 +470,20 @@ TEST(LoaderTest, ShufflesDifferAcrossEpochsAndAgreeAcrossWorkerCounts) {
   EXPECT_EQ(orders[0], orders[2]);
 }
 
-TEST(LoaderTest, PinHookFinishesEveryBatch) {
+TEST(LoaderTest, FinishHookIsAppliedToEveryBatch) {
   auto source = std::make_shared<CountingSource>(20);
   for (int workers : {0, 2}) {
     LoaderOptions options = options_with(4, true, true, workers);
     auto calls = std::make_shared<std::atomic<int>>(0);
-    options.pin_memory = [calls](const torch::Tensor& tensor) {
+    options.finish_batch = [calls](Batch batch) {
       ++*calls;
-      return tensor * 1;  // a new tensor: the batch must hold what the hook returned
+      batch.tensors["finished"] = torch::ones({batch.size});
+      return batch;
     };
     Loader loader(source, options);
     auto batches = drain(loader);
-    EXPECT_EQ(calls->load(), 2 * static_cast<int>(batches.size())) << "workers " << workers;
+    EXPECT_EQ(calls->load(), static_cast<int>(batches.size())) << "workers " << workers;
+    for (const auto& batch : batches) EXPECT_EQ(batch.tensors.count("finished"), 1u);
   }
 }
 

@@ -28,9 +28,9 @@ struct LoaderOptions {
   int prefetch = 2;        // batches each worker may hold ready
   std::uint64_t seed = 0;
   DataParallelPlace place;
-  // Applied by the worker to every tensor of a finished batch (the engine sets it to the device
-  // backend's pin() when the device copies faster from page-locked memory; unset on CPU).
-  std::function<torch::Tensor(const torch::Tensor&)> pin_memory;
+  // Applied by the worker to every batch it has collated, off the training thread. On CUDA the
+  // engine pins the batch and starts its copy to the device here; unset on CPU.
+  std::function<Batch(Batch)> finish_batch;
 };
 
 // The worker count `workers = -1` stands for: a quarter of the cores each rank on this node gets,

@@ -114,7 +114,8 @@ TEST_P(DeviceConformance, PinPreservesValues) {
 }
 
 // stage() puts a (pinned) batch on the device for the work queued after it: that work must see
-// the copied values, however soon it is queued, and the host may drop its copy at once.
+// the copied values, however soon it is queued, and the host may drop its copy at once. The same
+// holds for a batch prefetch()ed on another thread and then staged.
 TEST_P(DeviceConformance, StageGivesLaterWorkTheBatch) {
   AVAILABLE_OR_SKIP(backend);
   const torch::Device device = backend->device(0);
@@ -124,7 +125,17 @@ TEST_P(DeviceConformance, StageGivesLaterWorkTheBatch) {
     host.size = 256;
     host.tensors["input"] = backend->pin(at::full({256, 1, 28, 28}, static_cast<float>(i)));
     host.tensors["nested.target"] = backend->pin(at::arange(256, at::kLong) + i);
-    trainyard::Batch staged = backend->stage(host, 0);
+    trainyard::Batch staged;
+    if (i % 2 == 1) {
+      // As the loader's workers do: prefetch on another thread, stage where the batch is used.
+      trainyard::Batch prefetched;
+      std::thread worker([&] { prefetched = backend->prefetch(host, 0); });
+      worker.join();
+      host = trainyard::Batch{};
+      staged = backend->stage(prefetched, 0);
+    } else {
+      staged = backend->stage(host, 0);
+    }
     host = trainyard::Batch{};  // the host copy goes away while the transfer may be in flight
     ASSERT_EQ(staged.size, 256);
     ASSERT_EQ(staged.tensors.size(), 2u);
