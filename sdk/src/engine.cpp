@@ -62,6 +62,17 @@ DeviceChoice parse_device(const Config& run, const Registry& registry) {
   return choice;
 }
 
+// A loader over `split`, map-style or streaming, or null when the dataset has no such split.
+// `equal_lengths` gives every rank of a stream the same batch count (training needs it).
+std::unique_ptr<Loader> open_split(const Dataset& dataset, const std::string& split,
+                                   const LoaderOptions& options, bool equal_lengths) {
+  if (auto map = dataset.map_split(split)) return std::make_unique<Loader>(map, options);
+  if (auto stream = dataset.stream_split(split)) {
+    return std::make_unique<Loader>(stream, options, equal_lengths);
+  }
+  return nullptr;
+}
+
 // The section without the keys the runtime owns, which the plugin does not declare.
 Config without_runtime_keys(const Config& section, const OptionSpecs& runtime) {
   auto table = std::make_shared<Table>(section.table());
@@ -90,7 +101,7 @@ struct Engine::State {
   std::unique_ptr<CheckpointStore> checkpoints;
   std::vector<std::shared_ptr<MetricsSink>> sinks;
   std::unique_ptr<Loader> train_loader;
-  std::shared_ptr<const MapSource> eval_source;
+  std::string eval_split;  // empty: no evaluation
   StrategyContext context;
 
   std::int64_t accumulation = 1;
@@ -108,6 +119,10 @@ struct Engine::State {
   std::int64_t interval_steps = 0;
   std::int64_t interval_samples = 0;
   std::int64_t interval_skipped = 0;
+  // Time the steps blocked waiting for their micro-batches (steady clock, no device sync).
+  double interval_data_wait_s = 0;
+  double total_data_wait_s = 0;
+  double total_train_s = 0;  // the logging intervals' wall time, checkpoints and evals left out
   Clock::time_point interval_start;
   Clock::time_point run_start;
 
@@ -215,14 +230,6 @@ Engine::Engine(Recipe recipe, const Registry& registry, RunControls controls)
 
   const Config& loader = s.loader_options;
   const std::string train_split = loader.get_string("train_split");
-  auto train_source = s.dataset->map_split(train_split);
-  if (!train_source) {
-    if (s.dataset->stream_split(train_split)) {
-      throw Error("dataset '" + plugin_of(dataset_section) + "' streams its '" + train_split +
-                  "' split; this engine reads map-style splits only");
-    }
-    loader.fail("train_split", "names a split the dataset does not have: '" + train_split + "'");
-  }
   LoaderOptions train;
   train.batch_size = loader.get_int("batch_size");
   if (train.batch_size < 1) loader.fail("batch_size", "must be >= 1");
@@ -231,16 +238,33 @@ Engine::Engine(Recipe recipe, const Registry& registry, RunControls controls)
   std::int64_t workers = loader.get_int("workers");
   if (workers < -1) loader.fail("workers", "must be >= 0, or -1 for automatic");
   if (workers == -1) {
-    // One worker per few cores is plenty for in-memory data; compute needs the cores.
-    const auto cores = static_cast<std::int64_t>(std::max(1u, std::thread::hardware_concurrency()));
-    workers = std::clamp<std::int64_t>(cores / 4, 1, 4);
+    workers = default_loader_workers(std::max(1u, std::thread::hardware_concurrency()),
+                                     local_world_size_from_env());
   }
   train.workers = static_cast<int>(workers);
   train.prefetch = static_cast<int>(loader.get_int("prefetch"));
   if (train.prefetch < 1) loader.fail("prefetch", "must be >= 1");
   train.seed = seed;
   train.place = s.strategy->data_parallel_place();
-  s.train_loader = std::make_unique<Loader>(train_source, train);
+  if (s.device.type() != torch::kCPU) {
+    // Workers finish batches in page-locked memory and start their copies to the device, so
+    // the training thread only orders its stream after them (stage()).
+    std::shared_ptr<DeviceBackend> backend = s.device_backend;
+    const int index = s.device_choice.index;
+    train.finish_batch = [backend, index](Batch batch) {
+      for (auto& [name, tensor] : batch.tensors) tensor = backend->pin(tensor);
+      return backend->prefetch(batch, index);
+    };
+  }
+  s.train_loader = open_split(*s.dataset, train_split, train, /*equal_lengths=*/true);
+  if (!s.train_loader) {
+    loader.fail("train_split", "names a split the dataset does not have: '" + train_split + "'");
+  }
+  if (s.train_loader->batches_per_epoch() < 0) {
+    throw Error("dataset '" + plugin_of(dataset_section) + "' streams its '" + train_split +
+                "' split without knowing its size; the engine needs the samples per epoch to "
+                "schedule the run");
+  }
 
   s.steps_per_epoch = s.train_loader->batches_per_epoch() / s.accumulation;
   if (s.steps_per_epoch < 1) {
@@ -255,10 +279,10 @@ Engine::Engine(Recipe recipe, const Registry& registry, RunControls controls)
   }
   if (run.get_bool("eval")) {
     const std::string eval_split = loader.get_string("eval_split");
-    s.eval_source = s.dataset->map_split(eval_split);
-    if (!s.eval_source) {
+    if (!s.dataset->map_split(eval_split) && !s.dataset->stream_split(eval_split)) {
       loader.fail("eval_split", "names a split the dataset does not have: '" + eval_split + "'");
     }
+    s.eval_split = eval_split;
   }
 
   if (s.recipe.has_section("checkpoint")) {
@@ -293,13 +317,21 @@ std::int64_t Engine::step() const { return state_->step; }
 
 std::vector<Batch> Engine::next_micro_batches() {
   State& s = *state_;
+  const auto started = Clock::now();
   std::vector<Batch> micro;
   micro.reserve(static_cast<std::size_t>(s.accumulation));
+  // Host copies are released after the clock stops: freeing pinned memory is not waiting.
+  std::vector<Batch> host;
+  host.reserve(static_cast<std::size_t>(s.accumulation));
   for (std::int64_t i = 0; i < s.accumulation; ++i) {
     std::optional<Batch> batch = s.train_loader->next();
     if (!batch) return {};
-    micro.push_back(batch->to(s.device, /*non_blocking=*/false));
+    micro.push_back(s.device_backend->stage(*batch, s.device_choice.index));
+    host.push_back(std::move(*batch));
   }
+  const double waited = std::chrono::duration<double>(Clock::now() - started).count();
+  s.interval_data_wait_s += waited;
+  s.total_data_wait_s += waited;
   return micro;
 }
 
@@ -355,6 +387,7 @@ RunSummary Engine::run() {
         generator.set_state(rng->second);
       }
       s.device_backend->load_rng_state(state.local);
+      s.train_loader->load_state(state.local);
       s.log("resumed from " + checkpoint->string() + " at step " + std::to_string(s.step));
     }
   }
@@ -388,6 +421,7 @@ RunSummary Engine::run() {
       state.local.tensors["engine.rng.cpu"] = generator.get_state();
     }
     s.device_backend->save_rng_state(state.local);
+    s.train_loader->save_state(state.local);
     if (checkpoint_async) {
       s.checkpoints->save_async(s.step, state);
     } else {
@@ -423,6 +457,11 @@ RunSummary Engine::run() {
              static_cast<double>(s.train_loader->position()) /
                  static_cast<double>(std::max<std::int64_t>(1, s.train_loader->batches_per_epoch()))},
     };
+    record.values.emplace_back(
+        "data_wait_ms", 1000.0 * s.interval_data_wait_s / static_cast<double>(s.interval_steps));
+    record.values.emplace_back("data_wait_share",
+                               seconds > 0 ? std::min(1.0, s.interval_data_wait_s / seconds) : 0);
+    s.total_train_s += seconds;
     if (s.last_grad_norm.defined()) record.values.emplace_back("grad_norm", s.last_grad_norm.item<double>());
     if (s.interval_skipped > 0) record.values.emplace_back("skipped_steps", static_cast<double>(s.interval_skipped));
     for (const auto& metric : s.precision->metrics()) record.values.push_back(metric);
@@ -431,6 +470,7 @@ RunSummary Engine::run() {
     s.interval_steps = 0;
     s.interval_samples = 0;
     s.interval_skipped = 0;
+    s.interval_data_wait_s = 0;
     s.interval_start = Clock::now();
   };
 
@@ -442,13 +482,13 @@ RunSummary Engine::run() {
     options.drop_last = false;
     options.pad = false;
     options.place = s.strategy->data_parallel_place();
-    Loader loader(s.eval_source, options);
+    std::unique_ptr<Loader> loader = open_split(*s.dataset, s.eval_split, options, false);
     const std::int64_t max_batches = s.run_options.get_int("eval_max_batches");
     torch::Tensor loss_sum;
     TensorMap sums;
     std::int64_t samples = 0;
     std::int64_t batches = 0;
-    while (auto batch = loader.next()) {
+    while (auto batch = loader->next()) {
       if (max_batches > 0 && batches >= max_batches) break;
       EvalResult result = s.strategy->eval_step(batch->to(s.device));
       loss_sum = loss_sum.defined() ? loss_sum + result.loss_sum : result.loss_sum;
@@ -513,7 +553,7 @@ RunSummary Engine::run() {
     flush_train_metrics(epoch);
     const bool epoch_complete =
         s.train_loader->batches_per_epoch() - s.train_loader->position() < s.accumulation;
-    if (s.eval_source && (epoch_complete || finished)) {
+    if (!s.eval_split.empty() && (epoch_complete || finished)) {
       evaluate(epoch);
       s.interval_start = Clock::now();
     }
@@ -543,7 +583,10 @@ RunSummary Engine::run() {
   record.values = {{"steps", static_cast<double>(summary.steps)},
                    {"wall_s", summary.wall_s},
                    {"samples_per_s", summary.samples_per_s},
-                   {"final_train_loss", summary.final_train_loss}};
+                   {"final_train_loss", summary.final_train_loss},
+                   {"data_wait_share",
+                    s.total_train_s > 0 ? std::min(1.0, s.total_data_wait_s / s.total_train_s)
+                                        : 0}};
   for (const auto& [name, value] : summary.eval) record.values.emplace_back("eval_" + name, value);
   s.emit(record);
   for (auto& sink : s.sinks) sink->end();

@@ -3,15 +3,35 @@
 #include <ATen/CPUGeneratorImpl.h>
 #include <ATen/ATen.h>
 
+#include <algorithm>
 #include <condition_variable>
+#include <cstdlib>
 #include <exception>
 #include <map>
 #include <mutex>
+#include <string>
 #include <thread>
 
 #include "trainyard/error.hpp"
+#include "trainyard/stream_loader.hpp"
 
 namespace trainyard {
+
+int default_loader_workers(unsigned cores, int local_world_size) {
+  const int per_rank = std::max(1, static_cast<int>(cores) / std::max(1, local_world_size));
+  return std::clamp(per_rank / 4, 1, 4);
+}
+
+int local_world_size_from_env() {
+  const char* text = std::getenv("LOCAL_WORLD_SIZE");
+  if (text == nullptr || *text == '\0') return 1;
+  char* end = nullptr;
+  const long value = std::strtol(text, &end, 10);
+  if (*end != '\0' || value < 1 || value > 1 << 20) {
+    throw Error("LOCAL_WORLD_SIZE must be a positive integer, got '" + std::string(text) + "'");
+  }
+  return static_cast<int>(value);
+}
 
 std::vector<std::int64_t> epoch_indices(std::int64_t dataset_size, const LoaderOptions& options,
                                         std::int64_t epoch) {
@@ -43,9 +63,12 @@ std::vector<std::int64_t> epoch_indices(std::int64_t dataset_size, const LoaderO
 
 // Persistent worker threads. Worker w prepares batches w, w + W, w + 2W, ... of the epoch, at
 // most `prefetch` ahead of the consumer each, into a map the consumer drains in order; so the
-// order never depends on which worker is faster.
+// order never depends on which worker is faster. Each worker sleeps on its own condition
+// variable: taking batch b frees the slot of batch b + W * prefetch, which is worker b % W's, so
+// a step wakes one thread rather than all of them.
 struct Loader::Workers {
-  explicit Workers(Loader& loader) : owner(loader), count(loader.options_.workers) {
+  explicit Workers(Loader& loader)
+      : owner(loader), count(loader.options_.workers), work(static_cast<std::size_t>(count)) {
     next.assign(static_cast<std::size_t>(count), 0);
     for (int w = 0; w < count; ++w) threads.emplace_back([this, w] { run(w); });
   }
@@ -55,8 +78,12 @@ struct Loader::Workers {
       std::lock_guard<std::mutex> lock(mutex);
       stop = true;
     }
-    work.notify_all();
+    wake_all();
     for (auto& thread : threads) thread.join();
+  }
+
+  void wake_all() {
+    for (auto& worker : work) worker.notify_all();
   }
 
   // Called with `mutex` held, after the loader has switched to the new epoch.
@@ -78,7 +105,7 @@ struct Loader::Workers {
     ready.erase(batch_index);
     consumed = batch_index + 1;
     lock.unlock();
-    work.notify_all();
+    work[static_cast<std::size_t>(batch_index % count)].notify_one();
     return batch;
   }
 
@@ -87,7 +114,7 @@ struct Loader::Workers {
     std::unique_lock<std::mutex> lock(mutex);
     while (true) {
       auto& mine = next[static_cast<std::size_t>(worker)];
-      work.wait(lock, [&] {
+      work[static_cast<std::size_t>(worker)].wait(lock, [&] {
         return stop || (mine < owner.num_batches_ && mine < consumed + ahead && !error);
       });
       if (stop) return;
@@ -118,7 +145,7 @@ struct Loader::Workers {
   // Fixed before any thread starts: threads.size() grows while the first threads already run.
   const std::int64_t count;
   std::mutex mutex;
-  std::condition_variable work;
+  std::vector<std::condition_variable> work;  // one per worker
   std::condition_variable done;
   std::vector<std::thread> threads;
   std::vector<std::int64_t> next;
@@ -140,14 +167,36 @@ Loader::Loader(std::shared_ptr<const MapSource> source, LoaderOptions options)
   start_epoch(0);
 }
 
+Loader::Loader(std::shared_ptr<const StreamSource> source, LoaderOptions options,
+               bool equal_lengths)
+    : options_(options),
+      stream_(std::make_unique<StreamLoader>(std::move(source), std::move(options),
+                                             equal_lengths)) {}
+
 // Workers refer to the loader; they must stop before its members go away.
 Loader::~Loader() { workers_.reset(); }
 
-std::int64_t Loader::batches_per_epoch() const { return num_batches_; }
+std::int64_t Loader::batches_per_epoch() const {
+  if (stream_) return stream_->batches_per_epoch().value_or(-1);
+  return num_batches_;
+}
 
-std::int64_t Loader::position() const { return next_batch_; }
+std::int64_t Loader::position() const { return stream_ ? stream_->position() : next_batch_; }
+
+void Loader::save_state(StateDict& out) const {
+  if (stream_) stream_->save_state(out);
+}
+
+void Loader::load_state(const StateDict& in) {
+  if (stream_) stream_->load_state(in);
+}
 
 void Loader::start_epoch(std::int64_t epoch, std::int64_t first_batch) {
+  if (stream_) {
+    stream_->start_epoch(epoch, first_batch);
+    epoch_ = epoch;
+    return;
+  }
   auto indices = std::make_shared<const std::vector<std::int64_t>>(
       epoch_indices(source_->size(), options_, epoch));
   const auto count = static_cast<std::int64_t>(indices->size());
@@ -167,7 +216,7 @@ void Loader::start_epoch(std::int64_t epoch, std::int64_t first_batch) {
   if (workers_) {
     workers_->restart_locked(first_batch);
     lock.unlock();
-    workers_->work.notify_all();
+    workers_->wake_all();
   }
 }
 
@@ -175,10 +224,14 @@ Batch Loader::make_batch(const std::vector<std::int64_t>& indices,
                          std::int64_t batch_index) const {
   const auto begin = static_cast<std::size_t>(batch_index * options_.batch_size);
   const auto end = std::min(indices.size(), begin + static_cast<std::size_t>(options_.batch_size));
-  return source_->get_batch(std::span<const std::int64_t>(indices.data() + begin, end - begin));
+  Batch batch =
+      source_->get_batch(std::span<const std::int64_t>(indices.data() + begin, end - begin));
+  if (options_.finish_batch) batch = options_.finish_batch(std::move(batch));
+  return batch;
 }
 
 std::optional<Batch> Loader::next() {
+  if (stream_) return stream_->next();
   if (next_batch_ >= num_batches_) return std::nullopt;
   const std::int64_t batch_index = next_batch_++;
   if (workers_) return workers_->take(batch_index);

@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <atomic>
 #include <chrono>
+#include <cstdlib>
 #include <future>
 #include <memory>
 #include <numeric>
@@ -394,6 +395,139 @@ TEST(LoaderTest, DestroyingMidEpochDoesNotHang) {
   EXPECT_TRUE(finishes_within(std::chrono::seconds(20), [source] {
     Loader loader(source, options_with(8, true, true, 4));
   }));
+}
+
+// Every sample exactly once per epoch across the ranks, for several world sizes and worker
+// counts. With padding (DistributedSampler's rule) ranks get equal counts and the extra entries
+// are the first ones of the epoch's permutation, repeated.
+TEST(LoaderTest, RankShardingIsAPartitionForAnyWorldSizeAndWorkerCount) {
+  const std::int64_t n = 23;
+  auto source = std::make_shared<CountingSource>(n);
+  for (int world : {1, 2, 3, 4}) {
+    for (int workers : {0, 1, 3}) {
+      for (bool pad : {true, false}) {
+        SCOPED_TRACE("world " + std::to_string(world) + ", workers " + std::to_string(workers) +
+                     ", pad " + std::to_string(pad));
+        std::vector<std::int64_t> all;
+        std::vector<std::size_t> counts;
+        for (int rank = 0; rank < world; ++rank) {
+          LoaderOptions options = options_with(4, true, false, workers, 8);
+          options.pad = pad;
+          options.place = DataParallelPlace{rank, world};
+          Loader loader(source, options);
+          loader.start_epoch(1);
+          std::size_t count = 0;
+          for (const auto& batch : drain(loader)) {
+            auto part = ids(batch);
+            all.insert(all.end(), part.begin(), part.end());
+            count += part.size();
+          }
+          counts.push_back(count);
+        }
+        const auto padded = static_cast<std::size_t>((n + world - 1) / world * world);
+        std::vector<std::int64_t> sorted = all;
+        std::sort(sorted.begin(), sorted.end());
+        if (!pad) {
+          EXPECT_EQ(sorted, iota(n)) << "unpadded shards are a partition";
+          continue;
+        }
+        for (auto count : counts) EXPECT_EQ(count, padded / static_cast<std::size_t>(world));
+        ASSERT_EQ(all.size(), padded);
+        // The unpadded set is covered exactly once, and the padding repeats the permutation's head.
+        std::vector<std::int64_t> expected = iota(n);
+        LoaderOptions unsharded = options_with(4, true, false, 0, 8);
+        auto order = epoch_indices(n, unsharded, 1);
+        expected.insert(expected.end(), order.begin(),
+                        order.begin() + static_cast<long>(padded - static_cast<std::size_t>(n)));
+        std::sort(expected.begin(), expected.end());
+        EXPECT_EQ(sorted, expected);
+      }
+    }
+  }
+}
+
+TEST(LoaderTest, ShufflesDifferAcrossEpochsAndAgreeAcrossWorkerCounts) {
+  auto source = std::make_shared<CountingSource>(64);
+  std::vector<std::vector<std::int64_t>> orders;  // per worker count, epochs 0 and 1 joined
+  for (int workers : {0, 1, 3}) {
+    Loader loader(source, options_with(8, true, true, workers, 21));
+    std::vector<std::int64_t> epoch0, epoch1;
+    loader.start_epoch(0);
+    for (const auto& batch : drain(loader)) {
+      auto part = ids(batch);
+      epoch0.insert(epoch0.end(), part.begin(), part.end());
+    }
+    loader.start_epoch(1);
+    for (const auto& batch : drain(loader)) {
+      auto part = ids(batch);
+      epoch1.insert(epoch1.end(), part.begin(), part.end());
+    }
+    EXPECT_NE(epoch0, epoch1) << "workers " << workers;
+    epoch0.insert(epoch0.end(), epoch1.begin(), epoch1.end());
+    orders.push_back(epoch0);
+  }
+  EXPECT_EQ(orders[0], orders[1]);
+  EXPECT_EQ(orders[0], orders[2]);
+}
+
+TEST(LoaderTest, FinishHookIsAppliedToEveryBatch) {
+  auto source = std::make_shared<CountingSource>(20);
+  for (int workers : {0, 2}) {
+    LoaderOptions options = options_with(4, true, true, workers);
+    auto calls = std::make_shared<std::atomic<int>>(0);
+    options.finish_batch = [calls](Batch batch) {
+      ++*calls;
+      batch.tensors["finished"] = torch::ones({batch.size});
+      return batch;
+    };
+    Loader loader(source, options);
+    auto batches = drain(loader);
+    EXPECT_EQ(calls->load(), static_cast<int>(batches.size())) << "workers " << workers;
+    for (const auto& batch : batches) EXPECT_EQ(batch.tensors.count("finished"), 1u);
+  }
+}
+
+TEST(LoaderTest, DottedNamesCollateLikeNestedMaps) {
+  std::vector<TensorMap> samples;
+  for (std::int64_t i = 0; i < 3; ++i) {
+    samples.push_back({{"input.ids", torch::full({4}, i, torch::kLong)},
+                       {"input.mask", torch::ones({4}, torch::kBool)},
+                       {"target", torch::scalar_tensor(i, torch::kLong)}});
+  }
+  Batch batch = collate(samples);
+  EXPECT_EQ(batch.size, 3);
+  EXPECT_EQ(batch.at("input.ids").sizes(), (std::vector<std::int64_t>{3, 4}));
+  EXPECT_EQ(batch.at("input.mask").dtype(), torch::kBool);
+  EXPECT_EQ(batch.at("target")[2].item<std::int64_t>(), 2);
+}
+
+TEST(LoaderTest, DefaultWorkersFollowCoresPerLocalRank) {
+  EXPECT_EQ(default_loader_workers(2, 1), 1);
+  EXPECT_EQ(default_loader_workers(8, 1), 2);
+  EXPECT_EQ(default_loader_workers(16, 1), 4);
+  EXPECT_EQ(default_loader_workers(64, 1), 4);
+  EXPECT_EQ(default_loader_workers(16, 4), 1);
+  EXPECT_EQ(default_loader_workers(128, 8), 4);
+  EXPECT_EQ(default_loader_workers(1, 8), 1);
+  EXPECT_EQ(default_loader_workers(0, 0), 1);
+}
+
+TEST(LoaderTest, LocalWorldSizeComesFromTheEnvironment) {
+  const char* saved = std::getenv("LOCAL_WORLD_SIZE");
+  const std::string previous = saved ? saved : "";
+  ::unsetenv("LOCAL_WORLD_SIZE");
+  EXPECT_EQ(local_world_size_from_env(), 1);
+  ::setenv("LOCAL_WORLD_SIZE", "4", 1);
+  EXPECT_EQ(local_world_size_from_env(), 4);
+  for (const char* bad : {"0", "-2", "four", "3x"}) {
+    ::setenv("LOCAL_WORLD_SIZE", bad, 1);
+    EXPECT_THROW(local_world_size_from_env(), Error) << bad;
+  }
+  if (saved) {
+    ::setenv("LOCAL_WORLD_SIZE", previous.c_str(), 1);
+  } else {
+    ::unsetenv("LOCAL_WORLD_SIZE");
+  }
 }
 
 TEST(LoaderTest, InvalidOptionsAreErrors) {

@@ -6,7 +6,11 @@
 #include <ATen/cuda/CUDAGeneratorImpl.h>
 #include <c10/cuda/CUDACachingAllocator.h>
 #include <c10/cuda/CUDAGuard.h>
+#include <c10/cuda/CUDAStream.h>
 #include <torch/cuda.h>
+
+#include <map>
+#include <mutex>
 
 #include "trainyard/device.hpp"
 #include "trainyard/error.hpp"
@@ -66,6 +70,39 @@ class Cuda final : public DeviceBackend {
     c10::cuda::CUDACachingAllocator::resetPeakStats(static_cast<c10::DeviceIndex>(index));
   }
   torch::Tensor pin(const torch::Tensor& host) const override { return host.pin_memory(); }
+  // Copies on a side stream, so the copy runs while the kernels queued before it (the previous
+  // step) still run on the current stream; the current stream then waits on an event for the
+  // side stream's copies (this batch's, and any prefetch() of it from a loader worker) before
+  // anything queued after this call. Only pinned sources copy without blocking the host; others
+  // are copied synchronously on the side stream (still correct).
+  Batch stage(const Batch& host, int index) override {
+    const auto device_index = static_cast<c10::DeviceIndex>(index);
+    c10::cuda::CUDAGuard guard(device_index);
+    const c10::cuda::CUDAStream compute = c10::cuda::getCurrentCUDAStream(device_index);
+    std::lock_guard<std::mutex> lock(mutex_);
+    Batch out = copy_on_side_stream(host, device_index);
+    // One event per device, recorded anew each time: a wait takes the event's state when it is
+    // queued, so reuse is safe and spares creating an event per batch.
+    at::cuda::CUDAEvent& copied = copy_events_[device_index];
+    copied.record(copy_stream(device_index));
+    copied.block(compute);
+    // The memory was allocated on the side stream; the allocator must not hand it out again
+    // before the compute stream is done with it.
+    for (const auto& [name, tensor] : out.tensors) {
+      if (tensor.is_cuda() && tensor.storage().data_ptr().get() != nullptr) {
+        c10::cuda::CUDACachingAllocator::recordStream(tensor.storage().data_ptr(), compute);
+      }
+    }
+    return out;
+  }
+  // Queues the copies on the side stream and returns; stage() later orders the consumer after
+  // them. The lock serializes loader workers over the shared stream and event tables.
+  Batch prefetch(const Batch& host, int index) override {
+    const auto device_index = static_cast<c10::DeviceIndex>(index);
+    c10::cuda::CUDAGuard guard(device_index);
+    std::lock_guard<std::mutex> lock(mutex_);
+    return copy_on_side_stream(host, device_index);
+  }
   void manual_seed(std::uint64_t seed) override {
     if (available()) torch::cuda::manual_seed_all(seed);
   }
@@ -85,6 +122,32 @@ class Cuda final : public DeviceBackend {
       generator.set_state(it->second);
     }
   }
+
+ private:
+  // Called with mutex_ held. Tensors already on the device stay as they are.
+  Batch copy_on_side_stream(const Batch& host, c10::DeviceIndex device_index) {
+    const torch::Device target(torch::kCUDA, device_index);
+    Batch out;
+    out.size = host.size;
+    c10::cuda::CUDAStreamGuard on_copy_stream(copy_stream(device_index));
+    for (const auto& [name, tensor] : host.tensors) {
+      out.tensors.emplace(name, tensor.to(target, /*non_blocking=*/tensor.is_pinned()));
+    }
+    return out;
+  }
+
+  // One side stream per device, drawn once: staging always queues behind its own earlier copies.
+  c10::cuda::CUDAStream copy_stream(c10::DeviceIndex index) {
+    auto it = copy_streams_.find(index);
+    if (it == copy_streams_.end()) {
+      it = copy_streams_.emplace(index, c10::cuda::getStreamFromPool(false, index)).first;
+    }
+    return it->second;
+  }
+
+  std::map<c10::DeviceIndex, c10::cuda::CUDAStream> copy_streams_;
+  std::map<c10::DeviceIndex, at::cuda::CUDAEvent> copy_events_;
+  std::mutex mutex_;
 };
 
 void register_components(Registry& registry) {

@@ -6,6 +6,7 @@
 #include <cstdint>
 #include <memory>
 
+#include "trainyard/batch.hpp"
 #include "trainyard/component.hpp"
 #include "trainyard/state.hpp"
 
@@ -40,6 +41,16 @@ class DeviceBackend : public Component {
   virtual void reset_peak_memory(int index) {}
   // A host copy in page-locked memory when the device copies from it faster; else `host`.
   virtual torch::Tensor pin(const torch::Tensor& host) const { return host; }
+  // `host` on device `index`, for the work queued on the current stream after this call. The
+  // copy must not block the host, and should overlap the work queued before it (the previous
+  // step): CUDA copies pinned batches on a side stream and makes the current stream wait for
+  // that stream. Tensors already on the device (from prefetch()) are not copied again. The
+  // default copies in line, which on the host itself copies nothing.
+  virtual Batch stage(const Batch& host, int index) { return host.to(device(index)); }
+  // Starts copying `host` onto device `index` from a loader worker thread, without blocking and
+  // without ordering any stream after the copy: the batch may be used only after stage() on the
+  // thread that uses it. Must be safe to call from several threads at once.
+  virtual Batch prefetch(const Batch& host, int index) { return host.to(device(index)); }
   // Seeds the device's generators and saves/restores their state for exact resume.
   virtual void manual_seed(std::uint64_t seed) = 0;
   virtual void save_rng_state(StateDict& out) const = 0;

@@ -1,14 +1,18 @@
 #pragma once
-// The loader: batches of a map-style split, prepared ahead by worker threads, in an order that
-// depends only on (seed, epoch) and the data-parallel place.
+// The loader: batches of a split, prepared ahead by worker threads, in an order that depends
+// only on (seed, epoch) and the data-parallel place. Map-style splits are permuted and sharded
+// here; streaming splits are read by a StreamLoader (stream_loader.hpp), which this class wraps
+// so the engine drives both alike.
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <vector>
 
 #include "trainyard/batch.hpp"
 #include "trainyard/dataset.hpp"
+#include "trainyard/state.hpp"
 #include "trainyard/strategy.hpp"
 
 namespace trainyard {
@@ -24,7 +28,18 @@ struct LoaderOptions {
   int prefetch = 2;        // batches each worker may hold ready
   std::uint64_t seed = 0;
   DataParallelPlace place;
+  // Applied by the worker to every batch it has collated, off the training thread. On CUDA the
+  // engine pins the batch and starts its copy to the device here; unset on CPU.
+  std::function<Batch(Batch)> finish_batch;
 };
+
+// The worker count `workers = -1` stands for: a quarter of the cores each rank on this node gets,
+// at least 1 and at most 4. In-memory and memory-mapped data need little preparation; the cores
+// are the step's.
+int default_loader_workers(unsigned cores, int local_world_size);
+// The LOCAL_WORLD_SIZE environment variable (ranks on this node, as set by launchers), 1 when
+// unset. Throws Error when it is not a positive integer.
+int local_world_size_from_env();
 
 // The indices a rank visits in `epoch`, in order: a permutation seeded with seed + epoch (the
 // generator and algorithm of torch.randperm, so PyTorch's DistributedSampler yields the same
@@ -32,14 +47,20 @@ struct LoaderOptions {
 std::vector<std::int64_t> epoch_indices(std::int64_t dataset_size, const LoaderOptions& options,
                                         std::int64_t epoch);
 
+class StreamLoader;
+
 class Loader {
  public:
   Loader(std::shared_ptr<const MapSource> source, LoaderOptions options);
+  // A streaming split; `equal_lengths` as in StreamLoader (every rank the same batch count).
+  Loader(std::shared_ptr<const StreamSource> source, LoaderOptions options, bool equal_lengths);
   ~Loader();
   Loader(const Loader&) = delete;
   Loader& operator=(const Loader&) = delete;
 
+  // -1 when unknown: a stream without a size, or one read to its end.
   std::int64_t batches_per_epoch() const;
+  bool streaming() const { return stream_ != nullptr; }
   // Begins `epoch` at batch `first_batch` (non-zero when resuming mid-epoch). Batches still in
   // flight from the previous epoch are discarded.
   void start_epoch(std::int64_t epoch, std::int64_t first_batch = 0);
@@ -49,6 +70,11 @@ class Loader {
   // Index of the batch next() returns next.
   std::int64_t position() const;
   const LoaderOptions& options() const { return options_; }
+  // The position beyond (epoch, batch), for a checkpoint's per-rank state: a stream's reader
+  // states (a map-style split needs none: its order follows from the seed). load_state keeps it
+  // for the next start_epoch of the same epoch and batch.
+  void save_state(StateDict& out) const;
+  void load_state(const StateDict& in);
 
  private:
   struct Workers;
@@ -61,6 +87,7 @@ class Loader {
   std::int64_t num_batches_ = 0;
   std::int64_t next_batch_ = 0;
   std::unique_ptr<Workers> workers_;
+  std::unique_ptr<StreamLoader> stream_;
 };
 
 }  // namespace trainyard

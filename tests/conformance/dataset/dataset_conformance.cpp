@@ -3,9 +3,14 @@
 
 #include <ATen/ATen.h>
 
+#include <algorithm>
+#include <functional>
 #include <map>
 #include <mutex>
+#include <string>
 #include <thread>
+#include <utility>
+#include <vector>
 
 #include "conformance.hpp"
 #include "trainyard/dataset.hpp"
@@ -219,6 +224,144 @@ TEST_P(DatasetConformance, StreamIsDeterministicAndResumable) {
     if (next_a) expect_same_tensors(*next_a, *next_resumed, split + ": restored stream");
   }
   if (!any) GTEST_SKIP() << "no streaming splits";
+}
+
+// A sample's identity for comparing readers: its names, dtypes, shapes and bytes, hashed.
+std::size_t fingerprint(const TensorMap& sample) {
+  std::string key;
+  for (const auto& [name, tensor] : sample) {
+    at::Tensor flat = tensor.contiguous().cpu();
+    key += name;
+    key += '|';
+    key += std::string(c10::toString(flat.scalar_type()));
+    for (auto d : flat.sizes()) key += "," + std::to_string(d);
+    key += '|';
+    key.append(static_cast<const char*>(flat.data_ptr()), flat.nbytes());
+  }
+  return std::hash<std::string>{}(key);
+}
+
+// Epochs longer than this are not read whole by the partition check.
+constexpr std::size_t kMaxEpochSamples = 200000;
+
+// The fingerprints of every sample `shard` reads this epoch (at most kMaxEpochSamples + 1).
+std::vector<std::size_t> read_all(const StreamSource& source, const StreamShard& shard) {
+  auto stream = source.open(shard);
+  std::vector<std::size_t> out;
+  while (out.size() <= kMaxEpochSamples) {
+    auto sample = stream->next();
+    if (!sample) break;
+    out.push_back(fingerprint(*sample));
+  }
+  return out;
+}
+
+std::vector<std::string> stream_splits(const Dataset& dataset) {
+  std::vector<std::string> out;
+  for (const auto& split : dataset.splits()) {
+    if (dataset.stream_split(split)) out.push_back(split);
+  }
+  return out;
+}
+
+// The loader opens one reader per (rank, worker) and trusts them to share out the epoch: all
+// readers of a (world_size, workers) layout together read exactly the samples one reader reads,
+// each reader at least its floor share of size() (so every rank can take equal batch counts).
+TEST_P(DatasetConformance, StreamReadersAreDisjointAndComplete) {
+  auto splits = stream_splits(*dataset());
+  if (splits.empty()) GTEST_SKIP() << "no streaming splits";
+  for (const auto& split : splits) {
+    auto source = dataset()->stream_split(split);
+    StreamShard whole;
+    whole.seed = 7;
+    whole.epoch = 1;
+    std::vector<std::size_t> reference = read_all(*source, whole);
+    ASSERT_FALSE(reference.empty()) << split << ": one reader reads nothing";
+    if (reference.size() > kMaxEpochSamples) {
+      ADD_FAILURE() << split << ": an epoch of over " << kMaxEpochSamples
+                    << " samples with the default options is too long to check; make the "
+                       "default small";
+      continue;
+    }
+    if (auto size = source->size()) {
+      EXPECT_EQ(static_cast<std::size_t>(*size), reference.size())
+          << split << ": size() differs from the samples one reader reads";
+    }
+    std::sort(reference.begin(), reference.end());
+    for (auto [world, workers] : std::vector<std::pair<int, int>>{{1, 2}, {2, 1}, {2, 3}, {3, 2}}) {
+      SCOPED_TRACE(split + ": world_size " + std::to_string(world) + ", workers " +
+                   std::to_string(workers));
+      std::vector<std::size_t> together;
+      const std::size_t readers = static_cast<std::size_t>(world * workers);
+      for (int rank = 0; rank < world; ++rank) {
+        for (int worker = 0; worker < workers; ++worker) {
+          StreamShard shard = whole;
+          shard.rank = rank;
+          shard.world_size = world;
+          shard.worker = worker;
+          shard.workers = workers;
+          auto mine = read_all(*source, shard);
+          EXPECT_GE(mine.size(), reference.size() / readers)
+              << "reader (rank " << rank << ", worker " << worker << ") gets less than its share";
+          together.insert(together.end(), mine.begin(), mine.end());
+        }
+      }
+      std::sort(together.begin(), together.end());
+      EXPECT_EQ(together.size(), reference.size()) << "readers overlap or miss samples";
+      EXPECT_TRUE(together == reference) << "the readers' samples are not the epoch's samples";
+    }
+  }
+}
+
+TEST_P(DatasetConformance, StreamOrderDependsOnlyOnShardSeedAndEpoch) {
+  auto splits = stream_splits(*dataset());
+  if (splits.empty()) GTEST_SKIP() << "no streaming splits";
+  for (const auto& split : splits) {
+    auto source = dataset()->stream_split(split);
+    for (std::int64_t epoch : {0, 3}) {
+      StreamShard shard{1, 2, 1, 2, 11, epoch};
+      auto first = read_all(*source, shard);
+      // Another reader opened in between must not disturb the order.
+      auto other = source->open(StreamShard{0, 2, 0, 2, 11, epoch});
+      other->next();
+      auto second = read_all(*source, shard);
+      EXPECT_TRUE(first == second) << split << ": epoch " << epoch << " differs between opens";
+    }
+  }
+}
+
+TEST_P(DatasetConformance, StreamStateRestoresAnyPosition) {
+  auto splits = stream_splits(*dataset());
+  if (splits.empty()) GTEST_SKIP() << "no streaming splits";
+  for (const auto& split : splits) {
+    auto source = dataset()->stream_split(split);
+    const StreamShard shard{0, 2, 1, 2, 3, 2};
+    std::vector<std::size_t> all = read_all(*source, shard);
+    for (std::size_t at : {std::size_t{0}, std::size_t{1}, std::size_t{7}, all.size() / 2,
+                           all.size()}) {
+      if (at > all.size()) continue;
+      SCOPED_TRACE(split + ": state after " + std::to_string(at) + " samples");
+      auto stream = source->open(shard);
+      for (std::size_t i = 0; i < at; ++i) ASSERT_TRUE(stream->next().has_value());
+      TensorMap position = stream->state();
+      // The state is a snapshot: reading on must not change it.
+      std::map<std::string, at::Tensor> copy;
+      for (const auto& [name, tensor] : position) copy.emplace(name, tensor.clone());
+      stream->next();
+      expect_same_tensors(position, copy, "state() after further reads");
+      auto resumed = source->open(shard);
+      resumed->restore(position);
+      std::vector<std::size_t> rest;
+      for (std::size_t i = 0; i < 25; ++i) {
+        auto sample = resumed->next();
+        if (!sample) break;
+        rest.push_back(fingerprint(*sample));
+      }
+      const std::size_t expected = std::min<std::size_t>(25, all.size() - at);
+      ASSERT_EQ(rest.size(), expected);
+      EXPECT_TRUE(std::equal(rest.begin(), rest.end(), all.begin() + static_cast<long>(at)));
+    }
+  }
 }
 
 }  // namespace

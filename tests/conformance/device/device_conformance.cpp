@@ -6,9 +6,11 @@
 #include <torch/utils.h>
 
 #include <chrono>
+#include <vector>
 #include <thread>
 
 #include "conformance.hpp"
+#include "trainyard/batch.hpp"
 #include "trainyard/device.hpp"
 
 namespace {
@@ -109,6 +111,43 @@ TEST_P(DeviceConformance, PinPreservesValues) {
   torch::Tensor there = pinned.to(backend->device(0), /*non_blocking=*/true);
   backend->synchronize(0);
   EXPECT_TRUE(at::equal(there.cpu(), host));
+}
+
+// stage() puts a (pinned) batch on the device for the work queued after it: that work must see
+// the copied values, however soon it is queued, and the host may drop its copy at once. The same
+// holds for a batch prefetch()ed on another thread and then staged.
+TEST_P(DeviceConformance, StageGivesLaterWorkTheBatch) {
+  AVAILABLE_OR_SKIP(backend);
+  const torch::Device device = backend->device(0);
+  std::vector<at::Tensor> sums;
+  for (int i = 0; i < 24; ++i) {
+    trainyard::Batch host;
+    host.size = 256;
+    host.tensors["input"] = backend->pin(at::full({256, 1, 28, 28}, static_cast<float>(i)));
+    host.tensors["nested.target"] = backend->pin(at::arange(256, at::kLong) + i);
+    trainyard::Batch staged;
+    if (i % 2 == 1) {
+      // As the loader's workers do: prefetch on another thread, stage where the batch is used.
+      trainyard::Batch prefetched;
+      std::thread worker([&] { prefetched = backend->prefetch(host, 0); });
+      worker.join();
+      host = trainyard::Batch{};
+      staged = backend->stage(prefetched, 0);
+    } else {
+      staged = backend->stage(host, 0);
+    }
+    host = trainyard::Batch{};  // the host copy goes away while the transfer may be in flight
+    ASSERT_EQ(staged.size, 256);
+    ASSERT_EQ(staged.tensors.size(), 2u);
+    for (const auto& [name, tensor] : staged.tensors) EXPECT_EQ(tensor.device(), device) << name;
+    // Queued right behind the copy, on the current stream.
+    sums.push_back(staged.at("input").sum() + staged.at("nested.target").sum().to(at::kFloat));
+  }
+  backend->synchronize(0);
+  for (int i = 0; i < 24; ++i) {
+    const double expected = 256.0 * 784 * i + (255.0 * 256 / 2 + 256.0 * i);
+    EXPECT_DOUBLE_EQ(sums[static_cast<std::size_t>(i)].item<double>(), expected) << "batch " << i;
+  }
 }
 
 TEST_P(DeviceConformance, RngStateRestoresTheSequence) {
