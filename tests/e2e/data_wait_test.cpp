@@ -12,10 +12,6 @@
 namespace trainyard::testing {
 namespace {
 
-std::string describe(const CommandResult& result) {
-  return "exit " + std::to_string(result.exit_code) + "\nstdout:\n" + result.out +
-         "\nstderr:\n" + result.err;
-}
 
 struct RunMetrics {
   std::vector<MetricLine> train;

@@ -16,10 +16,6 @@ namespace {
 
 namespace fs = std::filesystem;
 
-std::string describe(const CommandResult& result) {
-  return "exit " + std::to_string(result.exit_code) + "\nstdout:\n" + result.out +
-         "\nstderr:\n" + result.err;
-}
 
 // A small synthetic classification run; `extra` is appended (more sections or keys).
 fs::path write_recipe(const TempDir& dir, const std::string& model, const std::string& extra = "") {

@@ -13,10 +13,6 @@
 namespace trainyard::testing {
 namespace {
 
-std::string describe(const CommandResult& result) {
-  return "exit " + std::to_string(result.exit_code) + "\nstdout:\n" + result.out +
-         "\nstderr:\n" + result.err;
-}
 
 std::string stream_plugin() { return (test_plugin_folder() / "libstream_dataset.so").string(); }
 

@@ -445,15 +445,19 @@ class MultiRankCheckpointTest : public ::testing::Test {
 
 TEST_F(MultiRankCheckpointTest, EveryRankWritesItsFileAndRankZeroTheSharedOneAndManifest) {
   ThreadAgreement agreement(3);
+  // Drawn before the threads start: the global generator is not for concurrent use.
+  std::vector<CheckpointState> states;
+  for (int rank = 0; rank < 3; ++rank) states.push_back(rank_state(rank));
   auto errors = on_ranks(3, [&](int rank) {
     CheckpointStore store(std::make_shared<RawBackend>(), "raw", dir_ / "c", 0,
                           agreement.peers(rank));
-    fs::path folder = store.save(4, rank_state(rank));
+    const CheckpointState& state = states[static_cast<std::size_t>(rank)];
+    fs::path folder = store.save(4, state);
     EXPECT_EQ(folder.filename(), "step-000000004");
     agreement.all_ok(true);  // every rank has returned from save before anyone loads
     CheckpointState loaded = store.load(folder);
-    expect_equal(loaded.local, rank_state(rank).local);
-    expect_equal(loaded.shared, rank_state(0).shared);
+    expect_equal(loaded.local, state.local);
+    expect_equal(loaded.shared, states[0].shared);
   });
   for (const auto& error : errors) EXPECT_EQ(error, "");
   CheckpointManifest manifest = read_manifest(dir_ / "c" / "step-000000004");
@@ -466,11 +470,13 @@ TEST_F(MultiRankCheckpointTest, EveryRankWritesItsFileAndRankZeroTheSharedOneAnd
 
 TEST_F(MultiRankCheckpointTest, OneRankFailingFailsEveryRankAndCommitsNothing) {
   ThreadAgreement agreement(3);
+  std::vector<CheckpointState> states;
+  for (int rank = 0; rank < 3; ++rank) states.push_back(rank_state(rank));
   auto errors = on_ranks(3, [&](int rank) {
     std::shared_ptr<CheckpointBackend> backend = rank == 1 ? std::make_shared<FailingBackend>()
                                                            : std::make_shared<RawBackend>();
     CheckpointStore store(backend, "raw", dir_ / "c", 0, agreement.peers(rank));
-    store.save(4, rank_state(rank));
+    store.save(4, states[static_cast<std::size_t>(rank)]);
   });
   EXPECT_HAS(errors[1], "no space left on device");
   EXPECT_HAS(errors[0], "checkpoint of step 4 not saved: another rank failed");
@@ -480,11 +486,13 @@ TEST_F(MultiRankCheckpointTest, OneRankFailingFailsEveryRankAndCommitsNothing) {
 
 TEST_F(MultiRankCheckpointTest, AsyncSavesCommitTogether) {
   ThreadAgreement agreement(2);
+  std::vector<CheckpointState> states;
+  for (int rank = 0; rank < 2; ++rank) states.push_back(rank_state(rank));
   auto errors = on_ranks(2, [&](int rank) {
     CheckpointStore store(std::make_shared<RawBackend>(), "raw", dir_ / "c", 2,
                           agreement.peers(rank));
     for (std::int64_t step = 1; step <= 3; ++step) {
-      store.save_async(step, rank_state(rank));  // commits the previous one first
+      store.save_async(step, states[static_cast<std::size_t>(rank)]);  // commits the previous one
     }
     auto last = store.commit_pending();
     ASSERT_TRUE(last);

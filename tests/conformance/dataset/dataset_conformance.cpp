@@ -307,8 +307,16 @@ TEST_P(DatasetConformance, StreamReadersAreDisjointAndComplete) {
         }
       }
       std::sort(together.begin(), together.end());
-      EXPECT_EQ(together.size(), reference.size()) << "readers overlap or miss samples";
-      EXPECT_TRUE(together == reference) << "the readers' samples are not the epoch's samples";
+      // Disjoint: no sample twice. Complete: every sample read is one of the epoch's, and at most
+      // the tail a rank count does not divide is left out (DistributedSampler's drop_last rule,
+      // which keeps the ranks' step counts equal).
+      EXPECT_TRUE(std::adjacent_find(together.begin(), together.end()) == together.end())
+          << "readers overlap";
+      EXPECT_TRUE(std::includes(reference.begin(), reference.end(), together.begin(), together.end()))
+          << "the readers' samples are not the epoch's samples";
+      EXPECT_LT(reference.size() - together.size(), static_cast<std::size_t>(world))
+          << "readers miss " << reference.size() - together.size()
+          << " samples, more than the tail the rank count does not divide";
     }
   }
 }
