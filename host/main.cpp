@@ -18,6 +18,7 @@
 #include "trainyard/recipe.hpp"
 #include "trainyard/registry.hpp"
 #include "trainyard/version.hpp"
+#include "launch.hpp"
 
 namespace po = boost::program_options;
 namespace fs = std::filesystem;
@@ -31,6 +32,7 @@ const char* kTopUsage = R"(usage: trainyard <command> [options]
 
 commands:
   run RECIPE        train from a recipe
+  launch -n N RECIPE  train with N processes on this machine (multi-process runs)
   validate RECIPE   check a recipe and print nothing on success
   plugins [KIND]    list the loaded plugins, their options and defaults
 
@@ -174,6 +176,7 @@ int dispatch(int argc, char** argv, Registry& registry) {
   if (command == "run") return command_run(args, false, registry);
   if (command == "validate") return command_run(args, true, registry);
   if (command == "plugins") return command_plugins(args, registry);
+  if (command == "launch") return command_launch(args);
   std::cerr << "trainyard: unknown command '" << command << "'\n" << kTopUsage;
   return kUsageError;
 }
