@@ -240,12 +240,13 @@ struct FailureMonitor::Peers {
   std::vector<Beat> last;
   std::vector<Clock::time_point> changed;
   std::optional<Clock::time_point> failure_seen;
+  std::optional<std::string> failure;  // the last failure read from the store
 };
 
 FailureMonitor::FailureMonitor(c10::intrusive_ptr<c10d::Store> store, int rank, int world_size,
-                               std::chrono::milliseconds timeout)
+                               std::chrono::milliseconds timeout, bool hosts_store)
     : store_(store->clone()), rank_(rank), world_size_(world_size), timeout_(timeout),
-      peers_(std::make_unique<Peers>()) {
+      hosts_store_(hosts_store), peers_(std::make_unique<Peers>()) {
   peers_->last.resize(static_cast<std::size_t>(world_size));
   peers_->changed.assign(static_cast<std::size_t>(world_size), Clock::now());
   beat();
@@ -265,12 +266,23 @@ void FailureMonitor::beat() {
 }
 
 void FailureMonitor::run() {
+  int store_errors = 0;
   while (!stop_) {
     try {
       beat();
       watch();
+      store_errors = 0;
     } catch (const std::exception&) {
-      // The store is gone (its host ended): the main thread learns of it from its collectives.
+      // A store client does not reconnect: twice in a row means its host (rank 0 or the
+      // launcher) has ended, and with it the job.
+      if (++store_errors >= 2 && !stop_) {
+        std::cerr << "trainyard: error: rank " << rank_ << ": stopping because "
+                  << peers_->failure.value_or(
+                         "the rendezvous store is unreachable (rank 0 or the launcher that "
+                         "hosts it has ended)")
+                  << std::endl;
+        std::_Exit(1);
+      }
     }
     std::this_thread::sleep_for(kBeatInterval);
   }
@@ -282,6 +294,7 @@ void FailureMonitor::watch() {
     std::string recorded = text_of(store_->get(kFailureKey));
     auto bar = recorded.find('|');
     int reporter = std::atoi(recorded.substr(0, bar).c_str());
+    peers_->failure = recorded.substr(bar + 1);
     if (reporter != rank_) {
       auto now = Clock::now();
       if (!peers_->failure_seen) peers_->failure_seen = now;
@@ -335,8 +348,9 @@ std::optional<std::string> FailureMonitor::failure() {
 }
 
 std::string FailureMonitor::diagnose() {
-  // A separate connection: the monitor thread keeps using its own.
-  auto store = store_->clone();
+  // The monitor's own connection (a TCPStore client serialises its operations): a new one would
+  // wait the whole timeout for a store that is gone.
+  auto& store = store_;
   auto read_failure = [&]() -> std::optional<std::string> {
     if (!store->check({kFailureKey})) return std::nullopt;
     std::string recorded = text_of(store->get(kFailureKey));
@@ -381,6 +395,11 @@ std::string FailureMonitor::diagnose() {
   }
 }
 
+void FailureMonitor::linger() {
+  // The other ranks' monitors read the failure from this process's store before it goes.
+  if (hosts_store_) std::this_thread::sleep_for(kStopGrace + std::chrono::seconds(1));
+}
+
 void FailureMonitor::finish() {
   finished_ = true;
   stop_ = true;
@@ -405,9 +424,11 @@ void rethrow_naming_failed_rank(FailureMonitor& monitor, int rank) {
     std::string cause = monitor.diagnose();
     if (cause.empty()) cause = "a peer failed (no rank could be identified)";
     monitor.report(cause + " (detected by " + me + ")");
+    monitor.linger();
     throw Error(me + ": a collective failed because " + cause + " [" + message + "]");
   }
   monitor.report(me + " failed: " + message);
+  monitor.linger();
   throw Error(me + ": " + message);
 }
 

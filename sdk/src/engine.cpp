@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cstdlib>
 #include <iostream>
 #include <thread>
 
@@ -221,8 +222,10 @@ Engine::Engine(Recipe recipe, const Registry& registry, RunControls controls)
           std::to_string(meet.local_world_size) + "), store " + meet.master_addr + ":" +
           std::to_string(meet.master_port) + ", comm " + plugin + ", " +
           std::to_string(at::get_num_threads()) + " threads on " + s.device.str());
+    const char* agent = std::getenv(kAgentStoreVariable);
+    const bool hosts_store = s.rank == 0 && !(agent && std::string(agent) == "True");
     s.monitor = std::make_unique<FailureMonitor>(s.communicator->store(), s.rank, s.world_size,
-                                                 s.rendezvous->timeout);
+                                                 s.rendezvous->timeout, hosts_store);
     build.rank = s.rank;
     build.world_size = s.world_size;
     build.communicator = s.communicator;

@@ -70,8 +70,9 @@ bool collective_failed();
 // when a peer's heartbeat stops for longer than the timeout (a dead or frozen process).
 class FailureMonitor {
  public:
+  // `hosts_store`: the store lives in this process (rank 0 started without a launcher).
   FailureMonitor(c10::intrusive_ptr<c10d::Store> store, int rank, int world_size,
-                 std::chrono::milliseconds timeout);
+                 std::chrono::milliseconds timeout, bool hosts_store);
   ~FailureMonitor();
   FailureMonitor(const FailureMonitor&) = delete;
   FailureMonitor& operator=(const FailureMonitor&) = delete;
@@ -84,6 +85,8 @@ class FailureMonitor {
   // Why a collective of this rank failed: the recorded failure, else the ranks whose heartbeat
   // stopped, else the live ranks that are not waiting in a collective. Empty when unknown.
   std::string diagnose();
+  // After a failure, keeps a store-hosting process alive long enough for the others to read it.
+  void linger();
   // This rank ended cleanly: peers stop watching it. Stops the heartbeat thread.
   void finish();
 
@@ -96,6 +99,7 @@ class FailureMonitor {
   int rank_;
   int world_size_;
   std::chrono::milliseconds timeout_;
+  bool hosts_store_;
   std::atomic<std::int64_t> step_{0};
   std::atomic<bool> stop_{false};
   std::atomic<bool> finished_{false};

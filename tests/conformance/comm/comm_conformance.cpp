@@ -120,8 +120,38 @@ TEST_P(CommConformance, CollectivesAndSubGroupsAcrossTwoRanks) {
   EXPECT_EQ(one.group_size, 1);
 }
 
+TEST_P(CommConformance, CollectivesOnOneRank) {
+  // A world of one runs wherever one device is: the path a single GPU can check.
+  const auto& help = trainyard::conformance::registry().info("comm", GetParam()).help;
+  c10::Device device(c10::kCPU);
+  if (help.find("CUDA") != std::string::npos) {
+    if (!at::hasCUDA() || at::getNumGPUs() < 1) {
+      GTEST_SKIP() << "comm '" << GetParam() << "' needs a CUDA device; none here";
+    }
+    device = c10::Device(c10::kCUDA, 0);
+  }
+  auto comm = trainyard::conformance::registry().create<Communicator>(
+      GetParam(), trainyard::conformance::section("comm"),
+      trainyard::conformance::classification_context());
+  Rendezvous meet;
+  trainyard::ListeningSocket probe = trainyard::listen_on("127.0.0.1", 0);
+  ::close(probe.fd);
+  meet.master_port = probe.port;
+  meet.timeout = std::chrono::seconds(60);
+  comm->connect(meet, device);
+  std::vector<at::Tensor> value{at::full({4}, 2.5, at::TensorOptions(device))};
+  comm->world()->allreduce(value)->wait();
+  EXPECT_EQ(value[0].cpu()[3].item<double>(), 2.5);
+  auto group = comm->new_group({0});
+  ASSERT_TRUE(group);
+  EXPECT_EQ(group->getSize(), 1);
+  std::vector<at::Tensor> root{at::full({2}, 4.0, at::TensorOptions(device))};
+  group->broadcast(root)->wait();
+  EXPECT_EQ(root[0].cpu()[1].item<double>(), 4.0);
+  comm->barrier();
+}
+
 TEST_P(CommConformance, StoreListensOnTheMasterAddressOnly) {
-  if (!device_for(0)) GTEST_SKIP() << "comm '" << GetParam() << "' needs CUDA devices; none here";
   // c10d's own server would listen on every interface; ours listens on 127.0.0.1 alone.
   Rendezvous meet;
   meet.master_addr = "127.0.0.1";
