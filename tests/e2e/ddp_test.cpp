@@ -93,21 +93,28 @@ int free_port() {
   return socket.port;
 }
 
-// Starts `ranks` processes of `trainyard run` by hand with the torchrun variables.
+// Starts `ranks` processes of `trainyard run` by hand with the torchrun variables (or, with
+// `slurm`, the ones Slurm sets).
 std::vector<CommandResult> run_by_hand(int ranks, const fs::path& recipe, const fs::path& out,
                                        const std::vector<std::string>& extra,
                                        const std::vector<std::string>& env = {},
-                                       int timeout_s = 300) {
+                                       int timeout_s = 300, bool slurm = false) {
   const int port = free_port();
   std::vector<std::future<CommandResult>> pending;
   for (int r = 0; r < ranks; ++r) {
     std::vector<std::string> variables = env;
-    for (const std::string& v :
-         {"RANK=" + std::to_string(r), "LOCAL_RANK=" + std::to_string(r),
-          "WORLD_SIZE=" + std::to_string(ranks), "LOCAL_WORLD_SIZE=" + std::to_string(ranks),
-          std::string("MASTER_ADDR=127.0.0.1"), "MASTER_PORT=" + std::to_string(port)}) {
-      variables.push_back(v);
-    }
+    std::vector<std::string> rendezvous =
+        slurm ? std::vector<std::string>{"SLURM_PROCID=" + std::to_string(r),
+                                         "SLURM_LOCALID=" + std::to_string(r),
+                                         "SLURM_NTASKS=" + std::to_string(ranks),
+                                         "SLURM_NTASKS_PER_NODE=" + std::to_string(ranks)}
+              : std::vector<std::string>{"RANK=" + std::to_string(r),
+                                         "LOCAL_RANK=" + std::to_string(r),
+                                         "WORLD_SIZE=" + std::to_string(ranks),
+                                         "LOCAL_WORLD_SIZE=" + std::to_string(ranks)};
+    rendezvous.push_back("MASTER_ADDR=127.0.0.1");
+    rendezvous.push_back("MASTER_PORT=" + std::to_string(port));
+    for (const std::string& v : rendezvous) variables.push_back(v);
     std::vector<std::string> argv = {host_binary().string(), "run"};
     auto args = host_args(recipe, out, extra);
     argv.insert(argv.end(), args.begin(), args.end());
@@ -206,6 +213,24 @@ TEST(DdpParity, AccumulationWithNoSyncMatchesLargeBatch) {
   expect_parity("cnn", 2, 8, {}, 3);
 }
 
+TEST(DdpRun, AccumulationSynchronisesOnlyTheLastMicroBatch) {
+  // One bucket (the default 25 MiB holds the whole mlp): one all-reduce per optimizer step,
+  // not one per micro-batch.
+  TempDir dir;
+  auto recipe = dir.write("recipe.toml", recipe_text("mlp"));
+  auto result = run_launch(2, recipe, dir / "out",
+                           {"--set", "strategy.plugin=ddp", "--set", "loader.batch_size=8",
+                            "--set", "run.grad_accumulation=4", "--set",
+                            "sinks.jsonl.enabled=true"});
+  ASSERT_EQ(result.exit_code, 0) << describe(result);
+  auto train = of_phase(read_metrics(dir / "out" / "metrics.rank1.jsonl"), "train");
+  ASSERT_FALSE(train.empty());
+  for (const auto& record : train) {
+    EXPECT_EQ(record.at("allreduces_per_step"), 1.0);
+    EXPECT_GE(record.at("comm_wait_ms"), 0.0);
+  }
+}
+
 TEST(DdpRun, RanksStartedByHandTrainAndReportGlobalEval) {
   TempDir dir;
   auto recipe = dir.write("recipe.toml", recipe_text("mlp"));
@@ -225,6 +250,20 @@ TEST(DdpRun, RanksStartedByHandTrainAndReportGlobalEval) {
   // Console metrics come from rank 0 only.
   EXPECT_HAS(results[0].out, "step 6/6");
   EXPECT_EQ(results[1].out.find("step 6/6"), std::string::npos) << results[1].out;
+}
+
+TEST(DdpRun, RanksStartedBySlurmVariablesTrain) {
+  TempDir dir;
+  auto recipe = dir.write("recipe.toml", recipe_text("mlp"));
+  auto results = run_by_hand(2, recipe, dir / "out",
+                             {"--set", "strategy.plugin=ddp", "--set", "loader.batch_size=16"},
+                             {}, 300, /*slurm=*/true);
+  for (int r = 0; r < 2; ++r) {
+    ASSERT_EQ(results[r].exit_code, 0) << describe(results[r]);
+    EXPECT_HAS(results[r].err, "trainyard: rank " + std::to_string(r) + " of 2 (local " +
+                                   std::to_string(r) + " of 2)");
+  }
+  EXPECT_TRUE(fs::exists(dir / "out" / "final.pt"));
 }
 
 TEST(DdpRun, SingleStrategyWithSeveralRanksIsRefused) {

@@ -47,8 +47,9 @@ trainyard="$build/bin/trainyard"
   --set run.output_dir="$work/ddp" >/dev/null)
 (cd "$work" && "$trainyard" launch -n 2 cnn.toml --set strategy.plugin=ddp \
   --set strategy.overlap=false --set run.output_dir="$work/ddp_no_overlap" >/dev/null)
-python_ms="$(cd "$work" && OMP_NUM_THREADS=1 "$here/.venv/bin/torchrun" --nproc-per-node 2 \
-  --master-addr 127.0.0.1 --master-port 0 "$here/tools/bench/ddp_bench.py" "$steps" 2>/dev/null |
+port="$("$here/.venv/bin/python" -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')"
+python_ms="$(cd "$work" && OMP_NUM_THREADS=1 timeout 600 "$here/.venv/bin/torchrun" --nproc-per-node 2 \
+  --master-addr 127.0.0.1 --master-port "$port" "$here/tools/bench/ddp_bench.py" "$steps" 2>/dev/null |
   awk '/python_ddp_step_ms/ {print $2}')"
 
 "$here/.venv/bin/python" - "$work" "$python_ms" <<'PY'

@@ -12,6 +12,7 @@
 
 #include <chrono>
 #include <map>
+#include <utility>
 
 #include "sync_batch_norm.hpp"
 #include "trainyard/communicator.hpp"
@@ -79,6 +80,8 @@ class GradientReducer {
   }
 
   std::size_t bucket_count() const { return buckets_.size(); }
+  // All-reduces launched since the last call (one per bucket per synchronised backward).
+  std::int64_t take_launch_count() { return std::exchange(launches_, 0); }
 
   // Clears gradients before a step: as views into the zeroed buckets, or unset.
   void zero_gradients() {
@@ -216,6 +219,7 @@ class GradientReducer {
     bucket.flat.div_(group_->getSize());
     std::vector<at::Tensor> tensors{bucket.flat};
     bucket.work = group_->allreduce(tensors);
+    ++launches_;
   }
 
   std::vector<at::Tensor> parameters_;
@@ -227,6 +231,7 @@ class GradientReducer {
   std::vector<bool> ready_;
   std::vector<std::shared_ptr<torch::autograd::Node>> accumulators_;
   std::size_t next_launch_ = 0;
+  std::int64_t launches_ = 0;
   bool synchronise_ = false;
 };
 
@@ -310,7 +315,11 @@ class Ddp final : public Strategy {
       loss_sum = loss_sum.defined() ? loss_sum + detached : detached;
       result.samples += batch.size;
     }
-    if (reducer_) result.metrics.emplace_back("comm_wait_ms", reducer_->finish());
+    if (reducer_) {
+      result.metrics.emplace_back("comm_wait_ms", reducer_->finish());
+      result.metrics.emplace_back("allreduces_per_step",
+                                  static_cast<double>(reducer_->take_launch_count()));
+    }
     // Gradients are identical on every rank from here, so the local norm is the global one and
     // every rank takes the same decisions (skip, clip) as a single process would.
     std::vector<torch::Tensor> gradients = gradients_of(parameters_);
