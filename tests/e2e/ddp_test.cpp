@@ -214,8 +214,8 @@ TEST(DdpParity, AccumulationWithNoSyncMatchesLargeBatch) {
 }
 
 TEST(DdpRun, AccumulationSynchronisesOnlyTheLastMicroBatch) {
-  // One bucket (the default 25 MiB holds the whole mlp): one all-reduce per optimizer step,
-  // not one per micro-batch.
+  // One bucket (the default sizes hold the whole small mlp): one all-reduce per optimizer
+  // step, not one per micro-batch.
   TempDir dir;
   auto recipe = dir.write("recipe.toml", recipe_text("mlp"));
   auto result = run_launch(2, recipe, dir / "out",

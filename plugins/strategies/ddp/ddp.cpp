@@ -10,6 +10,7 @@
 #include <torch/csrc/autograd/variable.h>
 #include <torch/optim/optimizer.h>
 
+#include <algorithm>
 #include <chrono>
 #include <map>
 #include <utility>
@@ -33,6 +34,7 @@ using Clock = std::chrono::steady_clock;
 
 struct DdpOptions {
   double bucket_cap_mb = 25;
+  double first_bucket_mb = 1;
   bool find_unused_parameters = false;
   bool gradient_as_bucket_view = false;
   bool overlap = true;
@@ -159,8 +161,11 @@ class GradientReducer {
 
  private:
   void assign_buckets() {
-    // Reverse registration order approximates the order backward produces gradients.
+    // Reverse registration order approximates the order backward produces gradients. The first
+    // bucket is small so that its all-reduce starts early in backward (as PyTorch's DDP does).
     const auto cap = static_cast<std::int64_t>(options_.bucket_cap_mb * 1024 * 1024);
+    const auto first_cap = static_cast<std::int64_t>(
+        std::min(options_.first_bucket_mb, options_.bucket_cap_mb) * 1024 * 1024);
     std::map<std::pair<at::ScalarType, std::string>, std::size_t> open;
     for (std::size_t k = parameters_.size(); k-- > 0;) {
       const at::Tensor& parameter = parameters_[k];
@@ -177,7 +182,8 @@ class GradientReducer {
       bucket.parameters.push_back(k);
       bucket.offsets.push_back(used);
       used += parameter.numel();
-      if (used * parameter.element_size() >= cap) open.erase(it);
+      const std::int64_t limit = it->second == 0 ? first_cap : cap;
+      if (used * parameter.element_size() >= limit) open.erase(it);
     }
     for (auto& bucket : buckets_) {
       const at::Tensor& last = parameters_[bucket.parameters.back()];
@@ -239,12 +245,14 @@ class Ddp final : public Strategy {
  public:
   explicit Ddp(const Config& config) {
     options_.bucket_cap_mb = config.get_float("bucket_cap_mb");
+    options_.first_bucket_mb = config.get_float("first_bucket_mb");
     options_.find_unused_parameters = config.get_bool("find_unused_parameters");
     options_.gradient_as_bucket_view = config.get_bool("gradient_as_bucket_view");
     options_.overlap = config.get_bool("overlap");
     options_.broadcast_buffers = config.get_bool("broadcast_buffers");
     options_.sync_batchnorm = config.get_bool("sync_batchnorm");
     if (options_.bucket_cap_mb <= 0) config.fail("bucket_cap_mb", "must be > 0");
+    if (options_.first_bucket_mb <= 0) config.fail("first_bucket_mb", "must be > 0");
   }
 
   void setup(StrategyContext& context) override {
@@ -410,6 +418,8 @@ void register_components(Registry& registry) {
   registry.add<Strategy>(
       "ddp",
       {option("bucket_cap_mb", 25.0, "gradient bucket size in MiB (one all-reduce per bucket)"),
+       option("first_bucket_mb", 1.0,
+              "size of the first bucket (the last layers), small so its all-reduce starts early"),
        option("find_unused_parameters", false,
               "parameters without a gradient in a step count as ready (zero) instead of an error"),
        option("gradient_as_bucket_view", false,
