@@ -32,7 +32,7 @@ const char* kTopUsage = R"(usage: trainyard <command> [options]
 
 commands:
   run RECIPE        train from a recipe
-  launch -n N RECIPE  train with N processes on this machine (multi-process runs)
+  launch RECIPE     train with several processes (see trainyard launch --help)
   validate RECIPE   check a recipe and print nothing on success
   plugins [KIND]    list the loaded plugins, their options and defaults
 
