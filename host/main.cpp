@@ -15,6 +15,7 @@
 #include "checkpoint_command.hpp"
 #include "cli.hpp"
 #include "doctor.hpp"
+#include "launch.hpp"
 #include "trainyard/engine.hpp"
 #include "trainyard/error.hpp"
 #include "trainyard/plugin_loader.hpp"
@@ -32,6 +33,7 @@ const char* kTopUsage = R"(usage: trainyard <command> [options]
 
 commands:
   run RECIPE        train from a recipe
+  launch RECIPE     train with several processes (see trainyard launch --help)
   validate RECIPE   check a recipe and print nothing on success
   plugins [KIND]    list the loaded plugins, their options and defaults
   doctor [RECIPE]   check LibTorch, threads, plugins, devices (and what RECIPE needs)
@@ -133,6 +135,7 @@ int dispatch(int argc, char** argv, Registry& registry) {
   if (command == "plugins") return command_plugins(args, registry);
   if (command == "checkpoint") return command_checkpoint(args, registry);
   if (command == "doctor") return command_doctor(args, registry);
+  if (command == "launch") return command_launch(args);
   std::cerr << "trainyard: unknown command '" << command << "'\n" << kTopUsage;
   return kUsageError;
 }

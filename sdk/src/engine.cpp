@@ -6,11 +6,14 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cstdlib>
 #include <iostream>
 #include <thread>
 
 #include "trainyard/checkpoint.hpp"
 #include "trainyard/checkpoint_store.hpp"
+#include "trainyard/communicator.hpp"
+#include "trainyard/distributed.hpp"
 #include "trainyard/dataset.hpp"
 #include "trainyard/device.hpp"
 #include "trainyard/error.hpp"
@@ -99,10 +102,20 @@ struct Engine::State {
   std::shared_ptr<Strategy> strategy;
   std::shared_ptr<CheckpointBackend> checkpoint_backend;
   std::unique_ptr<CheckpointStore> checkpoints;
+  // The ranks' agreement on checkpoint decisions (null in a single process).
+  std::function<bool(bool)> checkpoint_agree;
   std::vector<std::shared_ptr<MetricsSink>> sinks;
   std::unique_ptr<Loader> train_loader;
   std::string eval_split;  // empty: no evaluation
   StrategyContext context;
+
+  // Multi-process runs only (WORLD_SIZE > 1).
+  std::optional<Rendezvous> rendezvous;
+  std::shared_ptr<Communicator> communicator;
+  std::unique_ptr<FailureMonitor> monitor;
+  int rank = 0;
+  int world_size = 1;
+  std::map<std::string, double> interval_metrics;  // sums of StepResult::metrics
 
   std::int64_t accumulation = 1;
   std::int64_t epochs = 1;
@@ -154,8 +167,21 @@ Engine::Engine(Recipe recipe, const Registry& registry, RunControls controls)
   s.loader_options = s.recipe.section("loader");
   const Config& run = s.run_options;
 
+  s.rendezvous = rendezvous_from_environment();
+  if (s.rendezvous && s.rendezvous->world_size > 1) {
+    s.rank = s.rendezvous->rank;
+    s.world_size = s.rendezvous->world_size;
+  } else {
+    s.rendezvous.reset();
+  }
+
   std::int64_t threads = run.get_int("threads");
   if (threads < 0) run.fail("threads", "must be >= 0, got " + std::to_string(threads));
+  if (threads == 0 && s.rendezvous && s.rendezvous->local_world_size > 1) {
+    // Ranks on one machine share its cores.
+    const auto cores = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+    threads = std::max(1, cores / s.rendezvous->local_world_size);
+  }
   if (threads > 0) at::set_num_threads(static_cast<int>(threads));
 
   const auto seed = static_cast<std::uint64_t>(run.get_int("seed"));
@@ -171,6 +197,8 @@ Engine::Engine(Recipe recipe, const Registry& registry, RunControls controls)
   s.output_dir = output.empty() ? fs::path("runs") / s.recipe.name() : run.get_path("output_dir");
 
   s.device_choice = parse_device(run, registry);
+  // Each rank of a machine drives its own GPU.
+  if (s.rendezvous && s.device_choice.backend == "cuda") s.device_choice.index = s.rendezvous->local_rank;
   BuildContext build;
   build.seed = seed;
   build.recipe_dir = s.recipe.path.parent_path();
@@ -187,6 +215,38 @@ Engine::Engine(Recipe recipe, const Registry& registry, RunControls controls)
   }
   s.device = s.device_backend->device(s.device_choice.index);
   build.device = s.device;
+
+  if (s.rendezvous) {
+    Config strategy_section = s.recipe.section("strategy");
+    if (strategy_section.get_string("plugin") == "single") {
+      throw Error("strategy 'single' runs one process, but this is rank " + std::to_string(s.rank) +
+                  " of " + std::to_string(s.world_size) +
+                  " (WORLD_SIZE); use [strategy] plugin = \"ddp\", or start one process");
+    }
+    Config comm = s.recipe.section("comm");
+    const std::int64_t timeout_s = comm.has("timeout_s") ? comm.get_int("timeout_s") : 300;
+    if (timeout_s < 1) comm.fail("timeout_s", "must be >= 1");
+    s.rendezvous->timeout = std::chrono::seconds(timeout_s);
+    const std::string plugin = comm.has("plugin") ? comm.get_string("plugin")
+                               : s.device.is_cuda()  ? "nccl"
+                                                     : "gloo";
+    s.communicator = registry.create<Communicator>(
+        plugin, without_runtime_keys(comm, comm_options()), build);
+    s.communicator->connect(*s.rendezvous, s.device);
+    const Rendezvous& meet = *s.rendezvous;
+    s.log("trainyard: rank " + std::to_string(meet.rank) + " of " + std::to_string(meet.world_size) +
+          " (local " + std::to_string(meet.local_rank) + " of " +
+          std::to_string(meet.local_world_size) + "), store " + meet.master_addr + ":" +
+          std::to_string(meet.master_port) + ", comm " + plugin + ", " +
+          std::to_string(at::get_num_threads()) + " threads on " + s.device.str());
+    const char* agent = std::getenv(kAgentStoreVariable);
+    const bool hosts_store = s.rank == 0 && !(agent && std::string(agent) == "True");
+    s.monitor = std::make_unique<FailureMonitor>(s.communicator->store(), s.rank, s.world_size,
+                                                 s.rendezvous->timeout, hosts_store);
+    build.rank = s.rank;
+    build.world_size = s.world_size;
+    build.communicator = s.communicator;
+  }
 
   // Every random stream starts from the recipe's seed, before anything draws from it.
   at::manual_seed(seed);
@@ -217,6 +277,7 @@ Engine::Engine(Recipe recipe, const Registry& registry, RunControls controls)
   s.context.optimizer = s.optimizer;
   s.context.precision = s.precision;
   s.context.device_backend = s.device_backend;
+  s.context.communicator = s.communicator;
   s.context.build = build;
   s.context.step.accumulation = s.accumulation;
   s.context.step.max_grad_norm = max_grad_norm;
@@ -226,7 +287,15 @@ Engine::Engine(Recipe recipe, const Registry& registry, RunControls controls)
   } catch (const Error& error) {
     run.fail("activation_checkpointing", error.what());
   }
-  s.strategy->setup(s.context);
+  if (s.monitor) {
+    try {
+      s.strategy->setup(s.context);
+    } catch (...) {
+      rethrow_naming_failed_rank(*s.monitor, s.rank);
+    }
+  } else {
+    s.strategy->setup(s.context);
+  }
 
   const Config& loader = s.loader_options;
   const std::string train_split = loader.get_string("train_split");
@@ -295,8 +364,23 @@ Engine::Engine(Recipe recipe, const Registry& registry, RunControls controls)
     if (keep < 0) section.fail("keep", "must be >= 0");
     if (section.get_int("every_steps") < 0) section.fail("every_steps", "must be >= 0");
     if (section.get_float("every_seconds") < 0) section.fail("every_seconds", "must be >= 0");
+    CheckpointPeers peers{s.rank, s.world_size, {}};
+    if (s.communicator) {
+      // The ranks agree through a MIN all-reduce of a flag on the world group.
+      auto communicator = s.communicator;
+      const torch::Device device = s.device;
+      peers.all_ok = [communicator, device](bool ok) {
+        std::vector<at::Tensor> flag{at::full({1}, ok ? 1 : 0, at::TensorOptions(at::kInt)).to(device)};
+        c10d::AllreduceOptions options;
+        options.reduceOp = c10d::ReduceOp::MIN;
+        CollectiveWait wait;
+        communicator->world()->allreduce(flag, options)->wait();
+        return flag[0].item<int>() == 1;
+      };
+    }
+    s.checkpoint_agree = peers.all_ok;
     s.checkpoints = std::make_unique<CheckpointStore>(s.checkpoint_backend, plugin_of(section),
-                                                      folder, static_cast<int>(keep));
+                                                      folder, static_cast<int>(keep), peers);
   }
 
   Config sinks = s.recipe.section("sinks");
@@ -347,10 +431,25 @@ StepResult Engine::train_one_step(std::span<const Batch> micro_batches) {
   ++s.interval_steps;
   s.interval_samples += result.samples;
   if (result.skipped) ++s.interval_skipped;
+  for (const auto& [name, value] : result.metrics) s.interval_metrics[name] += value;
   return result;
 }
 
 RunSummary Engine::run() {
+  State& s = *state_;
+  if (!s.monitor) return run_steps();
+  try {
+    RunSummary summary = run_steps();
+    // Rank 0 may host the store: every rank leaves together, after the others stop watching it.
+    s.monitor->finish();
+    s.communicator->barrier();
+    return summary;
+  } catch (...) {
+    rethrow_naming_failed_rank(*s.monitor, s.rank);
+  }
+}
+
+RunSummary Engine::run_steps() {
   State& s = *state_;
   RunSummary summary;
   std::int64_t epoch = 0;
@@ -398,6 +497,8 @@ RunSummary Engine::run() {
   info.steps_per_epoch = s.steps_per_epoch;
   info.epochs = s.epochs;
   info.output_dir = s.output_dir.string();
+  info.rank = s.rank;
+  info.world_size = s.world_size;
   for (auto& sink : s.sinks) sink->begin(info);
 
   const bool checkpoint_async =
@@ -465,6 +566,10 @@ RunSummary Engine::run() {
     if (s.last_grad_norm.defined()) record.values.emplace_back("grad_norm", s.last_grad_norm.item<double>());
     if (s.interval_skipped > 0) record.values.emplace_back("skipped_steps", static_cast<double>(s.interval_skipped));
     for (const auto& metric : s.precision->metrics()) record.values.push_back(metric);
+    for (const auto& [name, sum] : s.interval_metrics) {
+      record.values.emplace_back(name, sum / static_cast<double>(s.interval_steps));
+    }
+    s.interval_metrics.clear();
     s.emit(record);
     s.interval_loss = at::Tensor();
     s.interval_steps = 0;
@@ -503,17 +608,37 @@ RunSummary Engine::run() {
       samples += result.samples;
       ++batches;
     }
+    // Every rank reports the metric of the whole split: the sums are added up across ranks, and
+    // divided by how many ranks read each data-parallel slice.
+    std::vector<double> totals;
+    totals.push_back(loss_sum.defined() ? loss_sum.item<double>() : 0.0);
+    for (const auto& [name, value] : sums) totals.push_back(value.item<double>());
+    totals.push_back(static_cast<double>(samples));
+    if (s.communicator) {
+      std::vector<at::Tensor> buffer{
+          at::tensor(totals, at::TensorOptions(at::kDouble)).to(s.device)};
+      {
+        CollectiveWait wait;
+        s.communicator->world()->allreduce(buffer)->wait();
+      }
+      const double copies = static_cast<double>(s.world_size) /
+                            static_cast<double>(s.strategy->data_parallel_place().size);
+      at::Tensor reduced = (buffer[0] / copies).cpu();
+      for (std::size_t i = 0; i < totals.size(); ++i) {
+        totals[i] = reduced[static_cast<std::int64_t>(i)].item<double>();
+      }
+    }
     MetricRecord record;
     record.phase = "eval";
     record.step = s.step;
     record.epoch = at_epoch;
     record.elapsed_s = s.elapsed();
-    const double count = static_cast<double>(std::max<std::int64_t>(samples, 1));
-    if (loss_sum.defined()) record.values.emplace_back("loss", loss_sum.item<double>() / count);
-    for (const auto& [name, value] : sums) {
-      record.values.emplace_back(name, value.item<double>() / count);
-    }
-    record.values.emplace_back("samples", static_cast<double>(samples));
+    const double global_samples = totals.back();
+    const double count = std::max(global_samples, 1.0);
+    if (loss_sum.defined() || s.communicator) record.values.emplace_back("loss", totals[0] / count);
+    std::size_t index = 1;
+    for (const auto& [name, value] : sums) record.values.emplace_back(name, totals[index++] / count);
+    record.values.emplace_back("samples", global_samples);
     summary.eval.clear();
     for (const auto& [name, value] : record.values) summary.eval[name] = value;
     s.emit(record);
@@ -530,18 +655,27 @@ RunSummary Engine::run() {
     while (s.step < s.total_steps) {
       std::vector<Batch> micro = next_micro_batches();
       if (micro.empty()) break;
+      if (s.monitor) {
+        test_failure_hook(s.rank, s.step);
+        s.monitor->set_step(s.step);
+      }
       train_one_step(micro);
       const bool log_boundary = s.step % s.log_every == 0;
       if (log_boundary) flush_train_metrics(epoch);
       // A background save is committed as soon as it is written, and at the latest at the next
       // logging boundary, so a crash loses at most one interval of saved work.
+      // Ranks commit together, so with several only at the boundary every rank reaches.
       if (s.checkpoints && s.checkpoints->has_pending() &&
-          (log_boundary || s.checkpoints->pending_written())) {
+          (log_boundary || (s.world_size == 1 && s.checkpoints->pending_written()))) {
         commit_pending_save();
       }
-      const bool time_is_up =
+      bool time_is_up =
           every_seconds > 0 && log_boundary &&
           std::chrono::duration<double>(Clock::now() - last_save).count() >= every_seconds;
+      // Clocks differ between ranks: they save when every one of them finds the time up.
+      if (every_seconds > 0 && log_boundary && s.checkpoint_agree) {
+        time_is_up = s.checkpoint_agree(time_is_up);
+      }
       if (((every_steps > 0 && s.step % every_steps == 0) || time_is_up) &&
           s.step < s.total_steps) {
         save(epoch, s.train_loader->position());
@@ -568,6 +702,17 @@ RunSummary Engine::run() {
   }
 
   commit_pending_save();
+  if (std::string file = s.run_options.get_string("final_model_file"); !file.empty() && s.rank == 0) {
+    CheckpointState state;
+    s.strategy->save_state(state);
+    TensorMap model;
+    const std::string prefix = "model.";
+    for (const auto& [name, tensor] : state.shared.tensors) {
+      if (name.rfind(prefix, 0) == 0) model[name.substr(prefix.size())] = tensor;
+    }
+    write_tensor_file(s.run_options.get_path("final_model_file"), model);
+  }
+
   summary.steps = s.step;
   summary.wall_s = std::chrono::duration<double>(Clock::now() - run_started).count();
   const std::int64_t steps_run = s.step - first_step;

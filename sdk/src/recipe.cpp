@@ -308,6 +308,8 @@ const OptionSpecs& run_options() {
       option("activation_checkpointing", "none",
              "blocks recomputed in backward: none, all, every:K, blocks:NAME,NAME..."),
       option("output_dir", "", "where the run writes (default: runs/<recipe name>)"),
+      option("final_model_file", "",
+             "rank 0 writes the model's parameters and buffers here at the end (a pickled dict)"),
   };
   return specs;
 }
@@ -342,6 +344,14 @@ const OptionSpecs& checkpoint_policy_options() {
   return specs;
 }
 
+const OptionSpecs& comm_options() {
+  static const OptionSpecs specs = {
+      option("timeout_s", 300, "seconds a collective or the rendezvous may take before the job "
+                               "fails, naming the rank that stopped"),
+  };
+  return specs;
+}
+
 const OptionSpecs& sink_common_options() {
   static const OptionSpecs specs = {
       option("enabled", true, "write to this sink"),
@@ -355,6 +365,7 @@ const std::vector<PluginSection>& plugin_sections() {
       {"optimizer", "optimizer", "", false},     {"scheduler", "scheduler", "constant", true},
       {"precision", "precision", "fp32", true},  {"strategy", "strategy", "single", true},
       {"checkpoint", "checkpoint", "torch", true},
+      {"comm", "comm", "", true},
   };
   return sections;
 }
@@ -417,8 +428,14 @@ Recipe resolve_recipe(const Recipe& recipe, const Registry& registry) {
       }
       continue;
     }
-    const OptionSpecs& runtime =
-        section.section == "checkpoint" ? checkpoint_policy_options() : OptionSpecs{};
+    if (section.section == "comm" && !require_table(root, "comm").has("plugin")) {
+      // No plugin named: the engine picks gloo on the CPU and nccl on CUDA.
+      put("comm", validate_section(require_table(root, "comm"), comm_options(), {}));
+      continue;
+    }
+    const OptionSpecs& runtime = section.section == "checkpoint" ? checkpoint_policy_options()
+                                 : section.section == "comm"     ? comm_options()
+                                                                 : OptionSpecs{};
     put(section.section, resolve_plugin_section(require_table(root, section.section),
                                                 section.kind, section.default_plugin, runtime,
                                                 registry));

@@ -2,6 +2,7 @@
 // Communication backends: process groups over PyTorch's c10d.
 
 #include <torch/csrc/distributed/c10d/Backend.hpp>
+#include <torch/csrc/distributed/c10d/Store.hpp>
 
 #include <chrono>
 #include <string>
@@ -25,7 +26,8 @@ struct Rendezvous {
 // A communicator plugin ("gloo", "nccl"). connect() joins the job through a c10d TCPStore; the
 // world group and any sub-group are c10d backends, so collectives are PyTorch's own. Creating a
 // sub-group is collective: every rank calls new_group with the same ranks in the same order.
-// Every collective ends within the rendezvous timeout with an Error when a peer has died.
+// Every collective ends within the rendezvous timeout with an Error when a peer has died. A rank
+// that is not in a sub-group gets a null backend from new_group.
 class Communicator : public Component {
  public:
   static constexpr const char* kKind = "comm";
@@ -35,6 +37,8 @@ class Communicator : public Component {
   virtual c10::intrusive_ptr<c10d::Backend> world() = 0;
   virtual c10::intrusive_ptr<c10d::Backend> new_group(const std::vector<int>& ranks) = 0;
   virtual void barrier() = 0;
+  // The rendezvous store (the runtime keeps its failure records and heartbeats there).
+  virtual c10::intrusive_ptr<c10d::Store> store() = 0;
 };
 
 }  // namespace trainyard

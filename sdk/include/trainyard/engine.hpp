@@ -63,6 +63,7 @@ class Engine {
   std::int64_t step() const;
 
  private:
+  RunSummary run_steps();
   struct State;
   std::unique_ptr<State> state_;
 };

@@ -47,6 +47,7 @@ const OptionSpecs& run_options();
 const OptionSpecs& loader_options();
 const OptionSpecs& checkpoint_policy_options();
 const OptionSpecs& sink_common_options();
+const OptionSpecs& comm_options();
 
 // The plugin sections and the plugin each defaults to ("" = the section is required).
 struct PluginSection {

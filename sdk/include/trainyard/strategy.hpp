@@ -7,6 +7,8 @@
 #include <memory>
 #include <span>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "trainyard/activation_checkpoint.hpp"
 #include "trainyard/batch.hpp"
@@ -54,6 +56,8 @@ struct StepResult {
   torch::Tensor grad_norm;  // before clipping; undefined when not computed
   std::int64_t samples = 0;
   bool skipped = false;     // the optimizer step was skipped (non-finite gradients)
+  // Host-side figures of this step (such as comm_wait_ms); the engine logs their interval mean.
+  std::vector<std::pair<std::string, double>> metrics;
 };
 
 struct EvalResult {

@@ -1,0 +1,440 @@
+// Distributed data parallel: every rank holds the whole model and trains on its own slice of
+// each global batch; gradients are averaged across ranks by bucketed all-reduces that autograd
+// hooks launch as soon as a bucket's gradients are ready, so communication overlaps the rest of
+// backward. The same mechanism as PyTorch's DDP Reducer, on the communicator's c10d backend.
+
+#include <ATen/ATen.h>
+#include <ATen/core/grad_mode.h>
+#include <torch/csrc/autograd/function.h>
+#include <torch/csrc/autograd/utils/lambda_post_hook.h>
+#include <torch/csrc/autograd/variable.h>
+#include <torch/optim/optimizer.h>
+
+#include <algorithm>
+#include <chrono>
+#include <map>
+#include <utility>
+
+#include "sync_batch_norm.hpp"
+#include "trainyard/communicator.hpp"
+#include "trainyard/distributed.hpp"
+#include "trainyard/error.hpp"
+#include "trainyard/gradients.hpp"
+#include "trainyard/model.hpp"
+#include "trainyard/module_state.hpp"
+#include "trainyard/optimizer.hpp"
+#include "trainyard/plugin.hpp"
+#include "trainyard/precision.hpp"
+#include "trainyard/strategy.hpp"
+
+namespace trainyard {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+struct DdpOptions {
+  double bucket_cap_mb = 25;
+  double first_bucket_mb = 1;
+  bool find_unused_parameters = false;
+  bool gradient_as_bucket_view = false;
+  bool overlap = true;
+  bool broadcast_buffers = true;
+  bool sync_batchnorm = false;
+};
+
+// Gradients of several parameters laid out in one flat tensor, all-reduced as one.
+struct GradientBucket {
+  std::vector<std::size_t> parameters;  // indices into the strategy's parameter list
+  std::vector<std::int64_t> offsets;
+  at::Tensor flat;
+  std::size_t pending = 0;              // parameters not yet ready in this backward
+  c10::intrusive_ptr<c10d::Work> work;  // the in-flight all-reduce
+};
+
+// Averages gradients across the ranks of `group` (see the file comment). One instance per
+// model; prepare() before each backward whose gradients must be synchronised, finish() after it.
+class GradientReducer {
+ public:
+  GradientReducer(std::vector<at::Tensor> parameters, std::vector<std::string> names,
+                  c10::intrusive_ptr<c10d::Backend> group, const DdpOptions& options)
+      : parameters_(std::move(parameters)), names_(std::move(names)), group_(std::move(group)),
+        options_(options) {
+    assign_buckets();
+    bucket_of_.assign(parameters_.size(), {0, 0});
+    for (std::size_t b = 0; b < buckets_.size(); ++b) {
+      for (std::size_t i = 0; i < buckets_[b].parameters.size(); ++i) {
+        bucket_of_[buckets_[b].parameters[i]] = {b, i};
+      }
+    }
+    ready_.assign(parameters_.size(), false);
+    for (std::size_t index = 0; index < parameters_.size(); ++index) {
+      // The accumulator is the autograd node that adds a backward's gradient into .grad; its
+      // post hook runs once the parameter's gradient of this backward is complete.
+      auto accumulator = torch::autograd::impl::grad_accumulator(parameters_[index]);
+      accumulator->add_post_hook(std::make_unique<torch::autograd::utils::LambdaPostHook>(
+          [this, index](const torch::autograd::variable_list& outputs,
+                        const torch::autograd::variable_list&) {
+            on_gradient_ready(index);
+            return outputs;
+          }));
+      accumulators_.push_back(std::move(accumulator));
+    }
+  }
+
+  std::size_t bucket_count() const { return buckets_.size(); }
+  // All-reduces launched since the last call (one per bucket per synchronised backward).
+  std::int64_t take_launch_count() { return std::exchange(launches_, 0); }
+
+  // Clears gradients before a step: as views into the zeroed buckets, or unset.
+  void zero_gradients() {
+    if (!options_.gradient_as_bucket_view) {
+      for (auto& parameter : parameters_) parameter.mutable_grad() = at::Tensor();
+      return;
+    }
+    for (auto& bucket : buckets_) {
+      bucket.flat.zero_();
+      for (std::size_t i = 0; i < bucket.parameters.size(); ++i) {
+        at::Tensor& parameter = parameters_[bucket.parameters[i]];
+        parameter.mutable_grad() = view_of(bucket, i);
+      }
+    }
+  }
+
+  // The next backward synchronises (the last micro-batch) or only accumulates (no_sync).
+  void prepare(bool synchronise) {
+    synchronise_ = synchronise;
+    if (!synchronise) return;
+    for (auto& bucket : buckets_) {
+      bucket.pending = bucket.parameters.size();
+      bucket.work.reset();
+    }
+    std::fill(ready_.begin(), ready_.end(), false);
+    next_launch_ = 0;
+  }
+
+  // After the synchronising backward: completes buckets of parameters that got no gradient,
+  // launches what is left, waits for every all-reduce and leaves the averaged gradients in
+  // .grad. Returns the milliseconds spent waiting on communication.
+  double finish() {
+    if (!synchronise_) return 0;
+    std::vector<std::string> missing;
+    for (std::size_t index = 0; index < parameters_.size(); ++index) {
+      if (ready_[index]) continue;
+      if (!options_.find_unused_parameters) {
+        missing.push_back(names_[index]);
+        continue;
+      }
+      on_gradient_ready(index);
+    }
+    if (!missing.empty()) {
+      std::string list;
+      for (const auto& name : missing) list += (list.empty() ? "" : ", ") + name;
+      throw Error("ddp: parameters got no gradient in this step (" + list +
+                  "); set strategy.find_unused_parameters = true");
+    }
+    if (!options_.overlap) {
+      for (std::size_t b = 0; b < buckets_.size(); ++b) launch(b);
+    }
+    const auto start = Clock::now();
+    {
+      CollectiveWait wait;
+      for (auto& bucket : buckets_) {
+        if (bucket.work) bucket.work->wait();
+      }
+    }
+    const double wait_ms = std::chrono::duration<double, std::milli>(Clock::now() - start).count();
+    for (auto& bucket : buckets_) {
+      bucket.work.reset();
+      if (options_.gradient_as_bucket_view) continue;
+      for (std::size_t i = 0; i < bucket.parameters.size(); ++i) {
+        at::Tensor& parameter = parameters_[bucket.parameters[i]];
+        at::Tensor averaged = view_of(bucket, i);
+        if (parameter.grad().defined()) {
+          parameter.mutable_grad().copy_(averaged);
+        } else {
+          parameter.mutable_grad() = averaged.clone();
+        }
+      }
+    }
+    return wait_ms;
+  }
+
+ private:
+  void assign_buckets() {
+    // Reverse registration order approximates the order backward produces gradients. The first
+    // bucket is small so that its all-reduce starts early in backward (as PyTorch's DDP does).
+    const auto cap = static_cast<std::int64_t>(options_.bucket_cap_mb * 1024 * 1024);
+    const auto first_cap = static_cast<std::int64_t>(
+        std::min(options_.first_bucket_mb, options_.bucket_cap_mb) * 1024 * 1024);
+    std::map<std::pair<at::ScalarType, std::string>, std::size_t> open;
+    for (std::size_t k = parameters_.size(); k-- > 0;) {
+      const at::Tensor& parameter = parameters_[k];
+      auto key = std::make_pair(parameter.scalar_type(), parameter.device().str());
+      auto it = open.find(key);
+      if (it == open.end()) {
+        buckets_.emplace_back();
+        it = open.emplace(key, buckets_.size() - 1).first;
+      }
+      GradientBucket& bucket = buckets_[it->second];
+      std::int64_t used = bucket.offsets.empty()
+                              ? 0
+                              : bucket.offsets.back() + parameters_[bucket.parameters.back()].numel();
+      bucket.parameters.push_back(k);
+      bucket.offsets.push_back(used);
+      used += parameter.numel();
+      const std::int64_t limit = it->second == 0 ? first_cap : cap;
+      if (used * parameter.element_size() >= limit) open.erase(it);
+    }
+    for (auto& bucket : buckets_) {
+      const at::Tensor& last = parameters_[bucket.parameters.back()];
+      bucket.flat = at::zeros({bucket.offsets.back() + last.numel()}, last.options());
+    }
+  }
+
+  at::Tensor view_of(GradientBucket& bucket, std::size_t i) {
+    const at::Tensor& parameter = parameters_[bucket.parameters[i]];
+    return bucket.flat.narrow(0, bucket.offsets[i], parameter.numel()).view(parameter.sizes());
+  }
+
+  void on_gradient_ready(std::size_t index) {
+    if (!synchronise_ || ready_[index]) return;
+    ready_[index] = true;
+    auto [b, i] = bucket_of_[index];
+    GradientBucket& bucket = buckets_[b];
+    if (!options_.gradient_as_bucket_view) {
+      at::NoGradGuard no_grad;
+      at::Tensor slot = view_of(bucket, i);
+      const at::Tensor& gradient = parameters_[index].grad();
+      if (gradient.defined()) {
+        slot.copy_(gradient);
+      } else {
+        slot.zero_();
+      }
+    }
+    if (--bucket.pending == 0 && options_.overlap) {
+      // Every rank launches buckets in the same order, whatever order they complete in.
+      while (next_launch_ < buckets_.size() && buckets_[next_launch_].pending == 0) {
+        launch(next_launch_++);
+      }
+    }
+  }
+
+  void launch(std::size_t b) {
+    GradientBucket& bucket = buckets_[b];
+    at::NoGradGuard no_grad;
+    bucket.flat.div_(group_->getSize());
+    std::vector<at::Tensor> tensors{bucket.flat};
+    bucket.work = group_->allreduce(tensors);
+    ++launches_;
+  }
+
+  std::vector<at::Tensor> parameters_;
+  std::vector<std::string> names_;
+  c10::intrusive_ptr<c10d::Backend> group_;
+  DdpOptions options_;
+  std::vector<GradientBucket> buckets_;
+  std::vector<std::pair<std::size_t, std::size_t>> bucket_of_;
+  std::vector<bool> ready_;
+  std::vector<std::shared_ptr<torch::autograd::Node>> accumulators_;
+  std::size_t next_launch_ = 0;
+  std::int64_t launches_ = 0;
+  bool synchronise_ = false;
+};
+
+class Ddp final : public Strategy {
+ public:
+  explicit Ddp(const Config& config) {
+    options_.bucket_cap_mb = config.get_float("bucket_cap_mb");
+    options_.first_bucket_mb = config.get_float("first_bucket_mb");
+    options_.find_unused_parameters = config.get_bool("find_unused_parameters");
+    options_.gradient_as_bucket_view = config.get_bool("gradient_as_bucket_view");
+    options_.overlap = config.get_bool("overlap");
+    options_.broadcast_buffers = config.get_bool("broadcast_buffers");
+    options_.sync_batchnorm = config.get_bool("sync_batchnorm");
+    if (options_.bucket_cap_mb <= 0) config.fail("bucket_cap_mb", "must be > 0");
+    if (options_.first_bucket_mb <= 0) config.fail("first_bucket_mb", "must be > 0");
+  }
+
+  void setup(StrategyContext& context) override {
+    context_ = context;
+    if (context.communicator) {
+      group_ = context.communicator->world();
+      place_ = {context.communicator->rank(), context.communicator->world_size()};
+    }
+    model_ = context.make_model(context.build);
+    model_->module().to(context.build.device);
+    model_->module().train();
+    blocks_ = model_->blocks();
+    std::vector<std::string> names;
+    for (const auto& item : model_->module().named_parameters(true)) {
+      parameters_.push_back(item.value());
+      names.push_back(item.key());
+    }
+    for (const auto& item : model_->module().named_buffers(true)) buffers_.push_back(item.value());
+    optimizer_ = context.optimizer->create(parameters_);
+    autocast_dtype_ = context.precision->autocast_dtype();
+    if (!group_) return;  // one process: plain training, nothing to synchronise
+
+    // Every rank starts from rank 0's parameters and buffers.
+    std::vector<at::Tensor> state = parameters_;
+    state.insert(state.end(), buffers_.begin(), buffers_.end());
+    broadcast_coalesced(state);
+    if (options_.sync_batchnorm) {
+      for (auto& block : blocks_) {
+        if (auto forward = sync_batch_norm_forward(block, group_)) block.forward = *forward;
+      }
+    }
+    std::vector<at::Tensor> trainable;
+    std::vector<std::string> trainable_names;
+    for (std::size_t i = 0; i < parameters_.size(); ++i) {
+      if (!parameters_[i].requires_grad()) continue;
+      trainable.push_back(parameters_[i]);
+      trainable_names.push_back(names[i]);
+    }
+    reducer_ = std::make_unique<GradientReducer>(trainable, trainable_names, group_, options_);
+  }
+
+  StepResult train_step(std::span<const Batch> micro_batches) override {
+    const auto count = static_cast<std::int64_t>(micro_batches.size());
+    if (reducer_) {
+      reducer_->zero_gradients();
+      // Without SyncBatchNorm each rank's running statistics drift apart; rank 0's are kept.
+      if (options_.broadcast_buffers && !options_.sync_batchnorm && !buffers_.empty()) {
+        broadcast_coalesced(buffers_);
+      }
+    } else {
+      optimizer_->zero_grad(/*set_to_none=*/true);
+    }
+    torch::Tensor loss_sum;
+    StepResult result;
+    for (std::int64_t i = 0; i < count; ++i) {
+      const Batch& batch = micro_batches[static_cast<std::size_t>(i)];
+      // Only the last micro-batch synchronises; the others accumulate locally (no_sync).
+      if (reducer_) reducer_->prepare(i == count - 1);
+      torch::Tensor loss;
+      {
+        AutocastGuard autocast(context_.build.device.type(), autocast_dtype_);
+        loss = model_->loss(run_blocks(*model_, blocks_, batch), batch);
+      }
+      // Each micro-batch contributes 1/K, so K micro-batches of B equal one batch of K*B.
+      torch::Tensor scaled = count > 1 ? loss / static_cast<double>(count) : loss;
+      context_.precision->scale_loss(scaled).backward();
+      torch::Tensor detached = loss.detach();
+      loss_sum = loss_sum.defined() ? loss_sum + detached : detached;
+      result.samples += batch.size;
+    }
+    if (reducer_) {
+      result.metrics.emplace_back("comm_wait_ms", reducer_->finish());
+      result.metrics.emplace_back("allreduces_per_step",
+                                  static_cast<double>(reducer_->take_launch_count()));
+    }
+    // Gradients are identical on every rank from here, so the local norm is the global one and
+    // every rank takes the same decisions (skip, clip) as a single process would.
+    std::vector<torch::Tensor> gradients = gradients_of(parameters_);
+    const bool finite = context_.precision->unscale_and_check(gradients);
+    if (context_.step.max_grad_norm > 0) {
+      result.grad_norm = clip_to_norm(gradients, global_norm(gradients), context_.step.max_grad_norm);
+    }
+    if (finite) optimizer_->step();
+    context_.precision->update(!finite);
+    result.skipped = !finite;
+    result.loss = count > 1 ? loss_sum / static_cast<double>(count) : loss_sum;
+    return result;
+  }
+
+  EvalResult eval_step(const Batch& batch) override {
+    at::NoGradGuard no_grad;
+    model_->module().eval();
+    EvalResult result;
+    {
+      AutocastGuard autocast(context_.build.device.type(), autocast_dtype_);
+      torch::Tensor output = run_blocks(*model_, blocks_, batch);
+      result.loss_sum = model_->loss(output, batch).to(at::kDouble) * static_cast<double>(batch.size);
+      result.sums = model_->eval_sums(output, batch);
+    }
+    result.samples = batch.size;
+    model_->module().train();
+    return result;
+  }
+
+  void set_learning_rate(double lr) override { trainyard::set_learning_rate(*optimizer_, lr); }
+
+  DataParallelPlace data_parallel_place() const override { return place_; }
+
+  void save_state(CheckpointState& out) const override {
+    save_module_state(model_->module(), "model.", out.shared);
+    context_.optimizer->save_state(*optimizer_, "optimizer.", out.shared);
+  }
+
+  void load_state(const CheckpointState& in) override {
+    load_module_state(model_->module(), "model.", in.shared);
+    context_.optimizer->load_state(*optimizer_, "optimizer.", in.shared);
+  }
+
+  TensorMap full_parameters() const override {
+    TensorMap out;
+    for (const auto& item : model_->module().named_parameters(true)) {
+      out[item.key()] = item.value().detach();
+    }
+    return out;
+  }
+
+ private:
+  // Broadcasts `tensors` from rank 0, one flat message per dtype.
+  void broadcast_coalesced(const std::vector<at::Tensor>& tensors) {
+    at::NoGradGuard no_grad;
+    std::map<at::ScalarType, std::vector<at::Tensor>> by_type;
+    for (const auto& tensor : tensors) by_type[tensor.scalar_type()].push_back(tensor);
+    for (auto& [type, group] : by_type) {
+      std::vector<at::Tensor> flat_views;
+      for (const auto& tensor : group) flat_views.push_back(tensor.reshape({-1}));
+      std::vector<at::Tensor> message{at::cat(flat_views)};
+      {
+        CollectiveWait wait;
+        group_->broadcast(message)->wait();
+      }
+      std::int64_t offset = 0;
+      for (auto& tensor : group) {
+        tensor.copy_(message[0].narrow(0, offset, tensor.numel()).view(tensor.sizes()));
+        offset += tensor.numel();
+      }
+    }
+  }
+
+  DdpOptions options_;
+  StrategyContext context_;
+  c10::intrusive_ptr<c10d::Backend> group_;
+  DataParallelPlace place_;
+  std::shared_ptr<Model> model_;
+  std::vector<Block> blocks_;
+  std::vector<torch::Tensor> parameters_;
+  std::vector<torch::Tensor> buffers_;
+  std::unique_ptr<torch::optim::Optimizer> optimizer_;
+  std::optional<torch::ScalarType> autocast_dtype_;
+  std::unique_ptr<GradientReducer> reducer_;
+};
+
+void register_components(Registry& registry) {
+  registry.add<Strategy>(
+      "ddp",
+      {option("bucket_cap_mb", 25.0, "gradient bucket size in MiB (one all-reduce per bucket)"),
+       option("first_bucket_mb", 1.0,
+              "size of the first bucket (the last layers), small so its all-reduce starts early"),
+       option("find_unused_parameters", false,
+              "parameters without a gradient in a step count as ready (zero) instead of an error"),
+       option("gradient_as_bucket_view", false,
+              "gradients are views into the buckets (saves one copy and its memory)"),
+       option("overlap", true,
+              "launch each bucket's all-reduce from autograd hooks during backward (false: "
+              "all after backward, for comparison)"),
+       option("broadcast_buffers", true, "broadcast rank 0's buffers at every step"),
+       option("sync_batchnorm", false,
+              "BatchNorm layers use the statistics of the global batch in training")},
+      "distributed data parallel: replicated model, bucketed all-reduce overlapping backward",
+      [](const Config& options, const BuildContext&) { return std::make_unique<Ddp>(options); });
+}
+
+}  // namespace
+}  // namespace trainyard
+
+TRAINYARD_PLUGIN("ddp", "1.0.0", trainyard::register_components)

@@ -1,0 +1,420 @@
+// Multi-process runs over loopback: DDP against the single-process run on the global batch,
+// SyncBatchNorm, accumulation with no_sync, the launcher, and failing or stuck ranks.
+
+#include <ATen/ATen.h>
+#include <gtest/gtest.h>
+
+#include <chrono>
+#include <filesystem>
+#include <future>
+#include <regex>
+#include <string>
+#include <vector>
+
+#include "metrics_file.hpp"
+#include "test_support.hpp"
+#include "trainyard/distributed.hpp"
+
+namespace trainyard::testing {
+namespace {
+
+namespace fs = std::filesystem;
+using Clock = std::chrono::steady_clock;
+
+// A small, fast problem: synthetic images, SGD with momentum, no evaluation, no checkpoints.
+std::string recipe_text(const std::string& model) {
+  std::string text = R"(
+[run]
+seed = 3
+max_steps = 6
+eval = false
+log_every = 2
+
+[loader]
+workers = 1
+
+[dataset]
+plugin = "synthetic"
+samples = 512
+eval_samples = 64
+input_shape = [1, 8, 8]
+
+[optimizer]
+plugin = "sgd"
+lr = 0.05
+momentum = 0.9
+
+[sinks.console]
+)";
+  if (model == "mlp") {
+    text += "\n[model]\nplugin = \"mlp\"\nhidden = [32, 16]\n";
+  } else {
+    text += "\n[model]\nplugin = \"cnn\"\nchannels = [4, 8]\nhidden = 16\nbatch_norm = " +
+            std::string(model == "cnn_bn" ? "true" : "false") + "\n";
+  }
+  return text;
+}
+
+std::vector<std::string> host_args(const fs::path& recipe, const fs::path& out,
+                                   const std::vector<std::string>& extra) {
+  std::vector<std::string> args = {recipe.string(), "--set", "run.threads=1", "--set",
+                                   "run.output_dir=" + out.string(), "--set",
+                                   "run.final_model_file=" + (out / "final.pt").string()};
+  args.insert(args.end(), extra.begin(), extra.end());
+  return args;
+}
+
+CommandResult run_single(const fs::path& recipe, const fs::path& out,
+                         const std::vector<std::string>& extra) {
+  std::vector<std::string> argv = {host_binary().string(), "run"};
+  auto args = host_args(recipe, out, extra);
+  argv.insert(argv.end(), args.begin(), args.end());
+  return run_command(argv, source_dir(), 300);
+}
+
+CommandResult run_launch(int ranks, const fs::path& recipe, const fs::path& out,
+                         const std::vector<std::string>& extra,
+                         const std::vector<std::string>& env = {}, int timeout_s = 300) {
+  std::vector<std::string> argv = {host_binary().string(), "launch", "--nproc-per-node",
+                                   std::to_string(ranks)};
+  auto args = host_args(recipe, out, extra);
+  argv.insert(argv.end(), args.begin(), args.end());
+  return run_command(argv, source_dir(), timeout_s, env);
+}
+
+int free_port() {
+  ListeningSocket socket = listen_on("127.0.0.1", 0);
+  ::close(socket.fd);
+  return socket.port;
+}
+
+// Starts `ranks` processes of `trainyard run` by hand with the torchrun variables (or, with
+// `slurm`, the ones Slurm sets).
+std::vector<CommandResult> run_by_hand(int ranks, const fs::path& recipe, const fs::path& out,
+                                       const std::vector<std::string>& extra,
+                                       const std::vector<std::string>& env = {},
+                                       int timeout_s = 300, bool slurm = false) {
+  const int port = free_port();
+  std::vector<std::future<CommandResult>> pending;
+  for (int r = 0; r < ranks; ++r) {
+    std::vector<std::string> variables = env;
+    std::vector<std::string> rendezvous =
+        slurm ? std::vector<std::string>{"SLURM_PROCID=" + std::to_string(r),
+                                         "SLURM_LOCALID=" + std::to_string(r),
+                                         "SLURM_NTASKS=" + std::to_string(ranks),
+                                         "SLURM_NTASKS_PER_NODE=" + std::to_string(ranks)}
+              : std::vector<std::string>{"RANK=" + std::to_string(r),
+                                         "LOCAL_RANK=" + std::to_string(r),
+                                         "WORLD_SIZE=" + std::to_string(ranks),
+                                         "LOCAL_WORLD_SIZE=" + std::to_string(ranks)};
+    rendezvous.push_back("MASTER_ADDR=127.0.0.1");
+    rendezvous.push_back("MASTER_PORT=" + std::to_string(port));
+    for (const std::string& v : rendezvous) variables.push_back(v);
+    std::vector<std::string> argv = {host_binary().string(), "run"};
+    auto args = host_args(recipe, out, extra);
+    argv.insert(argv.end(), args.begin(), args.end());
+    pending.push_back(std::async(std::launch::async, [argv, variables, timeout_s] {
+      return run_command(argv, source_dir(), timeout_s, variables);
+    }));
+  }
+  std::vector<CommandResult> results;
+  for (auto& future : pending) results.push_back(future.get());
+  return results;
+}
+
+// Every tensor of `actual` matches `expected` within PyTorch's fp32 tolerances.
+void expect_same_model(const fs::path& expected_file, const fs::path& actual_file) {
+  TensorMap expected = read_tensor_file(expected_file);
+  TensorMap actual = read_tensor_file(actual_file);
+  ASSERT_EQ(expected.size(), actual.size());
+  ASSERT_FALSE(expected.empty());
+  for (const auto& [name, tensor] : expected) {
+    auto it = actual.find(name);
+    ASSERT_NE(it, actual.end()) << name;
+    at::Tensor a = it->second.to(at::kDouble);
+    at::Tensor e = tensor.to(at::kDouble);
+    const double worst = ((a - e).abs() - (1e-5 + 1.3e-6 * e.abs())).max().item<double>();
+    EXPECT_TRUE(at::allclose(a, e, 1.3e-6, 1e-5))
+        << name << ": worst excess over the tolerance " << worst;
+  }
+}
+
+// Parity: N ranks of per-rank batch B against one process on N*B, after several steps.
+void expect_parity(const std::string& model, int ranks, std::int64_t batch,
+                   const std::vector<std::string>& ddp_sets, std::int64_t accumulation = 1) {
+  TempDir dir;
+  auto recipe = dir.write("recipe.toml", recipe_text(model));
+  const std::int64_t global = batch * ranks * accumulation;
+  auto single = run_single(recipe, dir / "single", {"--set", "loader.batch_size=" + std::to_string(global)});
+  ASSERT_EQ(single.exit_code, 0) << describe(single);
+  std::vector<std::string> sets = {"--set", "strategy.plugin=ddp", "--set",
+                                   "loader.batch_size=" + std::to_string(batch), "--set",
+                                   "run.grad_accumulation=" + std::to_string(accumulation)};
+  sets.insert(sets.end(), ddp_sets.begin(), ddp_sets.end());
+  auto ddp = run_launch(ranks, recipe, dir / "ddp", sets);
+  ASSERT_EQ(ddp.exit_code, 0) << describe(ddp);
+  expect_same_model(dir / "single" / "final.pt", dir / "ddp" / "final.pt");
+  // The reference is not trivially equal to the start: training moved the parameters.
+  EXPECT_NE(read_text(dir / "single" / "final.pt"), "");
+}
+
+TEST(DdpParity, MlpTwoRanksMatchesSingleOnGlobalBatch) { expect_parity("mlp", 2, 16, {}); }
+TEST(DdpParity, MlpFourRanksMatchesSingleOnGlobalBatch) { expect_parity("mlp", 4, 8, {}); }
+TEST(DdpParity, CnnTwoRanksMatchesSingleOnGlobalBatch) { expect_parity("cnn", 2, 16, {}); }
+TEST(DdpParity, CnnFourRanksMatchesSingleOnGlobalBatch) { expect_parity("cnn", 4, 8, {}); }
+
+TEST(DdpParity, SmallBucketsAndGradientViewsMatchSingle) {
+  // Many buckets (a few KiB each) exercise the launch order; views skip the copies.
+  expect_parity("cnn", 2, 16,
+                {"--set", "strategy.bucket_cap_mb=0.002", "--set",
+                 "strategy.gradient_as_bucket_view=true"});
+}
+
+TEST(DdpParity, WithoutOverlapMatchesSingle) {
+  expect_parity("mlp", 2, 16, {"--set", "strategy.overlap=false"});
+}
+
+TEST(DdpParity, SyncBatchNormMatchesSingleOnGlobalBatch) {
+  // Parameters and BatchNorm running statistics both come from the global batch.
+  expect_parity("cnn_bn", 2, 16, {"--set", "strategy.sync_batchnorm=true"});
+}
+
+TEST(DdpParity, SyncBatchNormFourRanksMatchesSingle) {
+  expect_parity("cnn_bn", 4, 8, {"--set", "strategy.sync_batchnorm=true"});
+}
+
+TEST(DdpParity, WithoutSyncBatchNormStatisticsDiffer) {
+  // The check above can fail: plain BatchNorm normalises each rank's batch on its own.
+  TempDir dir;
+  auto recipe = dir.write("recipe.toml", recipe_text("cnn_bn"));
+  auto single = run_single(recipe, dir / "single", {"--set", "loader.batch_size=32"});
+  ASSERT_EQ(single.exit_code, 0) << describe(single);
+  auto ddp = run_launch(2, recipe, dir / "ddp",
+                        {"--set", "strategy.plugin=ddp", "--set", "loader.batch_size=16"});
+  ASSERT_EQ(ddp.exit_code, 0) << describe(ddp);
+  TensorMap expected = read_tensor_file(dir / "single" / "final.pt");
+  TensorMap actual = read_tensor_file(dir / "ddp" / "final.pt");
+  bool differs = false;
+  for (const auto& [name, tensor] : expected) {
+    if (!at::allclose(actual.at(name).to(at::kDouble), tensor.to(at::kDouble), 1.3e-6, 1e-5)) {
+      differs = true;
+    }
+  }
+  EXPECT_TRUE(differs);
+}
+
+TEST(DdpParity, AccumulationWithNoSyncMatchesLargeBatch) {
+  // 2 ranks x 3 micro-batches of 8 against one process on 48.
+  expect_parity("cnn", 2, 8, {}, 3);
+}
+
+TEST(DdpRun, AccumulationSynchronisesOnlyTheLastMicroBatch) {
+  // One bucket (the default sizes hold the whole small mlp): one all-reduce per optimizer
+  // step, not one per micro-batch.
+  TempDir dir;
+  auto recipe = dir.write("recipe.toml", recipe_text("mlp"));
+  auto result = run_launch(2, recipe, dir / "out",
+                           {"--set", "strategy.plugin=ddp", "--set", "loader.batch_size=8",
+                            "--set", "run.grad_accumulation=4", "--set",
+                            "sinks.jsonl.enabled=true"});
+  ASSERT_EQ(result.exit_code, 0) << describe(result);
+  auto train = of_phase(read_metrics(dir / "out" / "metrics.rank1.jsonl"), "train");
+  ASSERT_FALSE(train.empty());
+  for (const auto& record : train) {
+    EXPECT_EQ(record.at("allreduces_per_step"), 1.0);
+    EXPECT_GE(record.at("comm_wait_ms"), 0.0);
+  }
+}
+
+TEST(DdpRun, RanksStartedByHandTrainAndReportGlobalEval) {
+  TempDir dir;
+  auto recipe = dir.write("recipe.toml", recipe_text("mlp"));
+  auto results = run_by_hand(2, recipe, dir / "out",
+                             {"--set", "strategy.plugin=ddp", "--set", "loader.batch_size=16",
+                              "--set", "run.eval=true", "--set", "sinks.jsonl.enabled=true"});
+  for (const auto& result : results) ASSERT_EQ(result.exit_code, 0) << describe(result);
+  // Every rank writes its own file, and both report the eval metric of the whole test split.
+  auto eval0 = of_phase(read_metrics(dir / "out" / "metrics.rank0.jsonl"), "eval");
+  auto eval1 = of_phase(read_metrics(dir / "out" / "metrics.rank1.jsonl"), "eval");
+  ASSERT_EQ(eval0.size(), 1u);
+  ASSERT_EQ(eval1.size(), 1u);
+  EXPECT_EQ(eval0[0].at("samples"), 64);
+  EXPECT_EQ(eval1[0].at("samples"), 64);
+  EXPECT_DOUBLE_EQ(eval0[0].at("accuracy"), eval1[0].at("accuracy"));
+  EXPECT_DOUBLE_EQ(eval0[0].at("loss"), eval1[0].at("loss"));
+  // Console metrics come from rank 0 only.
+  EXPECT_HAS(results[0].out, "step 6/6");
+  EXPECT_EQ(results[1].out.find("step 6/6"), std::string::npos) << results[1].out;
+}
+
+TEST(DdpRun, RanksStartedBySlurmVariablesTrain) {
+  TempDir dir;
+  auto recipe = dir.write("recipe.toml", recipe_text("mlp"));
+  auto results = run_by_hand(2, recipe, dir / "out",
+                             {"--set", "strategy.plugin=ddp", "--set", "loader.batch_size=16"},
+                             {}, 300, /*slurm=*/true);
+  for (int r = 0; r < 2; ++r) {
+    ASSERT_EQ(results[r].exit_code, 0) << describe(results[r]);
+    EXPECT_HAS(results[r].err, "trainyard: rank " + std::to_string(r) + " of 2 (local " +
+                                   std::to_string(r) + " of 2)");
+  }
+  EXPECT_TRUE(fs::exists(dir / "out" / "final.pt"));
+}
+
+TEST(DdpRun, SingleStrategyWithSeveralRanksIsRefused) {
+  TempDir dir;
+  auto recipe = dir.write("recipe.toml", recipe_text("mlp"));
+  auto result = run_launch(2, recipe, dir / "out", {});
+  EXPECT_NE(result.exit_code, 0);
+  EXPECT_HAS(result.err, "strategy 'single' runs one process");
+}
+
+TEST(DdpCheckpoint, KillNineMidEpochThenResumeAutoIsBitwiseExactOnTwoRanks) {
+  // 512 samples, batch 64 per rank on 2 ranks: 4 steps per epoch; checkpoints every 3 steps
+  // land mid-epoch. The kill comes once step 6 is committed; both runs end at step 18.
+  TempDir dir;
+  auto recipe = dir.write("recipe.toml", recipe_text("cnn_bn") +
+                                             "\n[checkpoint]\nplugin = \"torch\"\nevery_steps = 3\n"
+                                             "keep = 0\n");
+  const std::vector<std::string> extra = {"--set", "strategy.plugin=ddp", "--set",
+                                          "strategy.sync_batchnorm=true", "--set",
+                                          "run.max_steps=18", "--set", "model.dropout=0.2"};
+  auto whole = run_launch(2, recipe, dir / "whole", extra);
+  ASSERT_EQ(whole.exit_code, 0) << describe(whole);
+
+  std::vector<std::string> argv = {host_binary().string(), "launch", "--nproc-per-node", "2"};
+  for (const auto& arg : host_args(recipe, dir / "crashed", extra)) argv.push_back(arg);
+  const fs::path step6 = dir / "crashed" / "checkpoints" / "step-000000006" / "manifest.toml";
+  auto crashed = run_command(argv, source_dir(), 300, {}, [&] { return fs::exists(step6); });
+  ASSERT_TRUE(crashed.killed) << "the run ended before the kill: " << describe(crashed);
+  ASSERT_FALSE(fs::exists(dir / "crashed" / "final.pt"));
+
+  std::vector<std::string> resume = extra;
+  resume.insert(resume.end(), {"--resume", "auto"});
+  auto resumed = run_launch(2, recipe, dir / "crashed", resume);
+  ASSERT_EQ(resumed.exit_code, 0) << describe(resumed);
+  EXPECT_HAS(resumed.err, "[rank 0] resumed from");
+  EXPECT_HAS(resumed.err, "[rank 1] resumed from");
+  // Both ranks wrote their own file into each checkpoint, rank 0 the shared one.
+  for (const char* file : {"shared.pt", "rank-00000.pt", "rank-00001.pt"}) {
+    EXPECT_TRUE(fs::exists(dir / "crashed" / "checkpoints" / "step-000000018" / file)) << file;
+  }
+  TensorMap expected = read_tensor_file(dir / "whole" / "final.pt");
+  TensorMap actual = read_tensor_file(dir / "crashed" / "final.pt");
+  ASSERT_EQ(expected.size(), actual.size());
+  for (const auto& [name, tensor] : expected) {
+    ASSERT_TRUE(actual.count(name)) << name;
+    EXPECT_TRUE(at::equal(tensor, actual.at(name))) << name << " differs after the resume";
+  }
+}
+
+TEST(Launch, SetsVariablesPrefixesOutputAndSucceeds) {
+  TempDir dir;
+  auto recipe = dir.write("recipe.toml", recipe_text("mlp"));
+  auto result = run_launch(2, recipe, dir / "out",
+                           {"--set", "strategy.plugin=ddp", "--set", "loader.batch_size=16"});
+  ASSERT_EQ(result.exit_code, 0) << describe(result);
+  // Each rank announces what it was given: rank, world, local rank, local world, store.
+  for (int r = 0; r < 2; ++r) {
+    std::regex line("\\[rank " + std::to_string(r) + "\\] trainyard: rank " + std::to_string(r) +
+                    " of 2 \\(local " + std::to_string(r) +
+                    " of 2\\), store 127\\.0\\.0\\.1:[0-9]+, comm gloo, 1 threads on cpu");
+    EXPECT_TRUE(std::regex_search(result.err, line)) << result.err;
+  }
+  // Console lines of rank 0, prefixed.
+  EXPECT_HAS(result.out, "[rank 0] step 6/6");
+  EXPECT_EQ(result.out.find("[rank 1] step"), std::string::npos) << result.out;
+}
+
+TEST(Launch, ExitStatusIsTheFirstFailingRanks) {
+  TempDir dir;
+  auto recipe = dir.write("recipe.toml", recipe_text("mlp"));
+  auto result = run_launch(2, recipe, dir / "out",
+                           {"--set", "strategy.plugin=ddp", "--set", "loader.batch_size=16"},
+                           {"TRAINYARD_TEST_FAIL_RANK=1", "TRAINYARD_TEST_FAIL_AT_STEP=2"});
+  EXPECT_EQ(result.exit_code, 3) << describe(result);
+  EXPECT_HAS(result.err, "trainyard launch: rank 1 exited with status 3");
+}
+
+TEST(Launch, RejectsBadArguments) {
+  auto result = run_host({"launch", "recipes/fashion_mnist_mlp.toml"});
+  EXPECT_NE(result.exit_code, 0);
+  EXPECT_HAS(result.err, "--nproc-per-node must be >= 1");
+  result = run_host({"launch", "-n", "2", "--nnodes", "2", "recipes/fashion_mnist_mlp.toml"});
+  EXPECT_NE(result.exit_code, 0);
+  EXPECT_HAS(result.err, "--master-port is required");
+}
+
+// Failures: every rank ends within the timeout, naming the rank that failed.
+constexpr int kCommTimeout = 10;
+
+std::vector<std::string> failure_sets() {
+  return {"--set", "strategy.plugin=ddp", "--set", "loader.batch_size=16", "--set",
+          "run.max_steps=40", "--set", "comm.timeout_s=" + std::to_string(kCommTimeout)};
+}
+
+TEST(DdpFailure, RankThatExitsIsNamedByTheOthers) {
+  TempDir dir;
+  auto recipe = dir.write("recipe.toml", recipe_text("mlp"));
+  const auto start = Clock::now();
+  auto results = run_by_hand(3, recipe, dir / "out", failure_sets(),
+                             {"TRAINYARD_TEST_FAIL_RANK=1", "TRAINYARD_TEST_FAIL_AT_STEP=3"}, 120);
+  const double seconds = std::chrono::duration<double>(Clock::now() - start).count();
+  EXPECT_EQ(results[1].exit_code, 3) << describe(results[1]);
+  for (int r : {0, 2}) {
+    EXPECT_FALSE(results[r].timed_out);
+    EXPECT_EQ(results[r].exit_code, 1) << describe(results[r]);
+    EXPECT_HAS(results[r].err, "rank 1 failed");
+  }
+  EXPECT_LT(seconds, kCommTimeout + 30);
+}
+
+TEST(DdpFailure, RankThatExitsUnderTheLauncher) {
+  TempDir dir;
+  auto recipe = dir.write("recipe.toml", recipe_text("mlp"));
+  const auto start = Clock::now();
+  auto result = run_launch(2, recipe, dir / "out", failure_sets(),
+                           {"TRAINYARD_TEST_FAIL_RANK=0", "TRAINYARD_TEST_FAIL_AT_STEP=3"}, 120);
+  const double seconds = std::chrono::duration<double>(Clock::now() - start).count();
+  EXPECT_FALSE(result.timed_out);
+  EXPECT_NE(result.exit_code, 0);
+  EXPECT_HAS(result.err, "trainyard launch: rank 0 exited with status 3");
+  EXPECT_LT(seconds, kCommTimeout + 30);
+}
+
+TEST(DdpFailure, RankThatStopsCallingCollectivesIsNamed) {
+  TempDir dir;
+  auto recipe = dir.write("recipe.toml", recipe_text("mlp"));
+  const auto start = Clock::now();
+  auto results = run_by_hand(
+      2, recipe, dir / "out", failure_sets(),
+      {"TRAINYARD_TEST_FAIL_RANK=1", "TRAINYARD_TEST_FAIL_AT_STEP=3", "TRAINYARD_TEST_FAIL_MODE=hang"},
+      120);
+  const double seconds = std::chrono::duration<double>(Clock::now() - start).count();
+  for (const auto& result : results) {
+    EXPECT_FALSE(result.timed_out) << describe(result);
+    EXPECT_EQ(result.exit_code, 1) << describe(result);
+  }
+  EXPECT_HAS(results[0].err, "rank 1 stopped calling collectives");
+  // The stuck rank itself is stopped once the failure is known.
+  EXPECT_HAS(results[1].err, "rank 1 stopped calling collectives");
+  EXPECT_LT(seconds, kCommTimeout + 30);
+}
+
+TEST(DdpFailure, StuckRankUnderTheLauncherIsReported) {
+  TempDir dir;
+  auto recipe = dir.write("recipe.toml", recipe_text("mlp"));
+  const auto start = Clock::now();
+  auto result = run_launch(
+      2, recipe, dir / "out", failure_sets(),
+      {"TRAINYARD_TEST_FAIL_RANK=1", "TRAINYARD_TEST_FAIL_AT_STEP=3", "TRAINYARD_TEST_FAIL_MODE=hang"},
+      120);
+  const double seconds = std::chrono::duration<double>(Clock::now() - start).count();
+  EXPECT_FALSE(result.timed_out);
+  EXPECT_NE(result.exit_code, 0);
+  EXPECT_HAS(result.err, "trainyard launch: failure: rank 1 stopped calling collectives");
+  EXPECT_LT(seconds, kCommTimeout + 30);
+}
+
+}  // namespace
+}  // namespace trainyard::testing
