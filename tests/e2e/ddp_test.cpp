@@ -278,7 +278,8 @@ TEST(DdpCheckpoint, KillNineMidEpochThenResumeAutoIsBitwiseExactOnTwoRanks) {
                                              "keep = 0\n");
   const std::vector<std::string> extra = {"--set", "strategy.plugin=ddp", "--set",
                                           "strategy.sync_batchnorm=true", "--set",
-                                          "run.max_steps=18", "--set", "model.dropout=0.2"};
+                                          "run.max_steps=18", "--set", "run.epochs=10", "--set",
+                                          "model.dropout=0.2"};
   auto whole = run_launch(2, recipe, dir / "whole", extra);
   ASSERT_EQ(whole.exit_code, 0) << describe(whole);
 
