@@ -8,6 +8,7 @@
 #include <atomic>
 #include <exception>
 #include <cstdio>
+#include <cstring>
 #include <fstream>
 #include <iomanip>
 #include <sstream>
@@ -70,6 +71,32 @@ void write_manifest(const fs::path& file, const CheckpointManifest& manifest) {
 }
 
 std::string staging_name(std::int64_t step) { return "." + step_folder_name(step) + ".partial"; }
+
+constexpr const char* kDiscardedSuffix = ".discarded";
+
+// Removes a committed checkpoint so that no crash can leave it half deleted and still listed:
+// it is first renamed out of the listing (atomic), then deleted.
+void discard_checkpoint(const fs::path& folder, const fs::path& checkpoint) {
+  const fs::path trash = folder / ("." + checkpoint.filename().string() + kDiscardedSuffix);
+  remove_tree(trash);
+  fs::rename(checkpoint, trash);
+  sync_to_disk(folder);
+  remove_tree(trash);
+}
+
+// Deletes what crashed deletions left behind.
+void remove_discarded(const fs::path& folder) {
+  std::error_code ec;
+  for (auto it = fs::directory_iterator(folder, ec); !ec && it != fs::directory_iterator();
+       it.increment(ec)) {
+    const std::string name = it->path().filename().string();
+    if (name.size() > std::strlen(kDiscardedSuffix) &&
+        name.compare(name.size() - std::strlen(kDiscardedSuffix), std::string::npos,
+                     kDiscardedSuffix) == 0) {
+      remove_tree(it->path());
+    }
+  }
+}
 
 }  // namespace
 
@@ -140,6 +167,7 @@ void CheckpointStore::prepare_staging(std::int64_t step) {
   if (peers_.rank == 0) {
     try {
       fs::create_directories(folder_);
+      remove_discarded(folder_);
       const fs::path staging = folder_ / staging_name(step);
       remove_tree(staging);  // left by a save that never committed
       fs::create_directories(staging);
@@ -188,7 +216,7 @@ fs::path CheckpointStore::commit(std::int64_t step) {
       sync_to_disk(staging);
       // Re-saving a step replaces the old folder; the rename below is the commit point.
       if (fs::exists(final_path)) {
-        remove_tree(final_path);
+        discard_checkpoint(folder_, final_path);
         if (fs::exists(final_path)) throw Error("cannot replace checkpoint " + final_path.string());
       }
       fs::rename(staging, final_path);
@@ -196,7 +224,7 @@ fs::path CheckpointStore::commit(std::int64_t step) {
       if (keep_ > 0) {
         auto committed = list();
         while (static_cast<int>(committed.size()) > keep_) {
-          remove_tree(committed.front());
+          discard_checkpoint(folder_, committed.front());
           committed.erase(committed.begin());
         }
       }

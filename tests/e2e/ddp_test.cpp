@@ -170,6 +170,12 @@ TEST(DdpParity, SmallBucketsAndGradientViewsMatchSingle) {
                  "strategy.gradient_as_bucket_view=true"});
 }
 
+TEST(DdpParity, ActivationCheckpointingComposesWithDdp) {
+  // Step mechanics every strategy honours: recomputed blocks (hooks still fire) on 2 ranks match
+  // the single process on the global batch, which recomputes too.
+  expect_parity("cnn", 2, 16, {"--set", "run.activation_checkpointing=all"});
+}
+
 TEST(DdpParity, WithoutOverlapMatchesSingle) {
   expect_parity("mlp", 2, 16, {"--set", "strategy.overlap=false"});
 }

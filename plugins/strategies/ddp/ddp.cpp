@@ -16,6 +16,7 @@
 #include <utility>
 
 #include "sync_batch_norm.hpp"
+#include "trainyard/activation_checkpoint.hpp"
 #include "trainyard/communicator.hpp"
 #include "trainyard/distributed.hpp"
 #include "trainyard/error.hpp"
@@ -273,7 +274,10 @@ class Ddp final : public Strategy {
     for (const auto& item : model_->module().named_buffers(true)) buffers_.push_back(item.value());
     optimizer_ = context.optimizer->create(parameters_);
     autocast_dtype_ = context.precision->autocast_dtype();
-    if (!group_) return;  // one process: plain training, nothing to synchronise
+    if (!group_) {  // one process: plain training, nothing to synchronise
+      blocks_ = with_activation_checkpointing(blocks_, context.step.activation_checkpointing);
+      return;
+    }
 
     // Every rank starts from rank 0's parameters and buffers.
     std::vector<at::Tensor> state = parameters_;
@@ -284,6 +288,9 @@ class Ddp final : public Strategy {
         if (auto forward = sync_batch_norm_forward(block, group_)) block.forward = *forward;
       }
     }
+    // Recomputed blocks run their (possibly synchronised) forward again in backward, in the same
+    // order on every rank; gradients still reach the reducer's hooks through the graph.
+    blocks_ = with_activation_checkpointing(blocks_, context.step.activation_checkpointing);
     std::vector<at::Tensor> trainable;
     std::vector<std::string> trainable_names;
     for (std::size_t i = 0; i < parameters_.size(); ++i) {
