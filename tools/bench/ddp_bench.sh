@@ -14,7 +14,7 @@ steps="${STEPS:-300}"
 work="$(mktemp -d)"
 trap 'rm -rf "$work"' EXIT
 
-# The cnn recipe without its checkpoint section (multi-rank checkpoints are not supported yet).
+# The cnn recipe without its checkpoint section: the benchmark times training, not saving.
 cat >"$work/cnn.toml" <<TOML
 name = "ddp_bench"
 [run]
