@@ -26,6 +26,7 @@
 #include "trainyard/optimizer.hpp"
 #include "trainyard/plugin.hpp"
 #include "trainyard/precision.hpp"
+#include "trainyard/replicated_step.hpp"
 #include "trainyard/strategy.hpp"
 
 namespace trainyard {
@@ -337,31 +338,13 @@ class Ddp final : public Strategy {
     }
     // Gradients are identical on every rank from here, so the local norm is the global one and
     // every rank takes the same decisions (skip, clip) as a single process would.
-    std::vector<torch::Tensor> gradients = gradients_of(parameters_);
-    const bool finite = context_.precision->unscale_and_check(gradients);
-    if (context_.step.max_grad_norm > 0) {
-      result.grad_norm = clip_to_norm(gradients, global_norm(gradients), context_.step.max_grad_norm);
-    }
-    if (finite) optimizer_->step();
-    context_.precision->update(!finite);
-    result.skipped = !finite;
-    result.loss = count > 1 ? loss_sum / static_cast<double>(count) : loss_sum;
+    finish_replicated_step(parameters_, *context_.precision, *optimizer_, context_.step, loss_sum,
+                           count, result);
     return result;
   }
 
   EvalResult eval_step(const Batch& batch) override {
-    at::NoGradGuard no_grad;
-    model_->module().eval();
-    EvalResult result;
-    {
-      AutocastGuard autocast(context_.build.device.type(), autocast_dtype_);
-      torch::Tensor output = run_blocks(*model_, blocks_, batch);
-      result.loss_sum = model_->loss(output, batch).to(at::kDouble) * static_cast<double>(batch.size);
-      result.sums = model_->eval_sums(output, batch);
-    }
-    result.samples = batch.size;
-    model_->module().train();
-    return result;
+    return evaluate_blocks(*model_, blocks_, batch, context_.build.device.type(), autocast_dtype_);
   }
 
   void set_learning_rate(double lr) override { trainyard::set_learning_rate(*optimizer_, lr); }

@@ -1,0 +1,36 @@
+#pragma once
+// The parts of a step that strategies holding whole gradients on every rank (single, ddp) share.
+
+#include <torch/types.h>
+
+#include <cstdint>
+#include <optional>
+#include <vector>
+
+#include "trainyard/batch.hpp"
+#include "trainyard/model.hpp"
+#include "trainyard/strategy.hpp"
+
+namespace torch::optim {
+class Optimizer;
+}
+
+namespace trainyard {
+
+class Precision;
+
+// After backward of `micro_batches` micro-batches: unscales and checks the gradients, clips them
+// to the global norm when asked, steps the optimizer unless a gradient is non-finite, and moves
+// the precision's state. Sets result.grad_norm, result.skipped and result.loss (the mean of
+// `loss_sum` over the micro-batches).
+void finish_replicated_step(const std::vector<torch::Tensor>& parameters, Precision& precision,
+                            torch::optim::Optimizer& optimizer, const StepOptions& options,
+                            const torch::Tensor& loss_sum, std::int64_t micro_batches,
+                            StepResult& result);
+
+// One evaluation batch through `blocks` under autocast, parameters and training mode untouched.
+EvalResult evaluate_blocks(Model& model, const std::vector<Block>& blocks, const Batch& batch,
+                           torch::DeviceType device_type,
+                           std::optional<torch::ScalarType> autocast_dtype);
+
+}  // namespace trainyard
