@@ -7,6 +7,8 @@
 #include <torch/optim/adamw.h>
 #include <torch/optim/sgd.h>
 
+#include <unordered_set>
+
 #include "trainyard/batch.hpp"
 #include "trainyard/checkpoint.hpp"
 #include "trainyard/classification.hpp"
@@ -14,6 +16,7 @@
 #include "trainyard/dataset.hpp"
 #include "trainyard/device.hpp"
 #include "trainyard/error.hpp"
+#include "trainyard/held_bytes.hpp"
 #include "trainyard/metrics.hpp"
 #include "trainyard/model.hpp"
 #include "trainyard/optimizer.hpp"
@@ -147,33 +150,69 @@ void for_each_param(const torch::optim::Optimizer& optimizer, Visitor visit) {
 
 }  // namespace
 
+// Calls visit(field, tensor) for each state tensor of one parameter; false for a state type
+// this file does not know.
+template <typename Visitor>
+bool visit_param_state(const torch::optim::OptimizerParamState* state, Visitor visit) {
+  if (auto* sgd = dynamic_cast<const torch::optim::SGDParamState*>(state)) {
+    visit("momentum_buffer", sgd->momentum_buffer());
+  } else if (auto* adam = dynamic_cast<const torch::optim::AdamParamState*>(state)) {
+    visit("step", step_tensor(adam->step()));
+    visit("exp_avg", adam->exp_avg());
+    visit("exp_avg_sq", adam->exp_avg_sq());
+    visit("max_exp_avg_sq", adam->max_exp_avg_sq());
+  } else if (auto* adamw = dynamic_cast<const torch::optim::AdamWParamState*>(state)) {
+    visit("step", step_tensor(adamw->step()));
+    visit("exp_avg", adamw->exp_avg());
+    visit("exp_avg_sq", adamw->exp_avg_sq());
+    visit("max_exp_avg_sq", adamw->max_exp_avg_sq());
+  } else {
+    return false;
+  }
+  return true;
+}
+
 void Optimizer::save_state(const torch::optim::Optimizer& optimizer, const std::string& prefix,
                            StateDict& out) const {
   const auto& states = optimizer.state();
   for_each_param(optimizer, [&](std::size_t index, const torch::Tensor& param) {
     auto it = states.find(param.unsafeGetTensorImpl());
     if (it == states.end()) return;
-    const auto* state = it->second.get();
-    auto put = [&](const char* field, const torch::Tensor& value) {
+    const bool known = visit_param_state(it->second.get(), [&](const char* field, const torch::Tensor& value) {
       if (value.defined()) out.tensors[param_key(prefix, index, field)] = value.detach().clone();
-    };
-    if (auto* sgd = dynamic_cast<const torch::optim::SGDParamState*>(state)) {
-      put("momentum_buffer", sgd->momentum_buffer());
-    } else if (auto* adam = dynamic_cast<const torch::optim::AdamParamState*>(state)) {
-      put("step", step_tensor(adam->step()));
-      put("exp_avg", adam->exp_avg());
-      put("exp_avg_sq", adam->exp_avg_sq());
-      put("max_exp_avg_sq", adam->max_exp_avg_sq());
-    } else if (auto* adamw = dynamic_cast<const torch::optim::AdamWParamState*>(state)) {
-      put("step", step_tensor(adamw->step()));
-      put("exp_avg", adamw->exp_avg());
-      put("exp_avg_sq", adamw->exp_avg_sq());
-      put("max_exp_avg_sq", adamw->max_exp_avg_sq());
-    } else {
+    });
+    if (!known) {
       throw Error("optimizer state of this type cannot be saved by default; the optimizer "
                   "plugin must override save_state");
     }
   });
+}
+
+HeldBytes count_held_bytes(const std::vector<torch::Tensor>& parameters,
+                           const torch::optim::Optimizer* optimizer,
+                           const std::vector<torch::Tensor>& gradient_buffers) {
+  HeldBytes held;
+  std::unordered_set<const void*> seen;
+  auto count = [&](const torch::Tensor& tensor, std::int64_t& into) {
+    if (!tensor.defined() || !tensor.has_storage()) return;
+    const auto& storage = tensor.storage();
+    if (seen.insert(storage.unsafeGetStorageImpl()).second) {
+      into += static_cast<std::int64_t>(storage.nbytes());
+    }
+  };
+  for (const auto& parameter : parameters) count(parameter, held.parameters);
+  for (const auto& parameter : parameters) count(parameter.grad(), held.gradients);
+  for (const auto& buffer : gradient_buffers) count(buffer, held.gradients);
+  if (optimizer) {
+    const auto& states = optimizer->state();
+    for (const auto& [key, state] : states) {
+      visit_param_state(state.get(), [&](const char*, const torch::Tensor& value) {
+        // The step counters are made here for saving; the optimizer holds them as integers.
+        if (value.defined() && value.dim() > 0) count(value, held.optimizer_state);
+      });
+    }
+  }
+  return held;
 }
 
 void Optimizer::load_state(torch::optim::Optimizer& optimizer, const std::string& prefix,

@@ -27,12 +27,12 @@
 #include "trainyard/plugin.hpp"
 #include "trainyard/precision.hpp"
 #include "trainyard/replicated_step.hpp"
+#include "trainyard/step_phases.hpp"
 #include "trainyard/strategy.hpp"
 
 namespace trainyard {
 namespace {
 
-using Clock = std::chrono::steady_clock;
 
 struct DdpOptions {
   double bucket_cap_mb = 25;
@@ -114,11 +114,19 @@ class GradientReducer {
     next_launch_ = 0;
   }
 
+  // The flat buffers the buckets all-reduce (gradient memory beyond .grad unless the gradients
+  // are views into them).
+  std::vector<at::Tensor> bucket_buffers() const {
+    std::vector<at::Tensor> flats;
+    for (const auto& bucket : buckets_) flats.push_back(bucket.flat);
+    return flats;
+  }
+
   // After the synchronising backward: completes buckets of parameters that got no gradient,
   // launches what is left, waits for every all-reduce and leaves the averaged gradients in
-  // .grad. Returns the milliseconds spent waiting on communication.
-  double finish() {
-    if (!synchronise_) return 0;
+  // .grad.
+  void finish() {
+    if (!synchronise_) return;
     std::vector<std::string> missing;
     for (std::size_t index = 0; index < parameters_.size(); ++index) {
       if (ready_[index]) continue;
@@ -137,14 +145,12 @@ class GradientReducer {
     if (!options_.overlap) {
       for (std::size_t b = 0; b < buckets_.size(); ++b) launch(b);
     }
-    const auto start = Clock::now();
     {
       CollectiveWait wait;
       for (auto& bucket : buckets_) {
         if (bucket.work) bucket.work->wait();
       }
     }
-    const double wait_ms = std::chrono::duration<double, std::milli>(Clock::now() - start).count();
     for (auto& bucket : buckets_) {
       bucket.work.reset();
       if (options_.gradient_as_bucket_view) continue;
@@ -158,7 +164,6 @@ class GradientReducer {
         }
       }
     }
-    return wait_ms;
   }
 
  private:
@@ -324,15 +329,18 @@ class Ddp final : public Strategy {
         AutocastGuard autocast(context_.build.device.type(), autocast_dtype_);
         loss = model_->loss(run_blocks(*model_, blocks_, batch), batch);
       }
+      if (context_.phases) context_.phases->mark(StepPhase::Forward);
       // Each micro-batch contributes 1/K, so K micro-batches of B equal one batch of K*B.
       torch::Tensor scaled = count > 1 ? loss / static_cast<double>(count) : loss;
       context_.precision->scale_loss(scaled).backward();
+      if (context_.phases) context_.phases->mark(StepPhase::Backward);
       torch::Tensor detached = loss.detach();
       loss_sum = loss_sum.defined() ? loss_sum + detached : detached;
       result.samples += batch.size;
     }
     if (reducer_) {
-      result.metrics.emplace_back("comm_wait_ms", reducer_->finish());
+      reducer_->finish();
+      if (context_.phases) context_.phases->mark(StepPhase::CommWait);
       result.metrics.emplace_back("allreduces_per_step",
                                   static_cast<double>(reducer_->take_launch_count()));
     }
@@ -367,6 +375,11 @@ class Ddp final : public Strategy {
       out[item.key()] = item.value().detach();
     }
     return out;
+  }
+
+  HeldBytes held_bytes() const override {
+    return count_held_bytes(parameters_, optimizer_.get(),
+                            reducer_ ? reducer_->bucket_buffers() : std::vector<at::Tensor>{});
   }
 
  private:

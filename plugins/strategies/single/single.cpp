@@ -12,6 +12,7 @@
 #include "trainyard/plugin.hpp"
 #include "trainyard/precision.hpp"
 #include "trainyard/replicated_step.hpp"
+#include "trainyard/step_phases.hpp"
 #include "trainyard/strategy.hpp"
 
 namespace trainyard {
@@ -41,9 +42,11 @@ class Single final : public Strategy {
         AutocastGuard autocast(context_.build.device.type(), autocast_dtype_);
         loss = model_->loss(run_blocks(*model_, blocks_, batch), batch);
       }
+      if (context_.phases) context_.phases->mark(StepPhase::Forward);
       // Each micro-batch contributes 1/K, so K micro-batches of B equal one batch of K*B.
       torch::Tensor scaled = count > 1 ? loss / static_cast<double>(count) : loss;
       context_.precision->scale_loss(scaled).backward();
+      if (context_.phases) context_.phases->mark(StepPhase::Backward);
       torch::Tensor detached = loss.detach();
       loss_sum = loss_sum.defined() ? loss_sum + detached : detached;
       result.samples += batch.size;
@@ -76,6 +79,8 @@ class Single final : public Strategy {
     }
     return out;
   }
+
+  HeldBytes held_bytes() const override { return count_held_bytes(parameters_, optimizer_.get()); }
 
  private:
   StrategyContext context_;

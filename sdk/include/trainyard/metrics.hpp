@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "trainyard/component.hpp"
+#include "trainyard/step_phases.hpp"
 
 namespace trainyard {
 
@@ -40,6 +41,10 @@ class MetricsSink : public Component {
   static constexpr const char* kKind = "sink";
   virtual void begin(const RunInfo& run) {}
   virtual void write(const MetricRecord& record) = 0;
+  // Sinks that draw timelines (traces) ask for every step's phases; they arrive once per
+  // logging interval, before that interval's "train" record.
+  virtual bool wants_phase_spans() const { return false; }
+  virtual void write_phase_spans(const std::vector<PhaseSpan>& spans) {}
   virtual void end() {}
 };
 

@@ -14,6 +14,7 @@
 #include "trainyard/batch.hpp"
 #include "trainyard/build_context.hpp"
 #include "trainyard/component.hpp"
+#include "trainyard/held_bytes.hpp"
 #include "trainyard/state.hpp"
 
 namespace trainyard {
@@ -23,6 +24,7 @@ class Optimizer;
 class Precision;
 class DeviceBackend;
 class Communicator;
+class PhaseClock;
 
 // Step mechanics every strategy honours:
 // - accumulation: train_step gets K micro-batches; each one's loss is divided by K and gradients
@@ -47,7 +49,11 @@ struct StrategyContext {
   std::shared_ptr<Communicator> communicator;  // null in a single-process run
   BuildContext build;                          // device, seed, rank, dataset info
   StepOptions step;
+  // The engine's step clock (null outside the engine): strategies mark the end of each
+  // micro-batch's forward and backward and of their communication waits (step_phases.hpp).
+  PhaseClock* phases = nullptr;
 };
+
 
 // Results stay on the device: reading them is the caller's choice, made once per logging
 // interval so the step never waits for the device.
@@ -94,6 +100,9 @@ class Strategy : public Component {
   virtual void load_state(const CheckpointState& in) = 0;
   // Full parameters by name, as a single-device model would hold them (gathered if sharded).
   virtual TensorMap full_parameters() const = 0;
+  // What this rank holds now in parameters, gradients and optimizer state (measured from the
+  // tensors themselves, not estimated).
+  virtual HeldBytes held_bytes() const = 0;
 };
 
 }  // namespace trainyard
