@@ -23,7 +23,9 @@
 #include "trainyard/optimizer.hpp"
 #include "trainyard/precision.hpp"
 #include "trainyard/scheduler.hpp"
+#include "trainyard/step_phases.hpp"
 #include "trainyard/version.hpp"
+#include "training_meter.hpp"
 
 namespace trainyard {
 
@@ -115,7 +117,6 @@ struct Engine::State {
   std::unique_ptr<FailureMonitor> monitor;
   int rank = 0;
   int world_size = 1;
-  std::map<std::string, double> interval_metrics;  // sums of StepResult::metrics
 
   std::int64_t accumulation = 1;
   std::int64_t epochs = 1;
@@ -126,17 +127,11 @@ struct Engine::State {
   double base_lr = 0;
   fs::path output_dir;
 
-  // Running sums over the current logging interval, kept on the device.
-  torch::Tensor interval_loss;
-  torch::Tensor last_grad_norm;
-  std::int64_t interval_steps = 0;
-  std::int64_t interval_samples = 0;
-  std::int64_t interval_skipped = 0;
-  // Time the steps blocked waiting for their micro-batches (steady clock, no device sync).
-  double interval_data_wait_s = 0;
-  double total_data_wait_s = 0;
-  double total_train_s = 0;  // the logging intervals' wall time, checkpoints and evals left out
-  Clock::time_point interval_start;
+  // The step phases the strategy marks, and the logging interval's figures (made once the
+  // sinks and the model's FLOPs are known).
+  std::unique_ptr<PhaseClock> phases;
+  std::unique_ptr<TrainingMeter> meter;
+  double flops_per_sample = 0;  // reported by the first model built
   Clock::time_point run_start;
 
   State(Recipe r, const Registry& reg, RunControls c)
@@ -158,6 +153,23 @@ struct Engine::State {
     for (auto& sink : sinks) sink->write(record);
   }
 };
+
+namespace {
+
+// Memory as the device's allocator (or the process, on the host) sees it, and what the strategy
+// holds in parameters, gradients and optimizer state.
+void append_memory_figures(const DeviceBackend& backend, int index, const Strategy& strategy,
+                           std::vector<std::pair<std::string, double>>& values) {
+  const DeviceMemory memory = backend.memory(index);
+  values.emplace_back("memory_current_bytes", static_cast<double>(memory.current_bytes));
+  values.emplace_back("memory_peak_bytes", static_cast<double>(memory.peak_bytes));
+  const HeldBytes held = strategy.held_bytes();
+  values.emplace_back("held_parameter_bytes", static_cast<double>(held.parameters));
+  values.emplace_back("held_gradient_bytes", static_cast<double>(held.gradients));
+  values.emplace_back("held_optimizer_bytes", static_cast<double>(held.optimizer_state));
+}
+
+}  // namespace
 
 Engine::Engine(Recipe recipe, const Registry& registry, RunControls controls)
     : state_(std::make_unique<State>(std::move(recipe), registry, std::move(controls))) {
@@ -271,8 +283,11 @@ Engine::Engine(Recipe recipe, const Registry& registry, RunControls controls)
 
   Config model_section = s.recipe.section("model");
   const Registry* registry_ptr = &registry;
-  s.context.make_model = [registry_ptr, model_section](const BuildContext& context) {
-    return registry_ptr->create<Model>(model_section.get_string("plugin"), model_section, context);
+  State* state = &s;
+  s.context.make_model = [registry_ptr, model_section, state](const BuildContext& context) {
+    auto model = registry_ptr->create<Model>(model_section.get_string("plugin"), model_section, context);
+    if (state->flops_per_sample == 0) state->flops_per_sample = model->flops_per_sample();
+    return model;
   };
   s.context.optimizer = s.optimizer;
   s.context.precision = s.precision;
@@ -280,6 +295,8 @@ Engine::Engine(Recipe recipe, const Registry& registry, RunControls controls)
   s.context.communicator = s.communicator;
   s.context.build = build;
   s.context.step.accumulation = s.accumulation;
+  s.phases = std::make_unique<PhaseClock>(s.device_backend.get(), s.device_choice.index, false);
+  s.context.phases = s.phases.get();
   s.context.step.max_grad_norm = max_grad_norm;
   try {
     s.context.step.activation_checkpointing =
@@ -390,6 +407,21 @@ Engine::Engine(Recipe recipe, const Registry& registry, RunControls controls)
     s.sinks.push_back(registry.create<MetricsSink>(
         plugin_of(section), without_runtime_keys(section, sink_common_options()), build));
   }
+
+  s.phases->keep_spans(std::any_of(s.sinks.begin(), s.sinks.end(),
+                                   [](const auto& sink) { return sink->wants_phase_spans(); }));
+  MeterSetup meter;
+  meter.tokens_per_sample = build.data.sequence_length;
+  meter.flops_per_sample = s.flops_per_sample;
+  const double peak_tflops = run.get_float("peak_tflops");
+  if (peak_tflops < 0) run.fail("peak_tflops", "must be >= 0");
+  if (peak_tflops > 0) {
+    meter.peak_flops = peak_tflops * 1e12;
+  } else if (s.flops_per_sample > 0) {
+    meter.peak_flops = measure_peak_flops(*s.device_backend, s.device_choice.index,
+                                          s.precision->autocast_dtype().has_value());
+  }
+  s.meter = std::make_unique<TrainingMeter>(meter, *s.phases);
 }
 
 Engine::~Engine() = default;
@@ -401,21 +433,24 @@ std::int64_t Engine::step() const { return state_->step; }
 
 std::vector<Batch> Engine::next_micro_batches() {
   State& s = *state_;
-  const auto started = Clock::now();
-  std::vector<Batch> micro;
-  micro.reserve(static_cast<std::size_t>(s.accumulation));
-  // Host copies are released after the clock stops: freeing pinned memory is not waiting.
+  PhaseClock& phases = s.meter->phases();
+  phases.begin_step(s.step);
   std::vector<Batch> host;
   host.reserve(static_cast<std::size_t>(s.accumulation));
   for (std::int64_t i = 0; i < s.accumulation; ++i) {
     std::optional<Batch> batch = s.train_loader->next();
-    if (!batch) return {};
-    micro.push_back(s.device_backend->stage(*batch, s.device_choice.index));
+    if (!batch) {
+      phases.cancel_step();
+      return {};
+    }
     host.push_back(std::move(*batch));
   }
-  const double waited = std::chrono::duration<double>(Clock::now() - started).count();
-  s.interval_data_wait_s += waited;
-  s.total_data_wait_s += waited;
+  phases.end_data_wait();
+  std::vector<Batch> micro;
+  micro.reserve(host.size());
+  for (const Batch& batch : host) micro.push_back(s.device_backend->stage(batch, s.device_choice.index));
+  phases.mark(StepPhase::HostToDevice);
+  // Host copies are released after the mark: freeing pinned memory is not copying.
   return micro;
 }
 
@@ -424,14 +459,9 @@ StepResult Engine::train_one_step(std::span<const Batch> micro_batches) {
   s.strategy->set_learning_rate(
       s.scheduler->learning_rate(s.step, s.total_steps, s.base_lr));
   StepResult result = s.strategy->train_step(micro_batches);
+  s.meter->phases().end_step();
   ++s.step;
-  s.interval_loss = s.interval_loss.defined() ? s.interval_loss.add_(result.loss)
-                                              : result.loss.detach().clone();
-  if (result.grad_norm.defined()) s.last_grad_norm = result.grad_norm;
-  ++s.interval_steps;
-  s.interval_samples += result.samples;
-  if (result.skipped) ++s.interval_skipped;
-  for (const auto& [name, value] : result.metrics) s.interval_metrics[name] += value;
+  s.meter->add_step(result);
   return result;
 }
 
@@ -537,46 +567,30 @@ RunSummary Engine::run_steps() {
   };
 
   auto flush_train_metrics = [&](std::int64_t at_epoch) {
-    if (s.interval_steps == 0) return;
-    const double seconds =
-        std::chrono::duration<double>(Clock::now() - s.interval_start).count();
+    if (s.meter->interval_empty()) return;
+    IntervalFigures figures = s.meter->close_interval();
     MetricRecord record;
     record.phase = "train";
     record.step = s.step;
     record.epoch = at_epoch;
     record.elapsed_s = s.elapsed();
-    // The only device sync of the interval.
-    const double loss = s.interval_loss.item<double>() / static_cast<double>(s.interval_steps);
-    summary.final_train_loss = loss;
-    record.values = {
-        {"loss", loss},
-        {"lr", s.scheduler->learning_rate(s.step - 1, s.total_steps, s.base_lr)},
-        {"samples_per_s", seconds > 0 ? static_cast<double>(s.interval_samples) / seconds : 0},
-        {"step_time_ms", 1000.0 * seconds / static_cast<double>(s.interval_steps)},
-        {"epoch_progress",
-         static_cast<double>(at_epoch) +
-             static_cast<double>(s.train_loader->position()) /
-                 static_cast<double>(std::max<std::int64_t>(1, s.train_loader->batches_per_epoch()))},
-    };
+    summary.final_train_loss = figures.mean_loss;
+    record.values = std::move(figures.values);
+    record.values.emplace_back("lr", s.scheduler->learning_rate(s.step - 1, s.total_steps, s.base_lr));
     record.values.emplace_back(
-        "data_wait_ms", 1000.0 * s.interval_data_wait_s / static_cast<double>(s.interval_steps));
-    record.values.emplace_back("data_wait_share",
-                               seconds > 0 ? std::min(1.0, s.interval_data_wait_s / seconds) : 0);
-    s.total_train_s += seconds;
-    if (s.last_grad_norm.defined()) record.values.emplace_back("grad_norm", s.last_grad_norm.item<double>());
-    if (s.interval_skipped > 0) record.values.emplace_back("skipped_steps", static_cast<double>(s.interval_skipped));
+        "epoch_progress",
+        static_cast<double>(at_epoch) +
+            static_cast<double>(s.train_loader->position()) /
+                static_cast<double>(std::max<std::int64_t>(1, s.train_loader->batches_per_epoch())));
     for (const auto& metric : s.precision->metrics()) record.values.push_back(metric);
-    for (const auto& [name, sum] : s.interval_metrics) {
-      record.values.emplace_back(name, sum / static_cast<double>(s.interval_steps));
+    append_memory_figures(*s.device_backend, s.device_choice.index, *s.strategy, record.values);
+    if (!figures.spans.empty()) {
+      for (auto& sink : s.sinks) {
+        if (sink->wants_phase_spans()) sink->write_phase_spans(figures.spans);
+      }
     }
-    s.interval_metrics.clear();
     s.emit(record);
-    s.interval_loss = at::Tensor();
-    s.interval_steps = 0;
-    s.interval_samples = 0;
-    s.interval_skipped = 0;
-    s.interval_data_wait_s = 0;
-    s.interval_start = Clock::now();
+    s.meter->restart_clock();
   };
 
   auto evaluate = [&](std::int64_t at_epoch) {
@@ -648,7 +662,7 @@ RunSummary Engine::run_steps() {
       s.checkpoints ? s.recipe.section("checkpoint").get_int("every_steps") : 0;
   const auto run_started = Clock::now();
   const std::int64_t first_step = s.step;
-  s.interval_start = Clock::now();
+  s.meter->restart_clock();
   bool finished = s.step >= s.total_steps;
   for (; epoch < s.epochs && !finished; ++epoch, first_batch = 0) {
     s.train_loader->start_epoch(epoch, first_batch);
@@ -680,7 +694,7 @@ RunSummary Engine::run_steps() {
           s.step < s.total_steps) {
         save(epoch, s.train_loader->position());
         // Throughput and step time measure training, not saving.
-        s.interval_start = Clock::now();
+        s.meter->restart_clock();
       }
     }
     finished = s.step >= s.total_steps;
@@ -689,7 +703,7 @@ RunSummary Engine::run_steps() {
         s.train_loader->batches_per_epoch() - s.train_loader->position() < s.accumulation;
     if (!s.eval_split.empty() && (epoch_complete || finished)) {
       evaluate(epoch);
-      s.interval_start = Clock::now();
+      s.meter->restart_clock();
     }
     if (finished && s.checkpoints && s.recipe.section("checkpoint").get_bool("at_end")) {
       // A completed epoch resumes at the start of the next one.
@@ -728,10 +742,16 @@ RunSummary Engine::run_steps() {
   record.values = {{"steps", static_cast<double>(summary.steps)},
                    {"wall_s", summary.wall_s},
                    {"samples_per_s", summary.samples_per_s},
-                   {"final_train_loss", summary.final_train_loss},
-                   {"data_wait_share",
-                    s.total_train_s > 0 ? std::min(1.0, s.total_data_wait_s / s.total_train_s)
-                                        : 0}};
+                   {"final_train_loss", summary.final_train_loss}};
+  for (int index = 0; index < kStepPhaseCount; ++index) {
+    const auto phase = static_cast<StepPhase>(index);
+    record.values.emplace_back(std::string(step_phase_name(phase)) + "_share",
+                               s.meter->phase_share(phase));
+  }
+  append_memory_figures(*s.device_backend, s.device_choice.index, *s.strategy, record.values);
+  if (s.rank == 0) {
+    for (const auto& line : s.meter->bottleneck_report()) s.log("trainyard: " + line);
+  }
   for (const auto& [name, value] : summary.eval) record.values.emplace_back("eval_" + name, value);
   s.emit(record);
   for (auto& sink : s.sinks) sink->end();

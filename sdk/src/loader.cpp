@@ -19,6 +19,9 @@ namespace trainyard {
 
 int default_loader_workers(unsigned cores, int local_world_size) {
   const int per_rank = std::max(1, static_cast<int>(cores) / std::max(1, local_world_size));
+  // A rank with one core of its own has no spare core for a worker: a worker thread would only
+  // take turns with the step on that core, and switching costs more than preparing in line.
+  if (per_rank == 1) return 0;
   return std::clamp(per_rank / 4, 1, 4);
 }
 

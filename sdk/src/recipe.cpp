@@ -308,6 +308,9 @@ const OptionSpecs& run_options() {
       option("activation_checkpointing", "none",
              "blocks recomputed in backward: none, all, every:K, blocks:NAME,NAME..."),
       option("output_dir", "", "where the run writes (default: runs/<recipe name>)"),
+      option("peak_tflops", 0.0,
+             "the device's peak TFLOP/s per rank for model FLOPs utilisation (0: measured by a "
+             "short matmul probe at start, when the model reports its FLOPs)"),
       option("final_model_file", "",
              "rank 0 writes the model's parameters and buffers here at the end (a pickled dict)"),
   };

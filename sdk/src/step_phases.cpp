@@ -1,6 +1,7 @@
 #include "trainyard/step_phases.hpp"
 
 #include <algorithm>
+#include <cstdio>
 
 #include "trainyard/device.hpp"
 #include "trainyard/error.hpp"
@@ -57,11 +58,11 @@ std::size_t PhaseClock::record_event() {
 void PhaseClock::begin_step(std::int64_t step) {
   if (in_step_) throw Error("PhaseClock: begin_step before the previous step ended");
   in_step_ = true;
+  data_ready_ = false;
   Step& current = steps_.emplace_back();
   current.step = step;
   current.begin = Clock::now();
   current.data_ready = current.begin;
-  current.first_event = record_event();
 }
 
 void PhaseClock::end_data_wait() {
@@ -70,15 +71,24 @@ void PhaseClock::end_data_wait() {
   current.data_ready = Clock::now();
   // The device timeline of the step starts when its data is on the host.
   current.first_event = record_event();
+  data_ready_ = true;
+}
+
+void PhaseClock::cancel_step() {
+  if (!in_step_) return;
+  in_step_ = false;
+  steps_.pop_back();
 }
 
 void PhaseClock::mark(StepPhase phase) {
-  if (!in_step_) return;  // a strategy driven outside the engine's step loop
+  // Outside the engine's step loop (a strategy driven directly) nothing is timed.
+  if (!in_step_ || !data_ready_) return;
   steps_.back().marks.push_back({phase, record_event()});
 }
 
 void PhaseClock::end_step() {
   if (!in_step_) return;
+  if (!data_ready_) end_data_wait();
   mark(StepPhase::Optimizer);
   in_step_ = false;
 }
@@ -108,7 +118,7 @@ PhaseRollup PhaseClock::rollup() {
     }
   }
   steps_ = std::move(open);
-  if (steps_.empty()) {
+  if (steps_.empty() || !data_ready_) {
     events_used_ = 0;
   } else {
     // Keep the open step's events: move them to the front of the pool.
@@ -123,6 +133,62 @@ PhaseRollup PhaseClock::rollup() {
     events_used_ = next;
   }
   return rollup;
+}
+
+std::vector<std::string> describe_bottleneck(const std::array<double, kStepPhaseCount>& total_ms,
+                                             std::int64_t steps, double step_time_ms) {
+  std::vector<std::string> lines;
+  if (steps <= 0) return lines;
+  double all_ms = 0;
+  for (double ms : total_ms) all_ms += ms;
+  auto phase_share = [&](StepPhase phase) {
+    return all_ms > 0 ? total_ms[static_cast<std::size_t>(phase)] / all_ms : 0.0;
+  };
+  char buffer[512];
+  std::string breakdown;
+  for (int index = 0; index < kStepPhaseCount; ++index) {
+    const auto phase = static_cast<StepPhase>(index);
+    std::snprintf(buffer, sizeof buffer, "%s%s %.2f ms (%.0f%%)", breakdown.empty() ? "" : ", ",
+                  step_phase_name(phase), total_ms[static_cast<std::size_t>(index)] / static_cast<double>(steps),
+                  100.0 * phase_share(phase));
+    breakdown += buffer;
+  }
+  std::snprintf(buffer, sizeof buffer, "step time %.2f ms over %lld steps: ", step_time_ms,
+                static_cast<long long>(steps));
+  lines.push_back(buffer + breakdown);
+
+  const double data = phase_share(StepPhase::DataWait);
+  const double copy = phase_share(StepPhase::HostToDevice);
+  const double comm = phase_share(StepPhase::CommWait);
+  const double compute = phase_share(StepPhase::Forward) + phase_share(StepPhase::Backward) +
+                         phase_share(StepPhase::Optimizer);
+  // The seeds' self-check table: data loading, communication, compute; the largest share that
+  // crosses its threshold names the bottleneck.
+  if (data >= 0.2 && data >= comm) {
+    std::snprintf(buffer, sizeof buffer,
+                  "data-bound: steps wait %.0f%% of their time for batches; raise loader.workers "
+                  "or loader.prefetch, or make the dataset's samples cheaper to read",
+                  100.0 * data);
+  } else if (comm >= 0.2) {
+    std::snprintf(buffer, sizeof buffer,
+                  "communication-bound: %.0f%% of the step waits on gradient communication after "
+                  "backward; accumulate more micro-batches per step (run.grad_accumulation), "
+                  "raise bucket_cap_mb, or use faster links",
+                  100.0 * comm);
+  } else if (copy >= 0.15) {
+    std::snprintf(buffer, sizeof buffer,
+                  "copy-bound: host-to-device copies take %.0f%% of the step; keep more batches "
+                  "in flight (loader.prefetch) so copies overlap compute",
+                  100.0 * copy);
+  } else {
+    std::snprintf(buffer, sizeof buffer,
+                  "compute-bound: forward, backward and optimizer take %.0f%% of the step; "
+                  "consider bf16 precision and a larger batch (activation checkpointing frees "
+                  "memory for one)",
+                  100.0 * compute);
+  }
+  lines.emplace_back(buffer);
+  return lines;
 }
 
 }  // namespace trainyard

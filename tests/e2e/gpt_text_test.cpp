@@ -66,6 +66,12 @@ TEST(GptTextRecipe, LossFallsClearlyBelowTheUnigramEntropy) {
   EXPECT_LT(train, entropy - 0.4);
   EXPECT_LT(eval, entropy - 0.4);
   EXPECT_LE(summary[0].at("data_wait_share"), 0.02);
+  // Token models report tokens/s (seq_len 128 per sample) and their FLOPs utilisation.
+  for (const auto& record : of_phase(lines, "train")) {
+    EXPECT_NEAR(record.at("tokens_per_s"), 128 * record.at("samples_per_s"),
+                1e-9 * record.at("tokens_per_s"));
+    EXPECT_GT(record.at("mfu"), 0);
+  }
 }
 
 }  // namespace

@@ -508,8 +508,10 @@ TEST(LoaderTest, DefaultWorkersFollowCoresPerLocalRank) {
   EXPECT_EQ(default_loader_workers(64, 1), 4);
   EXPECT_EQ(default_loader_workers(16, 4), 1);
   EXPECT_EQ(default_loader_workers(128, 8), 4);
-  EXPECT_EQ(default_loader_workers(1, 8), 1);
-  EXPECT_EQ(default_loader_workers(0, 0), 1);
+  // One core per rank: no worker competes with the step for it.
+  EXPECT_EQ(default_loader_workers(2, 2), 0);
+  EXPECT_EQ(default_loader_workers(1, 8), 0);
+  EXPECT_EQ(default_loader_workers(0, 0), 0);
 }
 
 TEST(LoaderTest, LocalWorldSizeComesFromTheEnvironment) {

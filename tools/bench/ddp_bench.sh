@@ -5,7 +5,9 @@
 #                batch 64 per rank, AdamW                                          (target <= 1)
 #   overlap      comm_wait_ms: time waiting on all-reduces after backward, with the all-reduces
 #                launched from autograd hooks (overlap) and all after backward (no overlap)
-# STEPS (default 300) optimizer steps per run; the first logging interval is left out.
+# Loader workers are the default (-1): one for the single process (a spare core), none for each
+# of 2 ranks on 2 cores. STEPS (default 300) optimizer steps per run; the first logging interval
+# is left out.
 set -euo pipefail
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
 build="$here/${TRAINYARD_BUILD_DIR:-build}"
@@ -27,7 +29,7 @@ log_every = 25
 eval = false
 [loader]
 batch_size = 64
-workers = 1
+workers = -1
 [dataset]
 plugin = "fashion_mnist"
 [model]

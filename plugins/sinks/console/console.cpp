@@ -1,7 +1,10 @@
-// Concise metric lines on standard output: loss, learning rate, throughput and time left.
+// Concise metric lines on standard output: loss, learning rate, throughput and time left. On a
+// terminal the training line is a progress bar redrawn in place; elsewhere (logs, pipes) every
+// record is its own plain line.
 
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <string>
 
@@ -24,12 +27,18 @@ std::string duration(double seconds) {
 
 class Console final : public MetricsSink {
  public:
-  explicit Console(const Config& options) : show_all_ranks_(options.get_bool("all_ranks")) {}
+  explicit Console(const Config& options)
+      : show_all_ranks_(options.get_bool("all_ranks")), progress_(options.get_string("progress")) {
+    if (progress_ != "auto" && progress_ != "bar" && progress_ != "lines") {
+      options.fail("progress", "must be auto, bar or lines, got '" + progress_ + "'");
+    }
+  }
 
   void begin(const RunInfo& run) override {
     run_ = run;
     quiet_ = run.rank != 0 && !show_all_ranks_;
     if (quiet_) return;
+    bar_ = progress_ == "bar" || (progress_ == "auto" && ::isatty(STDOUT_FILENO) == 1);
     std::printf("%s: %lld steps (%lld per epoch, %lld epochs)\n", run.name.c_str(),
                 static_cast<long long>(run.total_steps), static_cast<long long>(run.steps_per_epoch),
                 static_cast<long long>(run.epochs));
@@ -50,7 +59,7 @@ class Console final : public MetricsSink {
                     record.get("epoch_progress"), record.get("loss"), record.get("lr"),
                     record.get("samples_per_s"), step_ms, duration(remaining).c_str());
       line = buffer;
-      for (const char* extra : {"grad_norm", "loss_scale", "skipped_steps"}) {
+      for (const char* extra : {"grad_norm", "loss_scale", "skipped_steps", "mfu"}) {
         for (const auto& [name, value] : record.values) {
           if (name == extra) {
             std::snprintf(buffer, sizeof buffer, "  %s %.4g", extra, value);
@@ -67,18 +76,45 @@ class Console final : public MetricsSink {
         line += buffer;
       }
     }
-    std::printf("%s\n", line.c_str());
+    if (bar_ && record.phase == "train") {
+      // Redrawn in place: carriage return, the bar, the line, and erase what a longer previous
+      // line left behind.
+      const double done = run_.total_steps > 0 ? static_cast<double>(record.step) /
+                                                     static_cast<double>(run_.total_steps)
+                                               : 0;
+      const int width = 24;
+      const int filled = std::clamp(static_cast<int>(done * width + 0.5), 0, width);
+      std::printf("\r[%s%s] %3.0f%% %s\033[K", std::string(static_cast<std::size_t>(filled), '#').c_str(),
+                  std::string(static_cast<std::size_t>(width - filled), '.').c_str(), 100.0 * done,
+                  line.c_str());
+      bar_open_ = true;
+    } else {
+      std::printf("%s%s\n", bar_open_ ? "\n" : "", line.c_str());
+      bar_open_ = false;
+    }
+    std::fflush(stdout);
+  }
+
+  void end() override {
+    if (bar_open_) std::printf("\n");
+    bar_open_ = false;
     std::fflush(stdout);
   }
 
  private:
   RunInfo run_;
   bool show_all_ranks_ = false;
+  std::string progress_;
   bool quiet_ = false;
+  bool bar_ = false;       // draw the training line as a progress bar
+  bool bar_open_ = false;  // the bar is on screen without its newline
 };
 
 void register_components(Registry& registry) {
-  registry.add<MetricsSink>("console", {option("all_ranks", false, "print on every rank, not only rank 0")},
+  registry.add<MetricsSink>("console", {option("all_ranks", false, "print on every rank, not only rank 0"),
+                             option("progress", "auto",
+                                    "auto (a progress bar on a terminal, plain lines otherwise), "
+                                    "bar or lines")},
                             "concise metric lines on standard output",
                             [](const Config& options, const BuildContext&) {
                               return std::make_unique<Console>(options);

@@ -8,6 +8,7 @@
 #include <sstream>
 
 #include "trainyard/error.hpp"
+#include "trainyard/json.hpp"
 #include "trainyard/metrics.hpp"
 #include "trainyard/plugin.hpp"
 
@@ -15,23 +16,6 @@ namespace trainyard {
 namespace {
 
 namespace fs = std::filesystem;
-
-std::string json_string(const std::string& text) {
-  std::string out = "\"";
-  for (char c : text) {
-    if (c == '"' || c == '\\') {
-      out += '\\';
-      out += c;
-    } else if (static_cast<unsigned char>(c) < 0x20) {
-      char escaped[8];
-      std::snprintf(escaped, sizeof escaped, "\\u%04x", c);
-      out += escaped;
-    } else {
-      out += c;
-    }
-  }
-  return out + "\"";
-}
 
 std::string json_number(double value) {
   if (!std::isfinite(value)) return "null";
@@ -59,11 +43,11 @@ class Jsonl final : public MetricsSink {
   }
 
   void write(const MetricRecord& record) override {
-    out_ << "{\"phase\":" << json_string(record.phase) << ",\"step\":" << record.step
+    out_ << "{\"phase\":" << json_quote(record.phase) << ",\"step\":" << record.step
          << ",\"epoch\":" << record.epoch << ",\"rank\":" << rank_
          << ",\"elapsed_s\":" << json_number(record.elapsed_s);
     for (const auto& [name, value] : record.values) {
-      out_ << "," << json_string(name) << ":" << json_number(value);
+      out_ << "," << json_quote(name) << ":" << json_number(value);
     }
     out_ << "}\n";
     // Records arrive once per logging interval; flushing keeps the file useful after a crash.

@@ -314,6 +314,7 @@ class Ddp final : public Strategy {
       // Without SyncBatchNorm each rank's running statistics drift apart; rank 0's are kept.
       if (options_.broadcast_buffers && !options_.sync_batchnorm && !buffers_.empty()) {
         broadcast_coalesced(buffers_);
+        if (context_.phases) context_.phases->mark(StepPhase::CommWait);
       }
     } else {
       optimizer_->zero_grad(/*set_to_none=*/true);

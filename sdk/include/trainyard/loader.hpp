@@ -34,8 +34,9 @@ struct LoaderOptions {
 };
 
 // The worker count `workers = -1` stands for: a quarter of the cores each rank on this node gets,
-// at least 1 and at most 4. In-memory and memory-mapped data need little preparation; the cores
-// are the step's.
+// at least 1 and at most 4, and none when a rank gets a single core (batches are prepared by the
+// training thread). In-memory and memory-mapped data need little preparation; the cores are the
+// step's.
 int default_loader_workers(unsigned cores, int local_world_size);
 // The LOCAL_WORLD_SIZE environment variable (ranks on this node, as set by launchers), 1 when
 // unset. Throws Error when it is not a positive integer.

@@ -6,6 +6,7 @@
 #include <chrono>
 #include <cstdint>
 #include <memory>
+#include <string>
 #include <vector>
 
 namespace trainyard {
@@ -36,6 +37,12 @@ struct PhaseRollup {
   double at(StepPhase phase) const { return total_ms[static_cast<int>(phase)]; }
 };
 
+// What bounds a run whose steps took `total_ms` per phase over `steps` steps of
+// `step_time_ms` each: a line with the breakdown, then a line naming the bottleneck (data-,
+// communication-, copy- or compute-bound) and what to try, after the seeds' self-check table.
+std::vector<std::string> describe_bottleneck(const std::array<double, kStepPhaseCount>& total_ms,
+                                             std::int64_t steps, double step_time_ms);
+
 // The engine's clock of step phases. A step is a sequence of marks: the time between one mark
 // and the next belongs to the phase the later mark names. Data wait is host time (the host is
 // what waits); every other phase is measured between device events, so on an asynchronous
@@ -48,14 +55,16 @@ struct PhaseRollup {
 // last mark (the optimizer step, gradient clipping, precision updates) counts as Optimizer.
 class PhaseClock {
  public:
-  // `backend` null: host clock only.
+  // `backend` null: host clock only. Spans (for traces) are kept only when asked.
   PhaseClock(DeviceBackend* backend, int device_index, bool keep_spans);
+  void keep_spans(bool keep) { keep_spans_ = keep; }
   ~PhaseClock();
   PhaseClock(const PhaseClock&) = delete;
   PhaseClock& operator=(const PhaseClock&) = delete;
 
   void begin_step(std::int64_t step);  // the step starts waiting for its data
   void end_data_wait();                // its data is on the host
+  void cancel_step();                  // no data came: the step does not happen
   void mark(StepPhase phase);          // the time since the previous mark was `phase`
   void end_step();                     // the rest of the step was the optimizer's
 
@@ -86,6 +95,7 @@ class PhaseClock {
   std::size_t events_used_ = 0;
   std::vector<Step> steps_;
   bool in_step_ = false;
+  bool data_ready_ = false;
 };
 
 }  // namespace trainyard

@@ -15,6 +15,9 @@ namespace fs = std::filesystem;
 using trainyard::MetricRecord;
 using trainyard::MetricsSink;
 using trainyard::RunInfo;
+using trainyard::PhaseSpan;
+using trainyard::StepPhase;
+using trainyard::kStepPhaseCount;
 
 class SinkConformance : public ::testing::TestWithParam<std::string> {
  protected:
@@ -83,6 +86,30 @@ TEST_P(SinkConformance, BeginWriteEnd) {
     EXPECT_EQ(lines[i].back(), '}') << lines[i];
     EXPECT_NE(lines[i].find(all[i].phase), std::string::npos) << lines[i];
   }
+}
+
+TEST_P(SinkConformance, PhaseSpansAreTakenByTheSinksThatWantThem) {
+  auto sink = build();
+  trainyard::testing::TempDir dir;
+  sink->begin(run_info(dir.path()));
+  std::vector<PhaseSpan> spans;
+  for (int phase = 0; phase < kStepPhaseCount; ++phase) {
+    spans.push_back({static_cast<StepPhase>(phase), 1, 10.0 * phase, 10.0});
+  }
+  // The engine hands spans only to sinks that ask; any sink must still take them harmlessly.
+  EXPECT_NO_THROW(sink->write_phase_spans(spans));
+  MetricRecord record;
+  record.phase = "train";
+  record.step = 1;
+  record.values = {{"loss", 1.0}};
+  EXPECT_NO_THROW(sink->write(record));
+  EXPECT_NO_THROW(sink->end());
+  if (!sink->wants_phase_spans()) return;
+  bool wrote_something = false;
+  for (const auto& entry : fs::recursive_directory_iterator(dir.path())) {
+    if (entry.is_regular_file() && entry.file_size() > 0) wrote_something = true;
+  }
+  EXPECT_TRUE(wrote_something) << "a sink that wants spans writes them somewhere";
 }
 
 TEST_P(SinkConformance, NonFiniteValuesDoNotThrow) {

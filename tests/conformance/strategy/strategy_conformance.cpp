@@ -1,6 +1,7 @@
 // Strategy conformance, on the bundled mlp model, sgd optimizer, fp32 precision and cpu device:
 // training lowers the loss, accumulation equals one larger batch, eval leaves parameters alone,
-// state resumes bit for bit, and full_parameters names the model's parameters.
+// state resumes bit for bit, full_parameters names the model's parameters, held_bytes measures
+// what the strategy holds, and steps mark their phases on the engine's clock.
 
 #include <ATen/ATen.h>
 #include <torch/utils.h>
@@ -12,6 +13,7 @@
 #include "trainyard/model.hpp"
 #include "trainyard/optimizer.hpp"
 #include "trainyard/precision.hpp"
+#include "trainyard/step_phases.hpp"
 #include "trainyard/strategy.hpp"
 
 namespace {
@@ -40,7 +42,8 @@ class StrategyConformance : public ::testing::TestWithParam<std::string> {
   }
 
   // A strategy set up on a freshly seeded mlp (the same initial parameters every time).
-  std::shared_ptr<Strategy> make(std::int64_t accumulation = 1, double momentum = 0.0) {
+  std::shared_ptr<Strategy> make(std::int64_t accumulation = 1, double momentum = 0.0,
+                                 PhaseClock* phases = nullptr) {
     auto& registry = conformance::registry();
     StrategyContext context;
     context.build = build_context();
@@ -59,6 +62,7 @@ class StrategyConformance : public ::testing::TestWithParam<std::string> {
     context.device_backend =
         registry.create<DeviceBackend>("cpu", conformance::section("device"), context.build);
     context.step.accumulation = accumulation;
+    context.phases = phases;
     auto strategy = registry.create<Strategy>(GetParam(), conformance::section("strategy"),
                                               context.build);
     torch::manual_seed(context.build.seed);
@@ -107,6 +111,42 @@ class StrategyConformance : public ::testing::TestWithParam<std::string> {
     return strategy.train_step(std::span<const Batch>(&batch, 1));
   }
 };
+
+TEST_P(StrategyConformance, HeldBytesMeasureParametersGradientsAndOptimizerState) {
+  auto strategy = make(1, /*momentum=*/0.9);
+  std::int64_t full = 0;
+  for (const auto& [name, tensor] : strategy->full_parameters()) full += tensor.nbytes();
+  ASSERT_GT(full, 0);
+  step(*strategy, make_batch(kBatch, 1));
+  const HeldBytes held = strategy->held_bytes();
+  // One process holds every parameter, a gradient for each and SGD's momentum buffer for each;
+  // flat buffers (buckets, padded shards) may add up to as much again.
+  for (const auto& [what, bytes] : {std::pair{"parameters", held.parameters},
+                                    std::pair{"gradients", held.gradients},
+                                    std::pair{"optimizer state", held.optimizer_state}}) {
+    EXPECT_GE(bytes, full) << what;
+    EXPECT_LE(bytes, 2 * full) << what;
+  }
+  EXPECT_EQ(held.total(), held.parameters + held.gradients + held.optimizer_state);
+}
+
+TEST_P(StrategyConformance, StepsMarkForwardAndBackwardOnTheEnginesClock) {
+  PhaseClock clock(nullptr, 0, /*keep_spans=*/true);
+  auto strategy = make(2, 0.0, &clock);
+  Batch a = make_batch(kBatch, 1);
+  Batch b = make_batch(kBatch, 2);
+  std::vector<Batch> micro = {a, b};
+  clock.begin_step(0);
+  clock.end_data_wait();
+  strategy->train_step(micro);
+  clock.end_step();
+  PhaseRollup rollup = clock.rollup();
+  EXPECT_GT(rollup.at(StepPhase::Forward), 0);
+  EXPECT_GT(rollup.at(StepPhase::Backward), 0);
+  std::size_t forwards = 0;
+  for (const auto& span : rollup.spans) forwards += span.phase == StepPhase::Forward ? 1 : 0;
+  EXPECT_EQ(forwards, 2u) << "one forward mark per micro-batch";
+}
 
 TEST_P(StrategyConformance, TrainingLowersTheLossOnAFixedBatch) {
   auto strategy = make();

@@ -1,0 +1,123 @@
+// Metric records as CSV tables, one file per record phase (train, eval, summary), for
+// spreadsheets and dataframes.
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "trainyard/error.hpp"
+#include "trainyard/metrics.hpp"
+#include "trainyard/plugin.hpp"
+
+namespace trainyard {
+namespace {
+
+namespace fs = std::filesystem;
+
+std::string csv_number(double value) {
+  if (!std::isfinite(value)) return std::isnan(value) ? "nan" : (value > 0 ? "inf" : "-inf");
+  char text[32];
+  std::snprintf(text, sizeof text, "%.10g", value);
+  return text;
+}
+
+// One phase's table. Columns are the names seen so far, in order of first appearance; a record
+// that brings a new name (skipped_steps appears with the first skipped step) rewrites the file
+// with the wider header, so every row always lines up with the header.
+class CsvTable {
+ public:
+  explicit CsvTable(fs::path path) : path_(std::move(path)) {}
+
+  void add(const MetricRecord& record) {
+    std::map<std::string, std::string> row = {{"step", std::to_string(record.step)},
+                                              {"epoch", std::to_string(record.epoch)},
+                                              {"elapsed_s", csv_number(record.elapsed_s)}};
+    bool widened = columns_.empty();
+    if (columns_.empty()) columns_ = {"step", "epoch", "elapsed_s"};
+    for (const auto& [name, value] : record.values) {
+      if (!row.emplace(name, csv_number(value)).second) continue;
+      if (std::find(columns_.begin(), columns_.end(), name) == columns_.end()) {
+        columns_.push_back(name);
+        widened = true;
+      }
+    }
+    rows_.push_back(std::move(row));
+    if (widened) {
+      rewrite();
+    } else {
+      append(rows_.back());
+    }
+  }
+
+ private:
+  void write_row(std::ofstream& out, const std::map<std::string, std::string>& row) const {
+    for (std::size_t i = 0; i < columns_.size(); ++i) {
+      auto it = row.find(columns_[i]);
+      out << (i ? "," : "") << (it == row.end() ? "" : it->second);
+    }
+    out << "\n";
+  }
+
+  void rewrite() {
+    std::ofstream out(path_, std::ios::out | std::ios::trunc);
+    if (!out) throw Error("cannot write metrics file " + path_.string());
+    for (std::size_t i = 0; i < columns_.size(); ++i) out << (i ? "," : "") << columns_[i];
+    out << "\n";
+    for (const auto& row : rows_) write_row(out, row);
+  }
+
+  void append(const std::map<std::string, std::string>& row) {
+    std::ofstream out(path_, std::ios::out | std::ios::app);
+    if (!out) throw Error("cannot write metrics file " + path_.string());
+    write_row(out, row);
+  }
+
+  fs::path path_;
+  std::vector<std::string> columns_;
+  std::vector<std::map<std::string, std::string>> rows_;
+};
+
+class Csv final : public MetricsSink {
+ public:
+  explicit Csv(const Config& options)
+      : folder_(options.get_string("dir").empty() ? fs::path() : options.get_path("dir")) {}
+
+  void begin(const RunInfo& run) override {
+    if (folder_.empty()) folder_ = run.output_dir;
+    fs::create_directories(folder_);
+    suffix_ = run.world_size > 1 ? ".rank" + std::to_string(run.rank) + ".csv" : ".csv";
+  }
+
+  void write(const MetricRecord& record) override {
+    auto it = tables_.find(record.phase);
+    if (it == tables_.end()) {
+      it = tables_.emplace(record.phase, CsvTable(folder_ / ("metrics." + record.phase + suffix_))).first;
+    }
+    it->second.add(record);
+  }
+
+ private:
+  fs::path folder_;
+  std::string suffix_;
+  std::map<std::string, CsvTable> tables_;
+};
+
+void register_components(Registry& registry) {
+  registry.add<MetricsSink>(
+      "csv",
+      {option("dir", "",
+              "folder of the tables metrics.<phase>.csv (default: the run's output folder; "
+              "one set per rank)")},
+      "metric records as CSV tables, one per record phase (train, eval, summary)",
+      [](const Config& options, const BuildContext&) { return std::make_unique<Csv>(options); });
+}
+
+}  // namespace
+}  // namespace trainyard
+
+TRAINYARD_PLUGIN("csv", "1.0.0", trainyard::register_components)

@@ -1,0 +1,75 @@
+#pragma once
+// The engine's running figures of training: what one logging interval's record says, and what
+// the whole run adds up to for the bottleneck report. Internal to the SDK library.
+
+#include <ATen/Tensor.h>
+
+#include <array>
+#include <chrono>
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "trainyard/step_phases.hpp"
+
+namespace trainyard {
+
+struct StepResult;
+class DeviceBackend;
+
+struct MeterSetup {
+  std::int64_t tokens_per_sample = 0;  // 0: not a token model
+  double flops_per_sample = 0;      // forward + backward; 0: unknown
+  double peak_flops = 0;            // per rank, per second; 0: unknown
+};
+
+// The interval's figures, in the order the record lists them.
+struct IntervalFigures {
+  std::vector<std::pair<std::string, double>> values;
+  std::vector<PhaseSpan> spans;
+  double mean_loss = 0;
+};
+
+class TrainingMeter {
+ public:
+  // `phases` is the clock the strategy marks; it outlives the meter.
+  TrainingMeter(const MeterSetup& setup, PhaseClock& phases);
+
+  PhaseClock& phases() { return phases_; }
+  void add_step(const StepResult& result);
+  bool interval_empty() const { return steps_ == 0; }
+  // Restarts the interval's wall clock (after a save or an evaluation, which are not training).
+  void restart_clock();
+  // Ends the interval: reads its device values (the interval's only sync) and starts the next.
+  IntervalFigures close_interval();
+
+  // Over the run's closed intervals.
+  double train_seconds() const { return total_train_s_; }
+  double phase_share(StepPhase phase) const;
+  // A few lines naming what bounds the run and what to try, with the numbers behind it.
+  std::vector<std::string> bottleneck_report() const;
+
+ private:
+  using Clock = std::chrono::steady_clock;
+  MeterSetup setup_;
+  PhaseClock& phases_;
+  at::Tensor loss_sum_;
+  at::Tensor last_grad_norm_;
+  std::int64_t steps_ = 0;
+  std::int64_t samples_ = 0;
+  std::int64_t skipped_ = 0;
+  std::map<std::string, double> metric_sums_;
+  Clock::time_point interval_start_;
+  double total_train_s_ = 0;
+  std::int64_t total_steps_ = 0;
+  std::array<double, kStepPhaseCount> total_phase_ms_{};
+};
+
+// Dense matrix multiplies per second on `device` in `dtype`, measured by a short probe: the
+// peak that model FLOPs utilisation is a fraction of, when the recipe does not state one.
+double measure_peak_flops(DeviceBackend& backend, int device_index, bool half_precision);
+
+}  // namespace trainyard
