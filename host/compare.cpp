@@ -40,7 +40,8 @@ another with the same seed and data, then prints a side-by-side table (step time
 phases, throughput, peak memory, final loss, eval metric, largest loss difference from the first
 variant) and writes DIR/table.txt and DIR/report.html (loss curves, step time, throughput and
 memory bars; self-contained). A variant that fails is reported with its error; the others still
-run. Exit status 1 only when every variant failed.)";
+run. Exit status 1 only when every variant failed.
+)";
 
 struct VaryAxis {
   std::string key;

@@ -261,6 +261,18 @@ TEST(CompareTest, NprocRunsEachVariantWithTheLauncher) {
   EXPECT_HAS(table, "2  strategy.plugin=single  FAILED  trainyard: error: strategy 'single' runs one process");
 }
 
+TEST(CompareTest, SeveralRecipesAreVariantsNamedByTheirFiles) {
+  TempDir dir;
+  auto result = run_host({"compare", "recipes/fashion_mnist_mlp.toml", "recipes/fashion_mnist_cnn.toml",
+                          "--vary", "model.plugin=no_model_z", "--output", (dir / "cmp").string()});
+  EXPECT_EQ(result.exit_code, 1) << describe(result);
+  const std::string table = read_text(dir / "cmp" / "table.txt");
+  EXPECT_HAS(table, "1  fashion_mnist_mlp.toml model.plugin=no_model_z  FAILED");
+  EXPECT_HAS(table, "2  fashion_mnist_cnn.toml model.plugin=no_model_z  FAILED");
+  EXPECT_TRUE(fs::exists(dir / "cmp" / "2-fashion_mnist_cnn-no_model_z" / "output.log"));
+  EXPECT_HAS(read_text(dir / "cmp" / "report.html"), "fashion_mnist_mlp_vs_fashion_mnist_cnn");
+}
+
 struct Image {
   std::uint32_t width = 0, height = 0;
   std::vector<std::array<std::uint8_t, 3>> pixels;  // row-major RGB
