@@ -111,6 +111,15 @@ TEST(CompareTest, TwoVariantsGiveTheTableAndAReportWithBothCurves) {
                               "eval metric", "max |loss diff|"}) {
     EXPECT_HAS(table, heading);
   }
+  // The engine's optional figures get a column exactly when the runs record them.
+  const std::map<std::string, std::string> optional_columns = {
+      {"h2d_ms", "h2d ms"},     {"forward_ms", "fwd ms"}, {"backward_ms", "bwd ms"},
+      {"comm_wait_ms", "comm ms"}, {"optimizer_ms", "opt ms"}, {"tokens_per_s", "tokens/s"},
+      {"mfu", "mfu"},           {"memory_peak_bytes", "peak mem"}};
+  const std::string heading = table.substr(0, table.find('\n'));
+  for (const auto& [key, title] : optional_columns) {
+    EXPECT_EQ(first_train.back().has(key), heading.find(title) != std::string::npos) << key;
+  }
   auto row1 = row_of(table, "1"), row2 = row_of(table, "2");
   ASSERT_GE(row1.size(), 8u) << table;
   ASSERT_GE(row2.size(), 8u) << table;
