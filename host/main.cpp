@@ -14,6 +14,7 @@
 
 #include "checkpoint_command.hpp"
 #include "cli.hpp"
+#include "compare.hpp"
 #include "doctor.hpp"
 #include "launch.hpp"
 #include "trainyard/engine.hpp"
@@ -34,6 +35,8 @@ const char* kTopUsage = R"(usage: trainyard <command> [options]
 commands:
   run RECIPE        train from a recipe
   launch RECIPE     train with several processes (see trainyard launch --help)
+  compare RECIPE... --vary section.key=v1,v2
+                    run variants side by side: a table and an HTML report
   validate RECIPE   check a recipe and print nothing on success
   plugins [KIND]    list the loaded plugins, their options and defaults
   doctor [RECIPE]   check LibTorch, threads, plugins, devices (and what RECIPE needs)
@@ -136,6 +139,7 @@ int dispatch(int argc, char** argv, Registry& registry) {
   if (command == "checkpoint") return command_checkpoint(args, registry);
   if (command == "doctor") return command_doctor(args, registry);
   if (command == "launch") return command_launch(args);
+  if (command == "compare") return command_compare(args);
   std::cerr << "trainyard: unknown command '" << command << "'\n" << kTopUsage;
   return kUsageError;
 }

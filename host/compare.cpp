@@ -1,0 +1,513 @@
+#include "compare.hpp"
+
+#include <boost/program_options.hpp>
+#include <fcntl.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstdio>
+#include <chrono>
+#include <cmath>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <iostream>
+#include <limits>
+#include <optional>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "cli.hpp"
+#include "compare_report.hpp"
+#include "trainyard/error.hpp"
+#include "trainyard/json.hpp"
+#include "trainyard/recipe.hpp"
+
+namespace po = boost::program_options;
+namespace fs = std::filesystem;
+
+namespace trainyard {
+namespace {
+
+const char* kUsage =
+    R"(usage: trainyard compare RECIPE [RECIPE...] [--vary section.key=v1,v2,...]... [options]
+
+Runs every variant (each recipe times the cartesian product of the --vary lists) one after
+another with the same seed and data, then prints a side-by-side table (step time and its
+phases, throughput, peak memory, final loss, eval metric, largest loss difference from the first
+variant) and writes DIR/table.txt and DIR/report.html (loss curves, step time, throughput and
+memory bars; self-contained). A variant that fails is reported with its error; the others still
+run. Exit status 1 only when every variant failed.
+)";
+
+struct VaryAxis {
+  std::string key;
+  std::vector<std::string> values;
+};
+
+struct Variant {
+  fs::path recipe;
+  std::vector<std::string> assignments;  // the --vary choices, "key=value"
+  std::string label;
+  std::string folder;
+};
+
+// "key=v1,v2": the values split at commas outside brackets and quotes, so that lists and
+// quoted strings ("model.channels=[16,32],[32,64]") stay whole.
+VaryAxis parse_vary(const std::string& text) {
+  const std::string origin = "compare: --vary '" + text + "'";
+  const auto equals = text.find('=');
+  if (equals == std::string::npos || equals == 0) {
+    throw Error(origin + ": expected section.key=value1,value2,...");
+  }
+  VaryAxis axis;
+  axis.key = text.substr(0, equals);
+  std::stringstream keys(axis.key);
+  std::size_t parts = 0;
+  for (std::string part; std::getline(keys, part, '.'); ++parts) {
+    const bool word = !part.empty() && std::all_of(part.begin(), part.end(), [](char c) {
+      return std::isalnum(static_cast<unsigned char>(c)) || c == '_' || c == '-';
+    });
+    if (!word) throw Error(origin + ": bad key '" + axis.key + "' (expected section.key)");
+  }
+  if (parts == 0 || axis.key.back() == '.') {
+    throw Error(origin + ": bad key '" + axis.key + "' (expected section.key)");
+  }
+  const std::string list = text.substr(equals + 1);
+  std::string current;
+  int depth = 0;
+  char quote = 0;
+  auto finish = [&] {
+    if (current.empty()) {
+      throw Error(origin + ": empty value in the list (expected value1,value2,...)");
+    }
+    axis.values.push_back(current);
+    current.clear();
+  };
+  for (char c : list) {
+    if (quote) {
+      if (c == quote) quote = 0;
+    } else if (c == '"' || c == '\'') {
+      quote = c;
+    } else if (c == '[' || c == '{') {
+      ++depth;
+    } else if (c == ']' || c == '}') {
+      if (--depth < 0) throw Error(origin + ": unbalanced '" + std::string(1, c) + "'");
+    } else if (c == ',' && depth == 0) {
+      finish();
+      continue;
+    }
+    current += c;
+  }
+  if (quote) throw Error(origin + ": unterminated quote");
+  if (depth != 0) throw Error(origin + ": unbalanced brackets");
+  finish();
+  return axis;
+}
+
+// A folder name from a label: letters, digits, '.', '_' and '-' only, bounded in length.
+std::string folder_name(std::size_t index, const std::string& text) {
+  std::string out = std::to_string(index + 1);
+  if (!text.empty()) out += "-";
+  for (char c : text) {
+    const bool keep = std::isalnum(static_cast<unsigned char>(c)) || c == '.' || c == '_' || c == '-';
+    if (out.size() >= 80) break;
+    out += keep ? c : '_';
+  }
+  return out;
+}
+
+std::vector<Variant> make_variants(const std::vector<fs::path>& recipes,
+                                   const std::vector<VaryAxis>& axes) {
+  std::vector<std::vector<std::string>> combinations = {{}};
+  for (const auto& axis : axes) {
+    std::vector<std::vector<std::string>> next;
+    for (const auto& prefix : combinations) {
+      for (const auto& value : axis.values) {
+        auto choice = prefix;
+        choice.push_back(axis.key + "=" + value);
+        next.push_back(std::move(choice));
+      }
+    }
+    combinations = std::move(next);
+  }
+  std::vector<Variant> variants;
+  for (const auto& recipe : recipes) {
+    for (const auto& assignments : combinations) {
+      Variant v;
+      v.recipe = recipe;
+      v.assignments = assignments;
+      std::string values;
+      for (const auto& a : assignments) {
+        v.label += (v.label.empty() ? "" : " ") + a;
+        values += (values.empty() ? "" : "-") + a.substr(a.find('=') + 1);
+      }
+      if (recipes.size() > 1 || v.label.empty()) {
+        v.label = recipe.filename().string() + (v.label.empty() ? "" : " " + v.label);
+        values = recipe.stem().string() + (values.empty() ? "" : "-" + values);
+      }
+      v.folder = folder_name(variants.size(), values);
+      variants.push_back(std::move(v));
+    }
+  }
+  return variants;
+}
+
+// Whether the recipe (with the variant's overrides) already has an enabled jsonl sink writing
+// into the run's folder: then compare reads its file rather than adding a second writer of it.
+bool writes_default_jsonl(const fs::path& recipe_path, const std::vector<std::string>& overrides) {
+  try {
+    Recipe recipe = load_recipe(recipe_path, overrides);
+    const Value* sinks = recipe.root->find("sinks");
+    if (!sinks || sinks->type() != ValueType::kTable) return false;
+    for (const auto& [name, value] : sinks->as_table().entries()) {
+      if (value.type() != ValueType::kTable) continue;
+      const Table& sink = value.as_table();
+      std::string plugin = name;
+      if (const Value* p = sink.find("plugin"); p && p->type() == ValueType::kString) {
+        plugin = p->as_string();
+      }
+      if (plugin != "jsonl") continue;
+      if (const Value* e = sink.find("enabled"); e && e->type() == ValueType::kBool && !e->as_bool()) {
+        continue;
+      }
+      if (const Value* p = sink.find("path"); p && !(p->type() == ValueType::kString && p->as_string().empty())) {
+        continue;
+      }
+      return true;
+    }
+  } catch (const Error&) {
+    // The child reports what is wrong with the recipe, as the variant's error.
+  }
+  return false;
+}
+
+struct ChildOutcome {
+  int status = 0;  // as waitpid gives it
+  double wall_s = 0;
+};
+
+// Runs this binary with `args`, both output streams into `log`, and waits for it.
+ChildOutcome run_child(const std::vector<std::string>& args, const fs::path& log) {
+  const int log_fd = ::open(log.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  if (log_fd < 0) throw Error("compare: cannot write " + log.string() + ": " + std::strerror(errno));
+  const int null_fd = ::open("/dev/null", O_RDONLY | O_CLOEXEC);
+  fs::path self = executable_path();
+  if (self.empty()) self = "/proc/self/exe";
+  std::vector<std::string> argv = {"trainyard"};
+  argv.insert(argv.end(), args.begin(), args.end());
+  std::vector<char*> c_argv;
+  for (auto& a : argv) c_argv.push_back(a.data());
+  c_argv.push_back(nullptr);
+
+  const auto started = std::chrono::steady_clock::now();
+  std::cout.flush();
+  std::cerr.flush();
+  const pid_t pid = ::fork();
+  if (pid < 0) {
+    ::close(log_fd);
+    if (null_fd >= 0) ::close(null_fd);
+    throw Error(std::string("compare: fork failed: ") + std::strerror(errno));
+  }
+  if (pid == 0) {
+    if (null_fd >= 0) ::dup2(null_fd, STDIN_FILENO);
+    ::dup2(log_fd, STDOUT_FILENO);
+    ::dup2(log_fd, STDERR_FILENO);
+    ::execv(self.c_str(), c_argv.data());
+    std::fprintf(stderr, "trainyard: error: compare: cannot run %s: %s\n", self.c_str(),
+                 std::strerror(errno));
+    std::_Exit(127);
+  }
+  ::close(log_fd);
+  if (null_fd >= 0) ::close(null_fd);
+  ChildOutcome outcome;
+  while (::waitpid(pid, &outcome.status, 0) < 0) {
+    if (errno != EINTR) throw Error(std::string("compare: waitpid failed: ") + std::strerror(errno));
+  }
+  outcome.wall_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
+  return outcome;
+}
+
+std::vector<std::string> lines_of(const fs::path& file) {
+  std::vector<std::string> lines;
+  std::ifstream in(file);
+  for (std::string line; std::getline(in, line);) lines.push_back(line);
+  return lines;
+}
+
+// The child's one-line error: its first "trainyard: error: ..." line (without a "[rank R] "
+// prefix), else the launcher's account of the failed rank, else how it ended.
+std::string error_of(const fs::path& log, int status) {
+  const auto lines = lines_of(log);
+  for (const char* marker : {"trainyard: error: ", "trainyard launch: failure: ", "trainyard launch: rank "}) {
+    for (const auto& line : lines) {
+      if (auto at = line.find(marker); at != std::string::npos) return line.substr(at);
+    }
+  }
+  if (WIFSIGNALED(status)) {
+    return std::string("trainyard: error: killed by signal ") + strsignal(WTERMSIG(status)) +
+           " (see " + log.string() + ")";
+  }
+  return "trainyard: error: exited with status " +
+         std::to_string(WIFEXITED(status) ? WEXITSTATUS(status) : -1) + " (see " + log.string() +
+         ")";
+}
+
+struct Record {
+  std::string phase;
+  std::int64_t step = 0;
+  std::map<std::string, double> values;  // null (a non-finite value) reads as NaN
+};
+
+std::vector<Record> read_records(const fs::path& file) {
+  std::vector<Record> records;
+  std::ifstream in(file);
+  if (!in) throw Error("compare: the run wrote no metrics file " + file.string());
+  std::size_t number = 0;
+  for (std::string line; std::getline(in, line);) {
+    ++number;
+    if (line.empty()) continue;
+    JsonValue object = parse_json(line, file.string() + ":" + std::to_string(number));
+    if (!object.is(JsonValue::Type::kObject)) {
+      throw Error(file.string() + ":" + std::to_string(number) + ": a record must be a JSON object");
+    }
+    Record record;
+    for (const auto& [name, value] : object.as_object()) {
+      if (name == "phase" && value.is(JsonValue::Type::kString)) {
+        record.phase = value.as_string();
+      } else if (name == "step" && value.is(JsonValue::Type::kNumber)) {
+        record.step = static_cast<std::int64_t>(value.as_number());
+      } else if (name == "epoch" || name == "rank" || name == "elapsed_s") {
+        continue;
+      } else if (value.is(JsonValue::Type::kNumber)) {
+        record.values[name] = value.as_number();
+      } else if (value.is(JsonValue::Type::kNull)) {
+        record.values[name] = std::numeric_limits<double>::quiet_NaN();
+      }
+    }
+    records.push_back(std::move(record));
+  }
+  return records;
+}
+
+std::optional<double> value_of(const Record& record, const std::string& key) {
+  auto it = record.values.find(key);
+  if (it == record.values.end()) return std::nullopt;
+  return it->second;
+}
+
+// Fills the curves and figures of `v` from its records.
+void summarize(const std::vector<Record>& records, VariantResult& v) {
+  std::vector<const Record*> train;
+  std::vector<std::int64_t> interval_steps;
+  std::int64_t previous = 0;
+  for (const auto& record : records) {
+    if (record.phase == "train") {
+      train.push_back(&record);
+      interval_steps.push_back(std::max<std::int64_t>(1, record.step - previous));
+      previous = record.step;
+      if (auto loss = value_of(record, "loss")) v.train_loss.push_back({record.step, *loss});
+      v.steps = std::max(v.steps, record.step);
+    } else if (record.phase == "eval") {
+      if (auto loss = value_of(record, "loss")) {
+        v.eval_loss.push_back({record.step, *loss});
+        v.eval_loss_final = *loss;
+      }
+      v.eval_metric.reset();
+      for (const auto& [name, value] : record.values) {
+        if (name != "loss" && name != "samples") {
+          v.eval_metric = std::make_pair(name, value);
+          break;
+        }
+      }
+    } else if (record.phase == "summary") {
+      if (auto loss = value_of(record, "final_train_loss")) v.final_train_loss = *loss;
+      if (auto steps = value_of(record, "steps")) v.steps = static_cast<std::int64_t>(*steps);
+    }
+    if (auto peak = value_of(record, "memory_peak_bytes"); peak && std::isfinite(*peak)) {
+      v.peak_memory_bytes = std::max(v.peak_memory_bytes.value_or(0.0), *peak);
+    }
+  }
+  if (!v.final_train_loss && !v.train_loss.empty()) v.final_train_loss = v.train_loss.back().loss;
+
+  // The first interval holds the warm-up (allocations, first-touch of the data); it is left out
+  // when later intervals exist. Per-step times average over steps, rates over time.
+  const std::size_t first = train.size() > 1 ? 1 : 0;
+  std::vector<std::string> per_step = {"step_time_ms"};
+  for (const auto& key : compare_phase_keys()) per_step.push_back(key);
+  for (const auto& key : per_step) {
+    double sum = 0, weight = 0;
+    for (std::size_t i = first; i < train.size(); ++i) {
+      auto value = value_of(*train[i], key);
+      if (!value || !std::isfinite(*value)) continue;
+      sum += *value * static_cast<double>(interval_steps[i]);
+      weight += static_cast<double>(interval_steps[i]);
+    }
+    if (weight > 0) v.steady[key] = sum / weight;
+  }
+  for (const std::string key : {"samples_per_s", "tokens_per_s", "mfu"}) {
+    double sum = 0, weight = 0;
+    for (std::size_t i = first; i < train.size(); ++i) {
+      auto value = value_of(*train[i], key);
+      auto step_ms = value_of(*train[i], "step_time_ms");
+      if (!value || !std::isfinite(*value)) continue;
+      const double seconds = (step_ms && std::isfinite(*step_ms) ? *step_ms : 1.0) *
+                             static_cast<double>(interval_steps[i]);
+      sum += *value * seconds;
+      weight += seconds;
+    }
+    if (weight > 0) v.steady[key] = sum / weight;
+  }
+}
+
+void write_file(const fs::path& path, const std::string& text) {
+  std::ofstream out(path, std::ios::out | std::ios::trunc);
+  out << text;
+  out.close();
+  if (!out) throw Error("compare: cannot write " + path.string());
+}
+
+std::int64_t recipe_seed(const fs::path& recipe, const std::vector<std::string>& overrides) {
+  Recipe loaded = load_recipe(recipe, overrides);
+  const Value* run = loaded.root->find("run");
+  if (!run || run->type() != ValueType::kTable) return 0;
+  const Value* seed = run->as_table().find("seed");
+  if (!seed || seed->type() != ValueType::kInteger) return 0;
+  return seed->as_integer();
+}
+
+}  // namespace
+
+int command_compare(const std::vector<std::string>& args) {
+  CommonOptions common;
+  std::vector<std::string> recipe_names, varies, overrides;
+  std::string output;
+  std::int64_t steps = 0, seed = 0;
+  int nproc = 1;
+  po::options_description options("compare options");
+  options.add_options()("recipe", po::value(&recipe_names)->multitoken(), "recipe files")(
+      "vary", po::value(&varies)->composing(),
+      "section.key=v1,v2,... : one axis of variants (repeatable; the variants are the cartesian "
+      "product)")("set", po::value(&overrides)->composing(),
+                  "override a recipe value in every variant: section.key=value")(
+      "steps", po::value(&steps), "stop every variant after N optimizer steps (run.max_steps)")(
+      "nproc", po::value(&nproc), "ranks per variant (> 1 runs 'trainyard launch')")(
+      "seed", po::value(&seed), "seed of every variant (default: the first recipe's run.seed)")(
+      "output", po::value(&output), "report folder (default: runs/compare/<recipe name>)");
+  add_common(options, common);
+  po::positional_options_description positional;
+  positional.add("recipe", -1);
+  auto values = parse(args, options, positional, kUsage);
+  if (!values) return 0;
+
+  if (recipe_names.empty()) throw Error("compare: no recipe given (see --help)");
+  if (values->count("steps") && steps < 1) throw Error("compare: --steps must be >= 1");
+  if (nproc < 1) throw Error("compare: --nproc must be >= 1");
+  std::vector<VaryAxis> axes;
+  for (const auto& text : varies) {
+    VaryAxis axis = parse_vary(text);
+    for (const auto& other : axes) {
+      if (other.key == axis.key) throw Error("compare: --vary names '" + axis.key + "' twice");
+    }
+    axes.push_back(std::move(axis));
+  }
+  std::vector<fs::path> recipes(recipe_names.begin(), recipe_names.end());
+  // Every recipe must load with the shared overrides before anything runs.
+  std::string title;
+  for (const auto& recipe : recipes) {
+    Recipe loaded = load_recipe(recipe, overrides);
+    title += (title.empty() ? "" : "_vs_") + loaded.name();
+  }
+  if (!values->count("seed")) seed = recipe_seed(recipes.front(), overrides);
+  const fs::path report_dir = fs::absolute(output.empty() ? fs::path("runs") / "compare" / title
+                                                          : fs::path(output));
+  fs::create_directories(report_dir);
+
+  std::vector<Variant> variants = make_variants(recipes, axes);
+  std::vector<VariantResult> results;
+  for (std::size_t i = 0; i < variants.size(); ++i) {
+    const Variant& variant = variants[i];
+    const fs::path dir = report_dir / variant.folder;
+    fs::create_directories(dir);
+    const fs::path metrics = dir / (nproc > 1 ? "metrics.rank0.jsonl" : "metrics.jsonl");
+    // A file from an earlier compare must not pass for this run's.
+    std::error_code ignored;
+    fs::remove(metrics, ignored);
+
+    // Later --set values win: the shared overrides, then the seed and steps every variant
+    // shares, then the variant's own choices, then where it writes.
+    std::vector<std::string> sets = overrides;
+    sets.push_back("run.seed=" + std::to_string(seed));
+    if (steps > 0) sets.push_back("run.max_steps=" + std::to_string(steps));
+    sets.insert(sets.end(), variant.assignments.begin(), variant.assignments.end());
+    sets.push_back("run.output_dir=" + dir.string());
+    if (!writes_default_jsonl(variant.recipe, sets)) sets.push_back("sinks.compare_jsonl.plugin=jsonl");
+
+    std::vector<std::string> child;
+    if (nproc > 1) child = {"launch", "--nproc-per-node", std::to_string(nproc)};
+    else child = {"run"};
+    child.push_back(variant.recipe.string());
+    for (const auto& set : sets) {
+      child.push_back("--set");
+      child.push_back(set);
+    }
+    for (const auto& path : common.plugin_paths) {
+      child.push_back("--plugin-path");
+      child.push_back(fs::absolute(path).string());
+    }
+    if (common.no_default_plugins) child.push_back("--no-default-plugins");
+
+    std::cout << "compare: [" << i + 1 << "/" << variants.size() << "] " << variant.label
+              << std::flush;
+    const fs::path log = dir / "output.log";
+    ChildOutcome outcome = run_child(child, log);
+
+    VariantResult result;
+    result.label = variant.label;
+    result.folder = variant.folder;
+    result.wall_s = outcome.wall_s;
+    result.succeeded = WIFEXITED(outcome.status) && WEXITSTATUS(outcome.status) == 0;
+    if (result.succeeded) {
+      try {
+        summarize(read_records(metrics), result);
+      } catch (const Error& error) {
+        result.succeeded = false;
+        result.error = std::string("trainyard: error: ") + error.what();
+      }
+    } else {
+      result.error = error_of(log, outcome.status);
+      // What a failed run logged before it stopped still draws its curve.
+      try {
+        if (fs::exists(metrics)) summarize(read_records(metrics), result);
+      } catch (const Error&) {
+      }
+    }
+    char seconds[32];
+    std::snprintf(seconds, sizeof seconds, "%.1f", result.wall_s);
+    std::cout << (result.succeeded ? ": ok" : ": FAILED") << " (" << seconds << " s)\n";
+    if (!result.succeeded) std::cout << "  " << result.error << "\n  log: " << log.string() << "\n";
+    std::cout << std::flush;
+    results.push_back(std::move(result));
+  }
+
+  compute_divergences(results);
+  const std::string table = format_table(results);
+  CompareReport report;
+  report.title = title;
+  report.command_line = {"trainyard", "compare"};
+  report.command_line.insert(report.command_line.end(), args.begin(), args.end());
+  report.variants = results;
+  write_file(report_dir / "table.txt", table);
+  write_file(report_dir / "report.html", render_html(report));
+  std::cout << "\n" << table << "\ntable: " << (report_dir / "table.txt").string()
+            << "\nreport: " << (report_dir / "report.html").string() << std::endl;
+
+  const bool any_succeeded = std::any_of(results.begin(), results.end(),
+                                         [](const VariantResult& v) { return v.succeeded; });
+  return any_succeeded ? 0 : 1;
+}
+
+}  // namespace trainyard
