@@ -437,9 +437,12 @@ int command_compare(const std::vector<std::string>& args) {
     std::error_code ignored;
     fs::remove(metrics, ignored);
 
-    // Later --set values win: the shared overrides, then the seed and steps every variant
-    // shares, then the variant's own choices, then where it writes.
-    std::vector<std::string> sets = overrides;
+    // Later --set values win: the logging interval for --steps, the shared overrides, then the
+    // seed and steps every variant shares, then the variant's own choices, then where it writes.
+    std::vector<std::string> sets;
+    // A short comparison still draws curves: about 20 points unless --set says otherwise.
+    if (steps > 0) sets.push_back("run.log_every=" + std::to_string(std::max<std::int64_t>(1, steps / 20)));
+    sets.insert(sets.end(), overrides.begin(), overrides.end());
     sets.push_back("run.seed=" + std::to_string(seed));
     if (steps > 0) sets.push_back("run.max_steps=" + std::to_string(steps));
     sets.insert(sets.end(), variant.assignments.begin(), variant.assignments.end());

@@ -68,8 +68,9 @@ class TrainingMeter {
   std::array<double, kStepPhaseCount> total_phase_ms_{};
 };
 
-// Dense matrix multiplies per second on `device` in `dtype`, measured by a short probe: the
-// peak that model FLOPs utilisation is a fraction of, when the recipe does not state one.
+// Dense matmul FLOP/s of the device, measured by a short probe in fp32 and, for a half-precision
+// run, bf16 (the faster of the two): the peak that model FLOPs utilisation is a fraction of,
+// when the recipe does not state one.
 double measure_peak_flops(DeviceBackend& backend, int device_index, bool half_precision);
 
 }  // namespace trainyard
