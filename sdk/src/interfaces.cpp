@@ -31,6 +31,13 @@ SampleStream::~SampleStream() = default;
 StreamSource::~StreamSource() = default;
 DeviceEvent::~DeviceEvent() = default;
 
+void HostClockEvent::record() { time_ = std::chrono::steady_clock::now(); }
+
+double HostClockEvent::elapsed_ms(const DeviceEvent& later) const {
+  const auto& other = dynamic_cast<const HostClockEvent&>(later);
+  return std::chrono::duration<double, std::milli>(other.time_ - time_).count();
+}
+
 const torch::Tensor& Batch::at(const std::string& name) const {
   auto it = tensors.find(name);
   if (it == tensors.end()) {
@@ -88,6 +95,12 @@ torch::Tensor run_blocks(Model& model, const std::vector<Block>& blocks, const B
   torch::Tensor x = model.input(batch);
   for (const auto& block : blocks) x = block.forward(x);
   return x;
+}
+
+std::filesystem::path per_rank_file(const RunInfo& run, const std::string& stem,
+                                    const std::string& extension) {
+  const std::string rank = run.world_size > 1 ? ".rank" + std::to_string(run.rank) : "";
+  return std::filesystem::path(run.output_dir) / (stem + rank + extension);
 }
 
 double MetricRecord::get(const std::string& name, double fallback) const {

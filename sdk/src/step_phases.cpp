@@ -22,19 +22,6 @@ const char* step_phase_name(StepPhase phase) {
 
 namespace {
 
-// Steady-clock events for a clock without a device backend.
-class HostEvent final : public DeviceEvent {
- public:
-  void record() override { time_ = std::chrono::steady_clock::now(); }
-  double elapsed_ms(const DeviceEvent& later) const override {
-    const auto& other = static_cast<const HostEvent&>(later);
-    return std::chrono::duration<double, std::milli>(other.time_ - time_).count();
-  }
-
- private:
-  std::chrono::steady_clock::time_point time_;
-};
-
 double microseconds(std::chrono::steady_clock::duration duration) {
   return std::chrono::duration<double, std::micro>(duration).count();
 }
@@ -49,7 +36,7 @@ PhaseClock::~PhaseClock() = default;
 std::size_t PhaseClock::record_event() {
   if (events_used_ == events_.size()) {
     events_.push_back(backend_ ? backend_->create_event(device_index_)
-                               : std::make_unique<HostEvent>());
+                               : std::make_unique<HostClockEvent>());
   }
   events_[events_used_]->record();
   return events_used_++;

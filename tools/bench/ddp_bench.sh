@@ -3,8 +3,10 @@
 #   scaling      global samples/s of 2 ranks (ddp) / samples/s of 1 rank (single)  (target >= 1.8)
 #   vs python    trainyard ddp step time / PyTorch's Python DDP step time, both 2 ranks, gloo,
 #                batch 64 per rank, AdamW                                          (target <= 1)
-#   overlap      comm_wait_ms: time waiting on all-reduces after backward, with the all-reduces
-#                launched from autograd hooks (overlap) and all after backward (no overlap)
+#   overlap      comm_wait: time waiting on communication (the buffer broadcast before forward and
+#                the all-reduces after backward), with the all-reduces launched from autograd
+#                hooks (overlap) and all after backward (no overlap)
+# Each row also shows the step's phases (rank 0's medians, ms per step).
 # Loader workers are the default (-1): one for the single process (a spare core), none for each
 # of 2 ranks on 2 cores. STEPS (default 300) optimizer steps per run; the first logging interval
 # is left out.
@@ -68,15 +70,16 @@ def median(records, key):
 single = train(f"{work}/single/metrics.jsonl")
 ranks = [train(f"{work}/ddp/metrics.rank{r}.jsonl") for r in range(2)]
 no_overlap = [train(f"{work}/ddp_no_overlap/metrics.rank{r}.jsonl") for r in range(2)]
-single_rate = median(single, "samples_per_s")
-ddp_rate = sum(median(r, "samples_per_s") for r in ranks)
-ddp_ms = max(median(r, "step_time_ms") for r in ranks)
-print(f"{'run':28} {'samples/s':>10} {'step ms':>8} {'comm_wait_ms':>13}")
-print(f"{'single, 1 rank x 1 thread':28} {single_rate:10.0f} {median(single, 'step_time_ms'):8.2f} {'':>13}")
-print(f"{'ddp, 2 ranks x 1 thread':28} {ddp_rate:10.0f} {ddp_ms:8.2f} {median(ranks[0], 'comm_wait_ms'):13.3f}")
-rate = sum(median(r, "samples_per_s") for r in no_overlap)
-print(f"{'ddp, overlap = false':28} {rate:10.0f} {max(median(r, 'step_time_ms') for r in no_overlap):8.2f} "
-      f"{median(no_overlap[0], 'comm_wait_ms'):13.3f}")
+phases = ["data_wait_ms", "forward_ms", "backward_ms", "comm_wait_ms", "optimizer_ms"]
+print(f"{'run':28} {'samples/s':>10} {'step ms':>8} " + " ".join(f"{p[:-3]:>10}" for p in phases))
+def row(name, runs):
+    rate = sum(median(r, "samples_per_s") for r in runs)
+    step = max(median(r, "step_time_ms") for r in runs)
+    print(f"{name:28} {rate:10.0f} {step:8.2f} " + " ".join(f"{median(runs[0], p):10.2f}" for p in phases))
+    return rate, step
+single_rate, _ = row("single, 1 rank x 1 thread", [single])
+ddp_rate, ddp_ms = row("ddp, 2 ranks x 1 thread", ranks)
+row("ddp, overlap = false", no_overlap)
 print(f"{'python DDP (torchrun, gloo)':28} {2 * 64 * 1000 / python_ms:10.0f} {python_ms:8.2f}")
 print(f"scaling (2 ranks / 1 rank):   {ddp_rate / single_rate:.2f}x   (target >= 1.8)")
 print(f"step time vs python DDP:      {ddp_ms / python_ms:.2f}    (target <= 1)")

@@ -4,7 +4,6 @@
 #include <unistd.h>
 
 #include <algorithm>
-#include <chrono>
 #include <fstream>
 
 #include "trainyard/device.hpp"
@@ -13,18 +12,6 @@
 
 namespace trainyard {
 namespace {
-
-class CpuEvent final : public DeviceEvent {
- public:
-  void record() override { time_ = std::chrono::steady_clock::now(); }
-  double elapsed_ms(const DeviceEvent& later) const override {
-    const auto& other = dynamic_cast<const CpuEvent&>(later);
-    return std::chrono::duration<double, std::milli>(other.time_ - time_).count();
-  }
-
- private:
-  std::chrono::steady_clock::time_point time_ = std::chrono::steady_clock::now();
-};
 
 class Cpu final : public DeviceBackend {
  public:
@@ -35,7 +22,7 @@ class Cpu final : public DeviceBackend {
     return torch::kCPU;
   }
   void synchronize(int) override {}
-  std::unique_ptr<DeviceEvent> create_event(int) override { return std::make_unique<CpuEvent>(); }
+  std::unique_ptr<DeviceEvent> create_event(int) override { return std::make_unique<HostClockEvent>(); }
   DeviceMemory memory(int) const override {
     DeviceMemory memory;
     long pages = 0, resident = 0;

@@ -88,22 +88,22 @@ class Csv final : public MetricsSink {
       : folder_(options.get_string("dir").empty() ? fs::path() : options.get_path("dir")) {}
 
   void begin(const RunInfo& run) override {
-    if (folder_.empty()) folder_ = run.output_dir;
-    fs::create_directories(folder_);
-    suffix_ = run.world_size > 1 ? ".rank" + std::to_string(run.rank) + ".csv" : ".csv";
+    run_ = run;
+    if (!folder_.empty()) run_.output_dir = folder_.string();
+    fs::create_directories(run_.output_dir);
   }
 
   void write(const MetricRecord& record) override {
     auto it = tables_.find(record.phase);
     if (it == tables_.end()) {
-      it = tables_.emplace(record.phase, CsvTable(folder_ / ("metrics." + record.phase + suffix_))).first;
+      it = tables_.emplace(record.phase, CsvTable(per_rank_file(run_, "metrics." + record.phase, ".csv"))).first;
     }
     it->second.add(record);
   }
 
  private:
   fs::path folder_;
-  std::string suffix_;
+  RunInfo run_;  // output_dir: the tables' folder
   std::map<std::string, CsvTable> tables_;
 };
 

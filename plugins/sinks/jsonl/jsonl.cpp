@@ -32,9 +32,7 @@ class Jsonl final : public MetricsSink {
   void begin(const RunInfo& run) override {
     fs::path path = path_;
     if (path.empty()) {
-      path = fs::path(run.output_dir) /
-             (run.world_size > 1 ? "metrics.rank" + std::to_string(run.rank) + ".jsonl"
-                                 : std::string("metrics.jsonl"));
+      path = per_rank_file(run, "metrics", ".jsonl");
     }
     if (path.has_parent_path()) fs::create_directories(path.parent_path());
     out_.open(path, std::ios::out | std::ios::trunc);

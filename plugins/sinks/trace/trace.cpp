@@ -27,9 +27,7 @@ class Trace final : public MetricsSink {
   void begin(const RunInfo& run) override {
     fs::path path = path_;
     if (path.empty()) {
-      path = fs::path(run.output_dir) /
-             (run.world_size > 1 ? "trace.rank" + std::to_string(run.rank) + ".json"
-                                 : std::string("trace.json"));
+      path = per_rank_file(run, "trace", ".json");
     }
     if (path.has_parent_path()) fs::create_directories(path.parent_path());
     out_.open(path, std::ios::out | std::ios::trunc);

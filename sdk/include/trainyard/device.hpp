@@ -3,6 +3,7 @@
 
 #include <torch/types.h>
 
+#include <chrono>
 #include <cstdint>
 #include <memory>
 
@@ -20,6 +21,16 @@ class DeviceEvent {
   virtual void record() = 0;
   // Milliseconds from this event to `later`; waits for both to complete.
   virtual double elapsed_ms(const DeviceEvent& later) const = 0;
+};
+
+// Steady-clock readings: the events of the host, where work is done when it is issued.
+class HostClockEvent final : public DeviceEvent {
+ public:
+  void record() override;
+  double elapsed_ms(const DeviceEvent& later) const override;
+
+ private:
+  std::chrono::steady_clock::time_point time_ = std::chrono::steady_clock::now();
 };
 
 struct DeviceMemory {

@@ -2,6 +2,7 @@
 // Metric sinks: where the numbers of a run go.
 
 #include <cstdint>
+#include <filesystem>
 #include <string>
 #include <utility>
 #include <vector>
@@ -20,6 +21,11 @@ struct RunInfo {
   int world_size = 1;
   std::string output_dir;     // where sinks put files unless configured otherwise
 };
+
+// A sink's file in the run's output folder: `<stem><extension>`, or `<stem>.rank<R><extension>`
+// when the run has several ranks (each rank writes its own).
+std::filesystem::path per_rank_file(const RunInfo& run, const std::string& stem,
+                                    const std::string& extension);
 
 // One line of metrics. `phase` is "train" (rolled up over the logging interval), "eval" (one
 // per evaluation) or "summary" (once at the end).
