@@ -451,6 +451,10 @@ RunSummary Engine::run() {
 
 RunSummary Engine::run_steps() {
   State& s = *state_;
+  // Samples per optimizer step over every data-parallel rank.
+  const std::int64_t global_batch =
+      static_cast<std::int64_t>(s.strategy->data_parallel_place().size) * s.accumulation *
+      s.loader_options.get_int("batch_size");
   RunSummary summary;
   std::int64_t epoch = 0;
   std::int64_t first_batch = 0;
@@ -474,19 +478,54 @@ RunSummary Engine::run_steps() {
         }
         return std::stoll(it->second);
       };
+      // Written by another number of ranks: the strategy reshards; the data order follows from
+      // the seed and the global batch, so the position carries over only when both the global
+      // batch and the steps per epoch are the same.
+      const bool resharding = state.shared.metadata.count(kSavedWorldSizeKey) != 0;
+      if (resharding) {
+        const std::string saved = state.shared.metadata.at(kSavedWorldSizeKey);
+        auto refuse = [&](const std::string& why) {
+          throw Error("cannot resume " + checkpoint->string() + " (written by " + saved +
+                      " ranks) on " + std::to_string(s.world_size) + ": " + why);
+        };
+        if (s.train_loader->streaming()) {
+          refuse("a streaming dataset's reader positions are per rank");
+        }
+        const auto& meta = state.shared.metadata;
+        const std::string global_batch_text = std::to_string(global_batch);
+        const std::string steps_per_epoch = std::to_string(s.steps_per_epoch);
+        if (!meta.count("engine.global_batch") || meta.at("engine.global_batch") != global_batch_text) {
+          refuse("its global batch (data-parallel ranks x batch_size x grad_accumulation) was " +
+                 (meta.count("engine.global_batch") ? meta.at("engine.global_batch") : "unrecorded") +
+                 ", this run's is " + global_batch_text + "; set loader.batch_size so they match");
+        }
+        if (!meta.count("engine.steps_per_epoch") || meta.at("engine.steps_per_epoch") != steps_per_epoch) {
+          refuse("its epochs had " +
+                 (meta.count("engine.steps_per_epoch") ? meta.at("engine.steps_per_epoch") : "unrecorded") +
+                 " steps, this run's have " + steps_per_epoch);
+        }
+      }
       s.strategy->load_state(state);
       s.precision->load_state(state.shared);
       s.step = number("engine.step");
       epoch = number("engine.epoch");
       first_batch = number("engine.batch_in_epoch");
-      auto rng = state.local.tensors.find("engine.rng.cpu");
+      if (resharding) {
+        // Per-rank random streams do not map across rank counts: they restart from the seed.
+        s.log("resharded " + checkpoint->string() + " from " +
+              state.shared.metadata.at(kSavedWorldSizeKey) + " ranks to " +
+              std::to_string(s.world_size) + "; per-rank random streams restart from the seed");
+      }
+      auto rng = resharding ? state.local.tensors.end() : state.local.tensors.find("engine.rng.cpu");
       if (rng != state.local.tensors.end()) {
         auto generator = at::detail::getDefaultCPUGenerator();
         std::lock_guard<std::mutex> lock(generator.mutex());
         generator.set_state(rng->second);
       }
-      s.device_backend->load_rng_state(state.local);
-      s.train_loader->load_state(state.local);
+      if (!resharding) {
+        s.device_backend->load_rng_state(state.local);
+        s.train_loader->load_state(state.local);
+      }
       s.log("resumed from " + checkpoint->string() + " at step " + std::to_string(s.step));
     }
   }
@@ -514,6 +553,8 @@ RunSummary Engine::run_steps() {
     meta["engine.step"] = std::to_string(s.step);
     meta["engine.epoch"] = std::to_string(at_epoch);
     meta["engine.batch_in_epoch"] = std::to_string(batch_in_epoch);
+    meta["engine.global_batch"] = std::to_string(global_batch);
+    meta["engine.steps_per_epoch"] = std::to_string(s.steps_per_epoch);
     meta["engine.recipe"] = to_toml(*s.recipe.root);
     meta["engine.framework_version"] = kFrameworkVersion;
     {
@@ -702,15 +743,22 @@ RunSummary Engine::run_steps() {
   }
 
   commit_pending_save();
-  if (std::string file = s.run_options.get_string("final_model_file"); !file.empty() && s.rank == 0) {
-    CheckpointState state;
-    s.strategy->save_state(state);
-    TensorMap model;
-    const std::string prefix = "model.";
-    for (const auto& [name, tensor] : state.shared.tensors) {
-      if (name.rfind(prefix, 0) == 0) model[name.substr(prefix.size())] = tensor;
+  if (std::string file = s.run_options.get_string("final_model_file"); !file.empty()) {
+    // Sharded strategies gather their parameters collectively: every rank takes part, rank 0
+    // writes. Buffers (and, for replicated strategies, the parameters too) come from the
+    // strategy's saved state.
+    TensorMap parameters = s.strategy->full_parameters();
+    if (s.rank == 0) {
+      CheckpointState state;
+      s.strategy->save_state(state);
+      TensorMap model;
+      const std::string prefix = "model.";
+      for (const auto& [name, tensor] : state.shared.tensors) {
+        if (name.rfind(prefix, 0) == 0) model[name.substr(prefix.size())] = tensor;
+      }
+      for (auto& [name, tensor] : parameters) model[name] = tensor;
+      write_tensor_file(s.run_options.get_path("final_model_file"), model);
     }
-    write_tensor_file(s.run_options.get_path("final_model_file"), model);
   }
 
   summary.steps = s.step;
