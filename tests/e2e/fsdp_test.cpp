@@ -197,6 +197,31 @@ TEST(FsdpParity, AccumulationAndGlobalNormClippingMatchDdp) {
                      {"--set", "run.grad_accumulation=2", "--set", "run.max_grad_norm=0.05"});
 }
 
+TEST(FsdpParity, ActivationCheckpointingComposes) {
+  // Recomputed blocks run their forward again inside backward: their parameters are gathered
+  // again there, and their gradients still reach the reduce-scatter hooks.
+  expect_matches_ddp("gpt", 2, 4, {"full", "grad_op"},
+                     {"--set", "run.activation_checkpointing=all"});
+}
+
+TEST(FsdpRun, EvaluationGathersUnitByUnitAndReportsTheWholeSplit) {
+  TempDir dir;
+  auto recipe = dir.write("recipe.toml", cnn_recipe());
+  for (const std::string strategy : {"ddp", "fsdp"}) {
+    auto result = launch(2, recipe, dir / strategy,
+                         {"--set", "strategy.plugin=" + strategy, "--set", "loader.batch_size=16",
+                          "--set", "run.eval=true", "--set", "loader.eval_batch_size=16"});
+    ASSERT_EQ(result.exit_code, 0) << describe(result);
+  }
+  auto ddp = of_phase(read_metrics(dir / "ddp" / "metrics.rank1.jsonl"), "eval");
+  auto fsdp = of_phase(read_metrics(dir / "fsdp" / "metrics.rank1.jsonl"), "eval");
+  ASSERT_EQ(ddp.size(), 1u);
+  ASSERT_EQ(fsdp.size(), 1u);
+  EXPECT_EQ(fsdp[0].at("samples"), 64);
+  EXPECT_TRUE(close(fsdp[0].at("loss"), ddp[0].at("loss"), 1e-5, 1e-6));
+  EXPECT_EQ(fsdp[0].at("accuracy"), ddp[0].at("accuracy"));
+}
+
 TEST(FsdpParity, Bf16LossCurveFollowsDdp) {
   // Both autocast to bf16, so both run their matrix products on the same bf16-rounded weights;
   // fsdp gathers bf16 parameters (their gradients come back in bf16, reduced in fp32) where ddp
