@@ -126,6 +126,8 @@ TensorMap consolidate_shards(const fs::path& checkpoint, const CheckpointManifes
   TensorMap out;
   auto layout = shared.metadata.find("fsdp.layout");
   if (layout == shared.metadata.end()) return out;
+  auto kind = shared.metadata.find("fsdp.state_dict");
+  if (kind != shared.metadata.end() && kind->second == "full") return out;  // 'model.*' already
   auto bad = [&](const std::string& why) {
     return Error("checkpoint " + checkpoint.string() + ": fsdp layout '" + layout->second +
                  "' " + why);

@@ -748,9 +748,9 @@ RunSummary Engine::run_steps() {
     // writes. Buffers (and, for replicated strategies, the parameters too) come from the
     // strategy's saved state.
     TensorMap parameters = s.strategy->full_parameters();
+    CheckpointState state;
+    s.strategy->save_state(state);  // may gather too (a consolidated save): every rank calls it
     if (s.rank == 0) {
-      CheckpointState state;
-      s.strategy->save_state(state);
       TensorMap model;
       const std::string prefix = "model.";
       for (const auto& [name, tensor] : state.shared.tensors) {

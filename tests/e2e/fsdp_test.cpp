@@ -369,5 +369,38 @@ TEST(FsdpCheckpoint, SavedOnFourRanksResumesOnTwoAndOneAndExports) {
   EXPECT_HAS(refused.err, "global batch");
 }
 
+TEST(FsdpCheckpoint, ConsolidatedSaveHoldsWholeTensorsAndResumesOnOtherRanks) {
+  TempDir dir;
+  auto recipe = dir.write("recipe.toml", cnn_recipe() + kCheckpointSection);
+  auto whole = launch(4, recipe, dir / "whole",
+                      {"--set", "strategy.plugin=fsdp", "--set", "loader.batch_size=8"});
+  ASSERT_EQ(whole.exit_code, 0) << describe(whole);
+  auto first = launch(4, recipe, dir / "saved",
+                      {"--set", "strategy.plugin=fsdp", "--set", "strategy.state_dict=full",
+                       "--set", "loader.batch_size=8", "--set", "run.max_steps=3"});
+  ASSERT_EQ(first.exit_code, 0) << describe(first);
+  const fs::path checkpoint = dir / "saved" / "checkpoints" / "step-000000003";
+  // The shared file holds every parameter whole, as the run ended with it.
+  Registry registry;
+  load_bundled_plugins(registry);
+  auto torch_backend =
+      registry.create<CheckpointBackend>("torch", Config({}, "checkpoint"), BuildContext{});
+  StateDict shared = torch_backend->read(checkpoint / "shared.pt");
+  TensorMap at_step3 = read_tensor_file(dir / "saved" / "final.pt");
+  for (const auto& [name, tensor] : at_step3) {
+    ASSERT_TRUE(shared.tensors.count("model." + name)) << name;
+    EXPECT_TRUE(at::equal(tensor, shared.tensors.at("model." + name))) << name;
+  }
+  StateDict rank0 = torch_backend->read(checkpoint / "rank-00000.pt");
+  for (const auto& [name, tensor] : rank0.tensors) EXPECT_EQ(name.rfind("fsdp.", 0), std::string::npos) << name;
+  // Resumed on 2 ranks (sharded there): the same parameters as the 4-rank run after 6 steps.
+  auto resumed = launch(2, recipe, dir / "resumed",
+                        {"--set", "strategy.plugin=fsdp", "--set", "loader.batch_size=16",
+                         "--set", "checkpoint.dir=" + (dir / "resumed_checkpoints").string(),
+                         "--resume", checkpoint.string()});
+  ASSERT_EQ(resumed.exit_code, 0) << describe(resumed);
+  expect_same_model(dir / "whole" / "final.pt", dir / "resumed" / "final.pt");
+}
+
 }  // namespace
 }  // namespace trainyard::testing

@@ -73,6 +73,7 @@ struct FsdpOptions {
   bool prefetch = true;
   std::string param_dtype = "auto";    // gathered parameters; auto: the precision's autocast dtype
   std::string reduce_dtype = "float32";  // gradient reduction; auto: the gathered dtype
+  bool full_state_dict = false;           // checkpoints consolidated instead of sharded
 };
 
 // Frees a tensor's memory while every view into it keeps its shape (PyTorch's FSDP frees the
@@ -120,6 +121,11 @@ class Fsdp final : public Strategy {
     options_.prefetch = config.get_bool("prefetch");
     options_.param_dtype = parse_dtype_name(config, "param_dtype");
     options_.reduce_dtype = parse_dtype_name(config, "reduce_dtype");
+    const std::string state_dict = config.get_string("state_dict");
+    if (state_dict != "sharded" && state_dict != "full") {
+      config.fail("state_dict", "is '" + state_dict + "'; expected \"sharded\" or \"full\"");
+    }
+    options_.full_state_dict = state_dict == "full";
   }
 
   void setup(StrategyContext& context) override {
@@ -251,15 +257,31 @@ class Fsdp final : public Strategy {
 
   DataParallelPlace data_parallel_place() const override { return place_; }
 
+  // Sharded (each rank its shards, in its own file) or, with state_dict = "full", consolidated:
+  // whole parameters and whole flat optimizer state in the shared file, gathered collectively
+  // (every rank calls save_state).
   void save_state(CheckpointState& out) const override {
     for (std::size_t i = 0; i < buffers_.size(); ++i) {
       out.shared.tensors["model." + buffer_names_[i]] = buffers_[i].detach().clone();
     }
     out.shared.metadata["fsdp.layout"] = layout();
-    for (std::size_t u = 0; u < units_.size(); ++u) {
-      out.local.tensors[shard_key(u)] = units_[u].shard.detach().clone();
+    out.shared.metadata["fsdp.state_dict"] = options_.full_state_dict ? "full" : "sharded";
+    if (!options_.full_state_dict) {
+      for (std::size_t u = 0; u < units_.size(); ++u) {
+        out.local.tensors[shard_key(u)] = units_[u].shard.detach().clone();
+      }
+      context_.optimizer->save_state(*optimizer_, kOptimizerPrefix, out.local);
+      return;
     }
-    context_.optimizer->save_state(*optimizer_, kOptimizerPrefix, out.local);
+    for (auto& [name, tensor] : full_parameters()) out.shared.tensors["model." + name] = tensor;
+    StateDict optimizer_state;
+    context_.optimizer->save_state(*optimizer_, kOptimizerPrefix, optimizer_state);
+    for (const auto& [key, tensor] : optimizer_state.tensors) {
+      const Unit& unit = units_[unit_of_optimizer_key(key)];
+      const bool per_element = tensor.dim() > 0 && tensor.numel() == unit.shard_numel;
+      out.shared.tensors[key] =
+          per_element ? gather_copy(unit, tensor).narrow(0, 0, unit.numel).clone() : tensor;
+    }
   }
 
   // Loads shards saved by the same number of ranks directly; shards saved by another number
@@ -276,6 +298,8 @@ class Fsdp final : public Strategy {
       throw Error("checkpoint's fsdp layout (" + saved + ") does not match this model's (" +
                   layout() + ")");
     }
+    auto kind = in.shared.metadata.find("fsdp.state_dict");
+    if (kind != in.shared.metadata.end() && kind->second == "full") return load_full_state(in);
     const std::int64_t saved_ranks = std::stoll(saved.substr(6, separator - 6));
     const bool resharding = in.shared.metadata.count(kSavedWorldSizeKey) != 0;
     if (!resharding && saved_ranks != shard_ranks_) {
@@ -333,6 +357,49 @@ class Fsdp final : public Strategy {
       context_.optimizer->load_state(*optimizer_, kOptimizerPrefix, optimizer_state);
     }
     if (options_.sharding != Sharding::kNone) release_all();
+  }
+
+  // A consolidated checkpoint: whole parameters and flat optimizer state, cut for this rank
+  // whatever the number of ranks that saved it.
+  void load_full_state(const CheckpointState& in) {
+    // This rank's part of an unpadded flat tensor of unit `unit`.
+    auto cut = [&](const at::Tensor& flat, const Unit& unit, const std::string& key) {
+      if (flat.numel() != unit.numel) {
+        throw Error("checkpoint's '" + key + "' holds " + std::to_string(flat.numel()) +
+                    " values, unit " + unit.name + " has " + std::to_string(unit.numel));
+      }
+      at::Tensor padded = at::zeros({unit.shard_numel * shard_ranks_}, flat.options());
+      padded.narrow(0, 0, unit.numel).copy_(flat);
+      return padded.narrow(0, shard_rank_ * unit.shard_numel, unit.shard_numel).clone();
+    };
+    at::NoGradGuard no_grad;
+    for (std::size_t i = 0; i < buffers_.size(); ++i) {
+      buffers_[i].copy_(entry(in.shared, "model." + buffer_names_[i], buffers_[i]));
+    }
+    for (auto& unit : units_) {
+      std::vector<at::Tensor> parts;
+      for (std::size_t i : unit.parameters) {
+        parts.push_back(entry(in.shared, "model." + names_[i], parameters_[i]).reshape({-1}));
+      }
+      unit.shard.copy_(cut(at::cat(parts).to(at::kFloat), unit, unit.name));
+    }
+    StateDict optimizer_state;
+    for (const auto& [key, tensor] : in.shared.tensors) {
+      if (key.rfind(kOptimizerPrefix, 0) != 0) continue;
+      const Unit& unit = units_[unit_of_optimizer_key(key)];
+      const bool per_element = tensor.dim() > 0 && tensor.numel() == unit.numel;
+      optimizer_state.tensors[key] = per_element ? cut(tensor.reshape({-1}), unit, key) : tensor;
+    }
+    context_.optimizer->load_state(*optimizer_, kOptimizerPrefix, optimizer_state);
+    if (options_.sharding != Sharding::kNone) release_all();
+  }
+
+  // The unit of an optimizer state entry "fsdp.optimizer.param.<unit>.<field>".
+  std::size_t unit_of_optimizer_key(const std::string& key) const {
+    const std::string rest = key.substr(std::string(kOptimizerPrefix).size());
+    const std::size_t unit = std::stoul(rest.substr(rest.find('.') + 1));
+    if (unit >= units_.size()) throw Error("checkpoint has optimizer state for no unit: " + key);
+    return unit;
   }
 
   // Collective when sharded: every rank calls it, each gets the full parameters.
@@ -576,10 +643,11 @@ class Fsdp final : public Strategy {
     for (auto& unit : units_) release(unit);
   }
 
-  // A copy of a unit's full flat parameters, leaving its own buffers as they are.
-  at::Tensor gather_copy(const Unit& unit) const {
-    at::Tensor flat = at::empty({unit.shard_numel * shard_ranks_}, unit.shard.options().requires_grad(false));
-    at::Tensor input = unit.shard.detach();
+  // Every rank's `shard` (by default the unit's parameter shard) in one padded flat tensor,
+  // leaving the unit's own buffers as they are.
+  at::Tensor gather_copy(const Unit& unit, const at::Tensor& shard = {}) const {
+    at::Tensor input = (shard.defined() ? shard : unit.shard).detach().contiguous();
+    at::Tensor flat = at::empty({unit.shard_numel * shard_ranks_}, input.options().requires_grad(false));
     if (!group_ || shard_ranks_ == 1) {
       flat.copy_(input);
     } else {
@@ -733,7 +801,10 @@ void register_components(Registry& registry) {
               "dtype of gathered parameters (\"auto\": the precision's autocast dtype; "
               "\"float32\", \"bfloat16\", \"float16\"); shards stay fp32"),
        option("reduce_dtype", "float32",
-              "dtype gradients are reduced in (\"auto\": the gathered parameters' dtype)")},
+              "dtype gradients are reduced in (\"auto\": the gathered parameters' dtype)"),
+       option("state_dict", "sharded",
+              "checkpoints: \"sharded\" (each rank writes its shards) or \"full\" "
+              "(consolidated whole tensors in the shared file, gathered on save)")},
       "fully sharded data parallel: parameters, gradients and optimizer state sharded per block",
       [](const Config& options, const BuildContext&) { return std::make_unique<Fsdp>(options); });
 }
