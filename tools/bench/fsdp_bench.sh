@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Sharded data parallelism on the gpt_text recipe, 2 ranks on this machine, one thread per rank:
-# step time of fsdp (sharding full and grad_op) against ddp on the same global batch. The ratio
+# step time of fsdp (sharding full and grad_op, and full without prefetching the next unit's
+# all-gather) against ddp on the same global batch. The ratio
 # is fsdp's median step time over ddp's (lower is better; sharding trades all-gathers for memory,
 # so above 1 is expected). STEPS (default 60) optimizer steps per run; the first logging
 # interval is left out.
@@ -24,6 +25,7 @@ run() {
 run ddp --set strategy.plugin=ddp
 run fsdp_full --set strategy.plugin=fsdp --set strategy.sharding=full
 run fsdp_grad_op --set strategy.plugin=fsdp --set strategy.sharding=grad_op
+run fsdp_full_no_prefetch --set strategy.plugin=fsdp --set strategy.sharding=full --set strategy.prefetch=false
 
 "$here/.venv/bin/python" - "$work" <<'PY'
 import json, statistics, sys
@@ -40,9 +42,9 @@ def step_ms(name):
 
 ddp = step_ms("ddp")
 print("fsdp benchmark: gpt_text (4 layers, d_model 128, seq 128), 2 ranks x batch 8, gloo, 1 thread per rank")
-print(f"{'strategy':14} {'step ms':>9} {'vs ddp':>8}")
-print(f"{'ddp':14} {ddp:9.1f} {1.0:8.2f}")
-for name in ("fsdp_full", "fsdp_grad_op"):
+print(f"{'strategy':22} {'step ms':>9} {'vs ddp':>8}")
+print(f"{'ddp':22} {ddp:9.1f} {1.0:8.2f}")
+for name in ("fsdp_full", "fsdp_grad_op", "fsdp_full_no_prefetch"):
     ms = step_ms(name)
-    print(f"{name:14} {ms:9.1f} {ms / ddp:8.2f}")
+    print(f"{name:22} {ms:9.1f} {ms / ddp:8.2f}")
 PY
