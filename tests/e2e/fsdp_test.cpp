@@ -223,34 +223,42 @@ TEST(FsdpRun, EvaluationGathersUnitByUnitAndReportsTheWholeSplit) {
 }
 
 TEST(FsdpParity, Bf16LossCurveFollowsDdp) {
-  // Both autocast to bf16, so both run their matrix products on the same bf16-rounded weights;
-  // fsdp gathers bf16 parameters (their gradients come back in bf16, reduced in fp32) where ddp
-  // keeps fp32 parameters and gradients. The gradients therefore differ by bf16 rounding
-  // (2^-9 relative), which AdamW's normalised steps of lr 0.01 pass on to the parameters at
-  // most at the order of lr * 2^-8 per step: over 6 steps the losses (about 2.3) stay within
-  // 1% of each other, while one lost or doubled micro-batch moves them by several percent.
-  TempDir dir;
-  auto recipe = dir.write("recipe.toml", cnn_recipe() + "\n[precision]\nplugin = \"bf16\"\n");
-  const std::vector<std::string> sets = {"--set", "loader.batch_size=16"};
-  auto with = [&](std::vector<std::string> extra) {
-    extra.insert(extra.begin(), sets.begin(), sets.end());
-    return extra;
-  };
-  auto ddp = launch(2, recipe, dir / "ddp", with({"--set", "strategy.plugin=ddp"}));
-  ASSERT_EQ(ddp.exit_code, 0) << describe(ddp);
-  auto fsdp = launch(2, recipe, dir / "fsdp", with({"--set", "strategy.plugin=fsdp"}));
-  ASSERT_EQ(fsdp.exit_code, 0) << describe(fsdp);
-  EXPECT_HAS(read_text(dir / "fsdp" / "metrics.rank0.jsonl"), "loss");
-  auto e = train_losses(dir / "ddp");
-  auto a = train_losses(dir / "fsdp");
-  ASSERT_EQ(e.size(), a.size());
-  double worst = 0;
-  for (std::size_t i = 0; i < e.size(); ++i) worst = std::max(worst, std::abs(a[i] - e[i]) / e[i]);
-  std::cout << "bf16: largest relative loss difference fsdp vs ddp over " << e.size()
-            << " steps: " << worst << std::endl;
-  EXPECT_LE(worst, 0.01);
-  // The parameters moved alike too (a tolerance of the same order as the losses').
-  expect_same_model(dir / "ddp" / "final.pt", dir / "fsdp" / "final.pt", 0.0, 2e-2);
+  // Both autocast to bf16, so both run their matrix products on the same bf16-rounded weights
+  // and produce the same bf16 weight gradients (ddp casts them to fp32 exactly; fsdp reduces them
+  // in fp32): on the cnn the curves agree exactly. Where autocast computes in fp32 from the
+  // weights themselves (the gpt's LayerNorms) fsdp's gathered weights are bf16-rounded (2^-9
+  // relative) where ddp's are fp32; AdamW passes that on at most at the order of lr * 2^-8 per
+  // step, so over a few steps the losses (near ln 256 = 5.5 for the gpt) stay within 1% of each
+  // other, while one lost or doubled micro-batch moves them by several percent.
+  for (const std::string model : {"cnn", "gpt"}) {
+    TempDir dir;
+    auto recipe = dir.write("recipe.toml", (model == "gpt" ? gpt_recipe(dir) : cnn_recipe()) +
+                                               "\n[precision]\nplugin = \"bf16\"\n");
+    const std::vector<std::string> sets = {"--set",
+                                           model == "gpt" ? "loader.batch_size=4" : "loader.batch_size=16"};
+    auto with = [&](std::vector<std::string> extra) {
+      extra.insert(extra.begin(), sets.begin(), sets.end());
+      return extra;
+    };
+    auto ddp = launch(2, recipe, dir / "ddp", with({"--set", "strategy.plugin=ddp"}));
+    ASSERT_EQ(ddp.exit_code, 0) << describe(ddp);
+    auto fsdp = launch(2, recipe, dir / "fsdp", with({"--set", "strategy.plugin=fsdp"}));
+    ASSERT_EQ(fsdp.exit_code, 0) << describe(fsdp);
+    auto e = train_losses(dir / "ddp");
+    auto a = train_losses(dir / "fsdp");
+    ASSERT_EQ(e.size(), a.size());
+    ASSERT_FALSE(e.empty());
+    double worst = 0;
+    for (std::size_t i = 0; i < e.size(); ++i) worst = std::max(worst, std::abs(a[i] - e[i]) / e[i]);
+    std::cout << "bf16 " << model << ": largest relative loss difference fsdp vs ddp over "
+              << e.size() << " steps: " << worst << std::endl;
+    EXPECT_LE(worst, 0.01) << model;
+    // Parameters: AdamW moves each element by at most about lr per step whatever its gradient,
+    // so where bf16 rounding turns a near-zero gradient around, the two runs part by up to
+    // 2 lr per step; beyond that bound (5 or 6 steps of lr 0.01) something else went wrong.
+    expect_same_model(dir / "ddp" / "final.pt", dir / "fsdp" / "final.pt", 0.0,
+                      2 * 0.01 * static_cast<double>(e.size()));
+  }
 }
 
 TEST(Zero1Parity, DdpWithShardedOptimizerStateMatchesDdp) {
