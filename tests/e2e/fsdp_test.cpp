@@ -222,6 +222,19 @@ TEST(FsdpRun, EvaluationGathersUnitByUnitAndReportsTheWholeSplit) {
   EXPECT_EQ(fsdp[0].at("accuracy"), ddp[0].at("accuracy"));
 }
 
+TEST(FsdpRun, BadOptionsAreRefusedWithTheirName) {
+  TempDir dir;
+  auto recipe = dir.write("recipe.toml", cnn_recipe());
+  for (const std::string bad : {"strategy.sharding=everything", "strategy.param_dtype=int8",
+                                "strategy.state_dict=partial"}) {
+    auto result = run_host({"run", recipe.string(), "--set", "strategy.plugin=fsdp", "--set", bad,
+                            "--set", "run.output_dir=" + (dir / "out").string()});
+    EXPECT_EQ(result.exit_code, 1) << describe(result);
+    EXPECT_HAS(result.err, "trainyard: error:");
+    EXPECT_HAS(result.err, bad.substr(9, bad.find('=') - 9));
+  }
+}
+
 TEST(FsdpParity, Bf16LossCurveFollowsDdp) {
   // Both autocast to bf16, so both run their matrix products on the same bf16-rounded weights
   // and produce the same bf16 weight gradients (ddp casts them to fp32 exactly; fsdp reduces them
