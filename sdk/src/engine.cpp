@@ -8,6 +8,7 @@
 #include <chrono>
 #include <cstdlib>
 #include <iostream>
+#include <optional>
 #include <thread>
 
 #include "trainyard/checkpoint.hpp"
@@ -634,9 +635,25 @@ RunSummary Engine::run_steps() {
     TensorMap sums;
     std::int64_t samples = 0;
     std::int64_t batches = 0;
+    // Sharded strategies evaluate collectively (fsdp gathers each unit), so every rank runs as
+    // many evaluation steps as the rank with the most batches; the others repeat their last
+    // batch and discard the result.
+    std::int64_t steps_everywhere = 0;
+    if (s.communicator && loader->batches_per_epoch() >= 0) {
+      std::int64_t own = loader->batches_per_epoch();
+      if (max_batches > 0) own = std::min(own, max_batches);
+      std::vector<at::Tensor> count{at::tensor({own}, at::TensorOptions(at::kLong)).to(s.device)};
+      c10d::AllreduceOptions most;
+      most.reduceOp = c10d::ReduceOp::MAX;
+      CollectiveWait wait;
+      s.communicator->world()->allreduce(count, most)->wait();
+      steps_everywhere = count[0].cpu().item<std::int64_t>();
+    }
+    std::optional<Batch> last;
     while (auto batch = loader->next()) {
       if (max_batches > 0 && batches >= max_batches) break;
-      EvalResult result = s.strategy->eval_step(batch->to(s.device));
+      last = batch->to(s.device);
+      EvalResult result = s.strategy->eval_step(*last);
       loss_sum = loss_sum.defined() ? loss_sum + result.loss_sum : result.loss_sum;
       for (const auto& [name, value] : result.sums) {
         auto it = sums.find(name);
@@ -648,6 +665,9 @@ RunSummary Engine::run_steps() {
       }
       samples += result.samples;
       ++batches;
+    }
+    for (std::int64_t extra = batches; last && extra < steps_everywhere; ++extra) {
+      s.strategy->eval_step(*last);
     }
     // Every rank reports the metric of the whole split: the sums are added up across ranks, and
     // divided by how many ranks read each data-parallel slice.
