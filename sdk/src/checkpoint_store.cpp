@@ -303,6 +303,10 @@ std::optional<fs::path> CheckpointStore::commit_pending() {
   return commit(pending->step);
 }
 
+std::string saved_rank_key(int rank, const std::string& key) {
+  return rank_file_stem(rank) + "/" + key;
+}
+
 CheckpointManifest read_manifest(const fs::path& checkpoint) {
   const fs::path file = checkpoint / kManifest;
   if (!fs::exists(file)) {
@@ -363,15 +367,24 @@ CheckpointState CheckpointStore::load(const fs::path& checkpoint) const {
     throw Error("checkpoint " + checkpoint.string() + " was written by the '" + manifest.backend +
                 "' backend, this run uses '" + backend_name_ + "'");
   }
-  if (manifest.world_size != peers_.world_size) {
-    throw Error("checkpoint " + checkpoint.string() + " was written by " +
-                std::to_string(manifest.world_size) + " ranks, this run has " +
-                std::to_string(peers_.world_size));
-  }
   verify_checkpoint(checkpoint, manifest);
   CheckpointState state;
   state.shared = backend_->read(checkpoint / ("shared" + backend_->extension()));
-  state.local = backend_->read(checkpoint / (rank_file_stem(peers_.rank) + backend_->extension()));
+  if (manifest.world_size == peers_.world_size) {
+    state.local = backend_->read(checkpoint / (rank_file_stem(peers_.rank) + backend_->extension()));
+    return state;
+  }
+  // Written by another number of ranks: every rank's own entries, for the caller to reshard.
+  state.shared.metadata[kSavedWorldSizeKey] = std::to_string(manifest.world_size);
+  for (int rank = 0; rank < manifest.world_size; ++rank) {
+    StateDict local = backend_->read(checkpoint / (rank_file_stem(rank) + backend_->extension()));
+    for (auto& [name, tensor] : local.tensors) {
+      state.local.tensors.emplace(saved_rank_key(rank, name), std::move(tensor));
+    }
+    for (auto& [name, text] : local.metadata) {
+      state.local.metadata.emplace(saved_rank_key(rank, name), std::move(text));
+    }
+  }
   return state;
 }
 

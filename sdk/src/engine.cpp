@@ -8,6 +8,7 @@
 #include <chrono>
 #include <cstdlib>
 #include <iostream>
+#include <optional>
 #include <thread>
 
 #include "trainyard/checkpoint.hpp"
@@ -481,6 +482,10 @@ RunSummary Engine::run() {
 
 RunSummary Engine::run_steps() {
   State& s = *state_;
+  // Samples per optimizer step over every data-parallel rank.
+  const std::int64_t global_batch =
+      static_cast<std::int64_t>(s.strategy->data_parallel_place().size) * s.accumulation *
+      s.loader_options.get_int("batch_size");
   RunSummary summary;
   std::int64_t epoch = 0;
   std::int64_t first_batch = 0;
@@ -504,19 +509,54 @@ RunSummary Engine::run_steps() {
         }
         return std::stoll(it->second);
       };
+      // Written by another number of ranks: the strategy reshards; the data order follows from
+      // the seed and the global batch, so the position carries over only when both the global
+      // batch and the steps per epoch are the same.
+      const bool resharding = state.shared.metadata.count(kSavedWorldSizeKey) != 0;
+      if (resharding) {
+        const std::string saved = state.shared.metadata.at(kSavedWorldSizeKey);
+        auto refuse = [&](const std::string& why) {
+          throw Error("cannot resume " + checkpoint->string() + " (written by " + saved +
+                      " ranks) on " + std::to_string(s.world_size) + ": " + why);
+        };
+        if (s.train_loader->streaming()) {
+          refuse("a streaming dataset's reader positions are per rank");
+        }
+        const auto& meta = state.shared.metadata;
+        const std::string global_batch_text = std::to_string(global_batch);
+        const std::string steps_per_epoch = std::to_string(s.steps_per_epoch);
+        if (!meta.count("engine.global_batch") || meta.at("engine.global_batch") != global_batch_text) {
+          refuse("its global batch (data-parallel ranks x batch_size x grad_accumulation) was " +
+                 (meta.count("engine.global_batch") ? meta.at("engine.global_batch") : "unrecorded") +
+                 ", this run's is " + global_batch_text + "; set loader.batch_size so they match");
+        }
+        if (!meta.count("engine.steps_per_epoch") || meta.at("engine.steps_per_epoch") != steps_per_epoch) {
+          refuse("its epochs had " +
+                 (meta.count("engine.steps_per_epoch") ? meta.at("engine.steps_per_epoch") : "unrecorded") +
+                 " steps, this run's have " + steps_per_epoch);
+        }
+      }
       s.strategy->load_state(state);
       s.precision->load_state(state.shared);
       s.step = number("engine.step");
       epoch = number("engine.epoch");
       first_batch = number("engine.batch_in_epoch");
-      auto rng = state.local.tensors.find("engine.rng.cpu");
+      if (resharding) {
+        // Per-rank random streams do not map across rank counts: they restart from the seed.
+        s.log("resharded " + checkpoint->string() + " from " +
+              state.shared.metadata.at(kSavedWorldSizeKey) + " ranks to " +
+              std::to_string(s.world_size) + "; per-rank random streams restart from the seed");
+      }
+      auto rng = resharding ? state.local.tensors.end() : state.local.tensors.find("engine.rng.cpu");
       if (rng != state.local.tensors.end()) {
         auto generator = at::detail::getDefaultCPUGenerator();
         std::lock_guard<std::mutex> lock(generator.mutex());
         generator.set_state(rng->second);
       }
-      s.device_backend->load_rng_state(state.local);
-      s.train_loader->load_state(state.local);
+      if (!resharding) {
+        s.device_backend->load_rng_state(state.local);
+        s.train_loader->load_state(state.local);
+      }
       s.log("resumed from " + checkpoint->string() + " at step " + std::to_string(s.step));
     }
   }
@@ -544,6 +584,8 @@ RunSummary Engine::run_steps() {
     meta["engine.step"] = std::to_string(s.step);
     meta["engine.epoch"] = std::to_string(at_epoch);
     meta["engine.batch_in_epoch"] = std::to_string(batch_in_epoch);
+    meta["engine.global_batch"] = std::to_string(global_batch);
+    meta["engine.steps_per_epoch"] = std::to_string(s.steps_per_epoch);
     meta["engine.recipe"] = to_toml(*s.recipe.root);
     meta["engine.framework_version"] = kFrameworkVersion;
     {
@@ -607,9 +649,25 @@ RunSummary Engine::run_steps() {
     TensorMap sums;
     std::int64_t samples = 0;
     std::int64_t batches = 0;
+    // Sharded strategies evaluate collectively (fsdp gathers each unit), so every rank runs as
+    // many evaluation steps as the rank with the most batches; the others repeat their last
+    // batch and discard the result.
+    std::int64_t steps_everywhere = 0;
+    if (s.communicator && loader->batches_per_epoch() >= 0) {
+      std::int64_t own = loader->batches_per_epoch();
+      if (max_batches > 0) own = std::min(own, max_batches);
+      std::vector<at::Tensor> count{at::tensor({own}, at::TensorOptions(at::kLong)).to(s.device)};
+      c10d::AllreduceOptions most;
+      most.reduceOp = c10d::ReduceOp::MAX;
+      CollectiveWait wait;
+      s.communicator->world()->allreduce(count, most)->wait();
+      steps_everywhere = count[0].cpu().item<std::int64_t>();
+    }
+    std::optional<Batch> last;
     while (auto batch = loader->next()) {
       if (max_batches > 0 && batches >= max_batches) break;
-      EvalResult result = s.strategy->eval_step(batch->to(s.device));
+      last = batch->to(s.device);
+      EvalResult result = s.strategy->eval_step(*last);
       loss_sum = loss_sum.defined() ? loss_sum + result.loss_sum : result.loss_sum;
       for (const auto& [name, value] : result.sums) {
         auto it = sums.find(name);
@@ -621,6 +679,9 @@ RunSummary Engine::run_steps() {
       }
       samples += result.samples;
       ++batches;
+    }
+    for (std::int64_t extra = batches; last && extra < steps_everywhere; ++extra) {
+      s.strategy->eval_step(*last);
     }
     // Every rank reports the metric of the whole split: the sums are added up across ranks, and
     // divided by how many ranks read each data-parallel slice.
@@ -716,15 +777,22 @@ RunSummary Engine::run_steps() {
   }
 
   commit_pending_save();
-  if (std::string file = s.run_options.get_string("final_model_file"); !file.empty() && s.rank == 0) {
+  if (std::string file = s.run_options.get_string("final_model_file"); !file.empty()) {
+    // Sharded strategies gather their parameters collectively: every rank takes part, rank 0
+    // writes. Buffers (and, for replicated strategies, the parameters too) come from the
+    // strategy's saved state.
+    TensorMap parameters = s.strategy->full_parameters();
     CheckpointState state;
-    s.strategy->save_state(state);
-    TensorMap model;
-    const std::string prefix = "model.";
-    for (const auto& [name, tensor] : state.shared.tensors) {
-      if (name.rfind(prefix, 0) == 0) model[name.substr(prefix.size())] = tensor;
+    s.strategy->save_state(state);  // may gather too (a consolidated save): every rank calls it
+    if (s.rank == 0) {
+      TensorMap model;
+      const std::string prefix = "model.";
+      for (const auto& [name, tensor] : state.shared.tensors) {
+        if (name.rfind(prefix, 0) == 0) model[name.substr(prefix.size())] = tensor;
+      }
+      for (auto& [name, tensor] : parameters) model[name] = tensor;
+      write_tensor_file(s.run_options.get_path("final_model_file"), model);
     }
-    write_tensor_file(s.run_options.get_path("final_model_file"), model);
   }
 
   summary.steps = s.step;

@@ -443,6 +443,30 @@ class MultiRankCheckpointTest : public ::testing::Test {
   TempDir dir_;
 };
 
+TEST_F(MultiRankCheckpointTest, AnotherRankCountLoadsEverySavedRanksEntriesForResharding) {
+  ThreadAgreement agreement(3);
+  std::vector<CheckpointState> states;
+  for (int rank = 0; rank < 3; ++rank) states.push_back(rank_state(rank));
+  auto errors = on_ranks(3, [&](int rank) {
+    CheckpointStore store(std::make_shared<RawBackend>(), "raw", dir_ / "c", 0,
+                          agreement.peers(rank));
+    store.save(2, states[static_cast<std::size_t>(rank)]);
+  });
+  for (const auto& error : errors) EXPECT_EQ(error, "");
+  // One process reads what three wrote: the shared file, and each saved rank's own entries
+  // under its own key, with the saved rank count recorded.
+  CheckpointStore one(std::make_shared<RawBackend>(), "raw", dir_ / "c", 0);
+  CheckpointState loaded = one.load(dir_ / "c" / "step-000000002");
+  expect_equal(StateDict{loaded.shared.tensors, {}}, StateDict{states[0].shared.tensors, {}});
+  EXPECT_EQ(loaded.shared.metadata.at(kSavedWorldSizeKey), "3");
+  EXPECT_EQ(loaded.local.tensors.count("rng"), 0u);
+  for (int rank = 0; rank < 3; ++rank) {
+    const auto& rng = loaded.local.tensors.at(saved_rank_key(rank, "rng"));
+    EXPECT_TRUE(torch::equal(rng, torch::full({4}, rank, torch::kUInt8))) << rank;
+    EXPECT_EQ(loaded.local.metadata.at(saved_rank_key(rank, "rank")), std::to_string(rank));
+  }
+}
+
 TEST_F(MultiRankCheckpointTest, EveryRankWritesItsFileAndRankZeroTheSharedOneAndManifest) {
   ThreadAgreement agreement(3);
   // Drawn before the threads start: the global generator is not for concurrent use.

@@ -17,6 +17,7 @@
 
 #include "sync_batch_norm.hpp"
 #include "trainyard/activation_checkpoint.hpp"
+#include "trainyard/checkpoint_store.hpp"
 #include "trainyard/communicator.hpp"
 #include "trainyard/distributed.hpp"
 #include "trainyard/error.hpp"
@@ -42,6 +43,7 @@ struct DdpOptions {
   bool overlap = true;
   bool broadcast_buffers = true;
   bool sync_batchnorm = false;
+  bool zero1 = false;
 };
 
 // Gradients of several parameters laid out in one flat tensor, all-reduced as one.
@@ -248,6 +250,73 @@ class GradientReducer {
   bool synchronise_ = false;
 };
 
+// ZeRO stage 1: parameters and gradients stay replicated (the reducer all-reduces them as
+// usual) but each rank keeps optimizer state for one contiguous slice of the flattened
+// parameters only: it steps a master copy of its slice, and the updated slices are all-gathered
+// back into every rank's parameters.
+class ShardedOptimizerState {
+ public:
+  ShardedOptimizerState(std::vector<at::Tensor> parameters, c10::intrusive_ptr<c10d::Backend> group,
+                        Optimizer& plugin)
+      : parameters_(std::move(parameters)), group_(std::move(group)) {
+    const std::int64_t ranks = group_->getSize();
+    for (const auto& parameter : parameters_) numel_ += parameter.numel();
+    shard_numel_ = (numel_ + ranks - 1) / ranks;
+    at::NoGradGuard no_grad;
+    at::Tensor flat = flatten(parameters_, /*gradients=*/false);
+    master_ = flat.narrow(0, group_->getRank() * shard_numel_, shard_numel_).clone();
+    master_.requires_grad_(true);
+    optimizer_ = plugin.create({master_});
+  }
+
+  torch::optim::Optimizer& optimizer() { return *optimizer_; }
+  const at::Tensor& master() const { return master_; }
+
+  // The optimizer step on this rank's slice of the (averaged, unscaled, clipped) gradients, then
+  // every rank's updated slice into everyone's parameters.
+  void step() {
+    at::NoGradGuard no_grad;
+    at::Tensor gradients = flatten(parameters_, /*gradients=*/true);
+    master_.mutable_grad() =
+        gradients.narrow(0, group_->getRank() * shard_numel_, shard_numel_).clone();
+    optimizer_->step();
+    master_.mutable_grad() = at::Tensor();  // the whole gradients stay in the parameters' .grad
+    at::Tensor gathered = at::empty({shard_numel_ * group_->getSize()}, master_.options().requires_grad(false));
+    at::Tensor input = master_.detach();
+    {
+      CollectiveWait wait;
+      group_->_allgather_base(gathered, input)->wait();
+    }
+    std::int64_t offset = 0;
+    for (auto& parameter : parameters_) {
+      parameter.detach().copy_(gathered.narrow(0, offset, parameter.numel()).view(parameter.sizes()));
+      offset += parameter.numel();
+    }
+  }
+
+ private:
+  // Parameters (or their gradients, zero where absent) in one flat tensor, padded to whole
+  // slices.
+  at::Tensor flatten(const std::vector<at::Tensor>& tensors, bool gradients) const {
+    at::Tensor flat = at::zeros({shard_numel_ * group_->getSize()},
+                                tensors.front().options().requires_grad(false));
+    std::int64_t offset = 0;
+    for (const auto& tensor : tensors) {
+      const at::Tensor source = gradients ? tensor.grad() : tensor.detach();
+      if (source.defined()) flat.narrow(0, offset, tensor.numel()).copy_(source.reshape({-1}));
+      offset += tensor.numel();
+    }
+    return flat;
+  }
+
+  std::vector<at::Tensor> parameters_;
+  c10::intrusive_ptr<c10d::Backend> group_;
+  std::int64_t numel_ = 0;
+  std::int64_t shard_numel_ = 0;
+  at::Tensor master_;
+  std::unique_ptr<torch::optim::Optimizer> optimizer_;
+};
+
 class Ddp final : public Strategy {
  public:
   explicit Ddp(const Config& config) {
@@ -258,6 +327,7 @@ class Ddp final : public Strategy {
     options_.overlap = config.get_bool("overlap");
     options_.broadcast_buffers = config.get_bool("broadcast_buffers");
     options_.sync_batchnorm = config.get_bool("sync_batchnorm");
+    options_.zero1 = config.get_bool("zero1");
     if (options_.bucket_cap_mb <= 0) config.fail("bucket_cap_mb", "must be > 0");
     if (options_.first_bucket_mb <= 0) config.fail("first_bucket_mb", "must be > 0");
   }
@@ -305,6 +375,10 @@ class Ddp final : public Strategy {
       trainable_names.push_back(names[i]);
     }
     reducer_ = std::make_unique<GradientReducer>(trainable, trainable_names, group_, options_);
+    if (options_.zero1) {
+      optimizer_.reset();  // replaced by the sharded state's optimizer over this rank's slice
+      zero1_ = std::make_unique<ShardedOptimizerState>(trainable, group_, *context.optimizer);
+    }
   }
 
   StepResult train_step(std::span<const Batch> micro_batches) override {
@@ -347,6 +421,10 @@ class Ddp final : public Strategy {
     }
     // Gradients are identical on every rank from here, so the local norm is the global one and
     // every rank takes the same decisions (skip, clip) as a single process would.
+    if (zero1_) {
+      finish_zero1_step(loss_sum, count, result);
+      return result;
+    }
     finish_replicated_step(parameters_, *context_.precision, *optimizer_, context_.step, loss_sum,
                            count, result);
     return result;
@@ -356,17 +434,45 @@ class Ddp final : public Strategy {
     return evaluate_blocks(*model_, blocks_, batch, context_.build.device.type(), autocast_dtype_);
   }
 
-  void set_learning_rate(double lr) override { trainyard::set_learning_rate(*optimizer_, lr); }
+  void set_learning_rate(double lr) override {
+    trainyard::set_learning_rate(zero1_ ? zero1_->optimizer() : *optimizer_, lr);
+  }
 
   DataParallelPlace data_parallel_place() const override { return place_; }
 
   void save_state(CheckpointState& out) const override {
     save_module_state(model_->module(), "model.", out.shared);
+    if (zero1_) {
+      // Each rank's optimizer state covers its slice only.
+      out.shared.metadata["ddp.zero1_ranks"] = std::to_string(place_.size);
+      out.local.tensors["zero1.master"] = zero1_->master().detach().clone();
+      context_.optimizer->save_state(zero1_->optimizer(), "zero1.optimizer.", out.local);
+      return;
+    }
     context_.optimizer->save_state(*optimizer_, "optimizer.", out.shared);
   }
 
   void load_state(const CheckpointState& in) override {
+    auto zero1_ranks = in.shared.metadata.find("ddp.zero1_ranks");
+    const bool saved_zero1 = zero1_ranks != in.shared.metadata.end();
+    if (saved_zero1 != static_cast<bool>(zero1_) ||
+        (zero1_ && (zero1_ranks->second != std::to_string(place_.size) ||
+                    in.shared.metadata.count(kSavedWorldSizeKey)))) {
+      throw Error(std::string("ddp: the checkpoint's optimizer state was ") +
+                  (saved_zero1 ? "sharded over " + zero1_ranks->second + " ranks (zero1)"
+                               : "saved whole") +
+                  "; resume it with the same zero1 setting" +
+                  (saved_zero1 ? " on as many ranks" : ""));
+    }
     load_module_state(model_->module(), "model.", in.shared);
+    if (zero1_) {
+      auto master = in.local.tensors.find("zero1.master");
+      if (master == in.local.tensors.end()) throw Error("checkpoint lacks 'zero1.master'");
+      at::NoGradGuard no_grad;
+      zero1_->master().detach().copy_(master->second);
+      context_.optimizer->load_state(zero1_->optimizer(), "zero1.optimizer.", in.local);
+      return;
+    }
     context_.optimizer->load_state(*optimizer_, "optimizer.", in.shared);
   }
 
@@ -379,8 +485,14 @@ class Ddp final : public Strategy {
   }
 
   HeldBytes held_bytes() const override {
-    return count_held_bytes(parameters_, optimizer_.get(),
-                            reducer_ ? reducer_->bucket_buffers() : std::vector<at::Tensor>{});
+    std::vector<at::Tensor> buffers =
+        reducer_ ? reducer_->bucket_buffers() : std::vector<at::Tensor>{};
+    if (zero1_) {
+      std::vector<at::Tensor> parameters = parameters_;
+      parameters.push_back(zero1_->master());
+      return count_held_bytes(parameters, &zero1_->optimizer(), buffers);
+    }
+    return count_held_bytes(parameters_, optimizer_.get(), buffers);
   }
 
  private:
@@ -405,6 +517,21 @@ class Ddp final : public Strategy {
     }
   }
 
+  // finish_replicated_step with the optimizer step of zero1: the gradients are whole and equal
+  // on every rank, so checks and clipping are local; only the step is sharded.
+  void finish_zero1_step(const torch::Tensor& loss_sum, std::int64_t count, StepResult& result) {
+    std::vector<torch::Tensor> gradients = gradients_of(parameters_);
+    const bool finite = context_.precision->unscale_and_check(gradients);
+    if (context_.step.max_grad_norm > 0) {
+      result.grad_norm =
+          clip_to_norm(gradients, global_norm(gradients), context_.step.max_grad_norm);
+    }
+    if (finite) zero1_->step();
+    context_.precision->update(!finite);
+    result.skipped = !finite;
+    result.loss = count > 1 ? loss_sum / static_cast<double>(count) : loss_sum;
+  }
+
   DdpOptions options_;
   StrategyContext context_;
   c10::intrusive_ptr<c10d::Backend> group_;
@@ -416,6 +543,7 @@ class Ddp final : public Strategy {
   std::unique_ptr<torch::optim::Optimizer> optimizer_;
   std::optional<torch::ScalarType> autocast_dtype_;
   std::unique_ptr<GradientReducer> reducer_;
+  std::unique_ptr<ShardedOptimizerState> zero1_;
 };
 
 void register_components(Registry& registry) {
@@ -433,7 +561,10 @@ void register_components(Registry& registry) {
               "all after backward, for comparison)"),
        option("broadcast_buffers", true, "broadcast rank 0's buffers at every step"),
        option("sync_batchnorm", false,
-              "BatchNorm layers use the statistics of the global batch in training")},
+              "BatchNorm layers use the statistics of the global batch in training"),
+       option("zero1", false,
+              "ZeRO stage 1: optimizer state sharded across ranks, updated slices all-gathered "
+              "after the step")},
       "distributed data parallel: replicated model, bucketed all-reduce overlapping backward",
       [](const Config& options, const BuildContext&) { return std::make_unique<Ddp>(options); });
 }

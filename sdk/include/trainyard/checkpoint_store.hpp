@@ -69,7 +69,11 @@ class CheckpointStore {
   std::optional<std::filesystem::path> commit_pending();
 
   // Reads a checkpoint folder, verifying the manifest, every file's size and checksum, before
-  // any state is used. Throws Error naming the file at fault.
+  // any state is used. Throws Error naming the file at fault. A checkpoint written by another
+  // number of ranks loads for resharding: `local` then holds every saved rank's entries under
+  // saved_rank_key(rank, key) (each rank reads all of them) and shared.metadata records the
+  // saved world size under kSavedWorldSizeKey; whoever uses the state decides whether it can
+  // resume from it.
   CheckpointState load(const std::filesystem::path& checkpoint) const;
 
   // Committed checkpoints in `folder`, oldest first.
@@ -99,6 +103,12 @@ class CheckpointStore {
 // The state with every tensor copied to host memory, detached from whatever training does next.
 // Tensors of `reuse` with the same name, shape and dtype are overwritten instead of allocating.
 CheckpointState snapshot_to_host(const CheckpointState& state, CheckpointState* reuse = nullptr);
+
+// Set in a loaded state's shared metadata when the checkpoint was written by another number of
+// ranks: that number.
+inline constexpr const char* kSavedWorldSizeKey = "checkpoint.saved_world_size";
+// The key of saved rank `rank`'s local entry `key` in a state loaded for resharding.
+std::string saved_rank_key(int rank, const std::string& key);
 
 CheckpointManifest read_manifest(const std::filesystem::path& checkpoint);
 // The problem with one file the manifest lists (missing, wrong size, bad checksum), if any.

@@ -98,7 +98,8 @@ class Strategy : public Component {
   virtual DataParallelPlace data_parallel_place() const { return {}; }
   virtual void save_state(CheckpointState& out) const = 0;
   virtual void load_state(const CheckpointState& in) = 0;
-  // Full parameters by name, as a single-device model would hold them (gathered if sharded).
+  // Full parameters by name, as a single-device model would hold them (gathered if sharded, in
+  // which case it is collective: every rank calls it).
   virtual TensorMap full_parameters() const = 0;
   // What this rank holds now in parameters, gradients and optimizer state (measured from the
   // tensors themselves, not estimated).
