@@ -1,15 +1,15 @@
 #include "compare.hpp"
 
-#include <boost/program_options.hpp>
 #include <fcntl.h>
 #include <sys/wait.h>
 #include <unistd.h>
+#include <boost/program_options.hpp>
 
 #include <algorithm>
 #include <cerrno>
-#include <cstdio>
 #include <chrono>
 #include <cmath>
+#include <cstdio>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -113,7 +113,8 @@ std::string folder_name(std::size_t index, const std::string& text) {
   std::string out = std::to_string(index + 1);
   if (!text.empty()) out += "-";
   for (char c : text) {
-    const bool keep = std::isalnum(static_cast<unsigned char>(c)) || c == '.' || c == '_' || c == '-';
+    const bool keep =
+        std::isalnum(static_cast<unsigned char>(c)) || c == '.' || c == '_' || c == '-';
     if (out.size() >= 80) break;
     out += keep ? c : '_';
   }
@@ -171,10 +172,12 @@ bool writes_default_jsonl(const fs::path& recipe_path, const std::vector<std::st
         plugin = p->as_string();
       }
       if (plugin != "jsonl") continue;
-      if (const Value* e = sink.find("enabled"); e && e->type() == ValueType::kBool && !e->as_bool()) {
+      if (const Value* e = sink.find("enabled");
+          e && e->type() == ValueType::kBool && !e->as_bool()) {
         continue;
       }
-      if (const Value* p = sink.find("path"); p && !(p->type() == ValueType::kString && p->as_string().empty())) {
+      if (const Value* p = sink.find("path");
+          p && !(p->type() == ValueType::kString && p->as_string().empty())) {
         continue;
       }
       return true;
@@ -193,7 +196,8 @@ struct ChildOutcome {
 // Runs this binary with `args`, both output streams into `log`, and waits for it.
 ChildOutcome run_child(const std::vector<std::string>& args, const fs::path& log) {
   const int log_fd = ::open(log.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-  if (log_fd < 0) throw Error("compare: cannot write " + log.string() + ": " + std::strerror(errno));
+  if (log_fd < 0)
+    throw Error("compare: cannot write " + log.string() + ": " + std::strerror(errno));
   const int null_fd = ::open("/dev/null", O_RDONLY | O_CLOEXEC);
   fs::path self = executable_path();
   if (self.empty()) self = "/proc/self/exe";
@@ -225,9 +229,11 @@ ChildOutcome run_child(const std::vector<std::string>& args, const fs::path& log
   if (null_fd >= 0) ::close(null_fd);
   ChildOutcome outcome;
   while (::waitpid(pid, &outcome.status, 0) < 0) {
-    if (errno != EINTR) throw Error(std::string("compare: waitpid failed: ") + std::strerror(errno));
+    if (errno != EINTR)
+      throw Error(std::string("compare: waitpid failed: ") + std::strerror(errno));
   }
-  outcome.wall_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
+  outcome.wall_s =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
   return outcome;
 }
 
@@ -242,7 +248,8 @@ std::vector<std::string> lines_of(const fs::path& file) {
 // prefix), else the launcher's account of the failed rank, else how it ended.
 std::string error_of(const fs::path& log, int status) {
   const auto lines = lines_of(log);
-  for (const char* marker : {"trainyard: error: ", "trainyard launch: failure: ", "trainyard launch: rank "}) {
+  for (const char* marker :
+       {"trainyard: error: ", "trainyard launch: failure: ", "trainyard launch: rank "}) {
     for (const auto& line : lines) {
       if (auto at = line.find(marker); at != std::string::npos) return line.substr(at);
     }
@@ -272,7 +279,8 @@ std::vector<Record> read_records(const fs::path& file) {
     if (line.empty()) continue;
     JsonValue object = parse_json(line, file.string() + ":" + std::to_string(number));
     if (!object.is(JsonValue::Type::kObject)) {
-      throw Error(file.string() + ":" + std::to_string(number) + ": a record must be a JSON object");
+      throw Error(file.string() + ":" + std::to_string(number) +
+                  ": a record must be a JSON object");
     }
     Record record;
     for (const auto& [name, value] : object.as_object()) {
@@ -422,8 +430,8 @@ int command_compare(const std::vector<std::string>& args) {
     title += (title.empty() ? "" : "_vs_") + loaded.name();
   }
   if (!values->count("seed")) seed = recipe_seed(recipes.front(), overrides);
-  const fs::path report_dir = fs::absolute(output.empty() ? fs::path("runs") / "compare" / title
-                                                          : fs::path(output));
+  const fs::path report_dir =
+      fs::absolute(output.empty() ? fs::path("runs") / "compare" / title : fs::path(output));
   fs::create_directories(report_dir);
 
   std::vector<Variant> variants = make_variants(recipes, axes);
@@ -441,17 +449,21 @@ int command_compare(const std::vector<std::string>& args) {
     // seed and steps every variant shares, then the variant's own choices, then where it writes.
     std::vector<std::string> sets;
     // A short comparison still draws curves: about 20 points unless --set says otherwise.
-    if (steps > 0) sets.push_back("run.log_every=" + std::to_string(std::max<std::int64_t>(1, steps / 20)));
+    if (steps > 0)
+      sets.push_back("run.log_every=" + std::to_string(std::max<std::int64_t>(1, steps / 20)));
     sets.insert(sets.end(), overrides.begin(), overrides.end());
     sets.push_back("run.seed=" + std::to_string(seed));
     if (steps > 0) sets.push_back("run.max_steps=" + std::to_string(steps));
     sets.insert(sets.end(), variant.assignments.begin(), variant.assignments.end());
     sets.push_back("run.output_dir=" + dir.string());
-    if (!writes_default_jsonl(variant.recipe, sets)) sets.push_back("sinks.compare_jsonl.plugin=jsonl");
+    if (!writes_default_jsonl(variant.recipe, sets))
+      sets.push_back("sinks.compare_jsonl.plugin=jsonl");
 
     std::vector<std::string> child;
-    if (nproc > 1) child = {"launch", "--nproc-per-node", std::to_string(nproc)};
-    else child = {"run"};
+    if (nproc > 1)
+      child = {"launch", "--nproc-per-node", std::to_string(nproc)};
+    else
+      child = {"run"};
     child.push_back(variant.recipe.string());
     for (const auto& set : sets) {
       child.push_back("--set");
@@ -505,7 +517,8 @@ int command_compare(const std::vector<std::string>& args) {
   report.variants = results;
   write_file(report_dir / "table.txt", table);
   write_file(report_dir / "report.html", render_html(report));
-  std::cout << "\n" << table << "\ntable: " << (report_dir / "table.txt").string()
+  std::cout << "\n"
+            << table << "\ntable: " << (report_dir / "table.txt").string()
             << "\nreport: " << (report_dir / "report.html").string() << std::endl;
 
   const bool any_succeeded = std::any_of(results.begin(), results.end(),

@@ -54,7 +54,7 @@ std::string eval_metric_text(const VariantResult& v) {
 std::vector<Column> present_columns(const std::vector<VariantResult>& variants) {
   std::vector<Column> all = {{"step_time_ms", "step ms", 2}};
   const std::map<std::string, std::string> phase_titles = {
-      {"data_wait_ms", "data ms"}, {"h2d_ms", "h2d ms"},       {"forward_ms", "fwd ms"},
+      {"data_wait_ms", "data ms"}, {"h2d_ms", "h2d ms"},        {"forward_ms", "fwd ms"},
       {"backward_ms", "bwd ms"},   {"comm_wait_ms", "comm ms"}, {"optimizer_ms", "opt ms"}};
   for (const auto& key : compare_phase_keys()) all.push_back({key, phase_titles.at(key), 2});
   all.push_back({"samples_per_s", "samples/s", 1});
@@ -114,12 +114,23 @@ std::string html_escape(const std::string& text) {
   std::string out;
   for (char c : text) {
     switch (c) {
-      case '&': out += "&amp;"; break;
-      case '<': out += "&lt;"; break;
-      case '>': out += "&gt;"; break;
-      case '"': out += "&quot;"; break;
-      case '\'': out += "&#39;"; break;
-      default: out += c;
+      case '&':
+        out += "&amp;";
+        break;
+      case '<':
+        out += "&lt;";
+        break;
+      case '>':
+        out += "&gt;";
+        break;
+      case '"':
+        out += "&quot;";
+        break;
+      case '\'':
+        out += "&#39;";
+        break;
+      default:
+        out += c;
     }
   }
   return out;
@@ -252,8 +263,7 @@ std::string loss_chart(const std::vector<VariantResult>& variants) {
       svg << "<circle class=\"eval-point\" data-variant=\"" << i + 1 << "\" cx=\""
           << fixed(x_of(static_cast<double>(p.step)), 1) << "\" cy=\"" << fixed(y_of(p.loss), 1)
           << "\" r=\"4.5\" fill=\"#ffffff\" stroke=\"" << variant_colour(i)
-          << "\" stroke-width=\"2\"><title>eval loss " << fixed(p.loss, 4)
-          << "</title></circle>\n";
+          << "\" stroke-width=\"2\"><title>eval loss " << fixed(p.loss, 4) << "</title></circle>\n";
     }
   }
   svg << "</svg>\n";
@@ -314,8 +324,8 @@ std::string bar_chart(const std::string& id, const std::vector<VariantResult>& v
     if (segments.empty()) {
       // Bars are the variant's colour at partial opacity: only curves use the full colour.
       svg << "<rect class=\"bar\" data-variant=\"" << i + 1 << "\" x=\"" << bar_left << "\" y=\""
-          << y + 4 << "\" width=\"" << fixed(length, 1) << "\" height=\"" << row - 8
-          << "\" fill=\"" << variant_colour(i) << "\" fill-opacity=\"0.55\"/>\n";
+          << y + 4 << "\" width=\"" << fixed(length, 1) << "\" height=\"" << row - 8 << "\" fill=\""
+          << variant_colour(i) << "\" fill-opacity=\"0.55\"/>\n";
     } else {
       double x = bar_left;
       for (std::size_t s = 0; s < segments.size(); ++s) {
@@ -331,8 +341,8 @@ std::string bar_chart(const std::string& id, const std::vector<VariantResult>& v
       svg << "<rect x=\"" << bar_left << "\" y=\"" << y + 4 << "\" width=\"" << fixed(length, 1)
           << "\" height=\"" << row - 8 << "\" fill=\"none\" stroke=\"#555555\"/>\n";
     }
-    svg << "<text x=\"" << fixed(bar_left + length + 6, 1) << "\" y=\"" << y + row / 2 + 4
-        << "\">" << (memory ? bytes_text(*value) : fixed(*value, 2) + " " + unit) << "</text>\n";
+    svg << "<text x=\"" << fixed(bar_left + length + 6, 1) << "\" y=\"" << y + row / 2 + 4 << "\">"
+        << (memory ? bytes_text(*value) : fixed(*value, 2) + " " + unit) << "</text>\n";
   }
   svg << "</svg>\n";
   return svg.str();
@@ -447,7 +457,8 @@ std::string render_html(const CompareReport& report) {
       } else if (r > 0 && c != 1 && c != 2) {
         html << " class=\"num\"";
       }
-      if (r > 0 && c == 0) html << " style=\"border-left:6px solid " << variant_colour(r - 1) << "\"";
+      if (r > 0 && c == 0)
+        html << " style=\"border-left:6px solid " << variant_colour(r - 1) << "\"";
       html << ">" << html_escape(row[c]) << "</" << tag << ">";
     }
     html << "</tr>\n";
@@ -458,9 +469,8 @@ std::string render_html(const CompareReport& report) {
 
   std::vector<std::pair<std::string, std::string>> phases;
   for (const auto& key : compare_phase_keys()) {
-    bool present = std::any_of(variants.begin(), variants.end(), [&](const VariantResult& v) {
-      return v.steady.count(key) != 0;
-    });
+    bool present = std::any_of(variants.begin(), variants.end(),
+                               [&](const VariantResult& v) { return v.steady.count(key) != 0; });
     if (present && key != "data_wait_ms") phases.emplace_back(key, key.substr(0, key.size() - 3));
   }
   // The data wait alone is no breakdown; the step is split only when the engine's phases exist.
@@ -481,8 +491,8 @@ std::string render_html(const CompareReport& report) {
   for (std::size_t i = 0; i < variants.size(); ++i) {
     const auto& v = variants[i];
     html << "<tr" << (v.succeeded ? "" : " class=\"failed\"") << "><td>" << i + 1 << "</td><td>"
-         << html_escape(v.label) << "</td><td>" << html_escape(v.folder) << "</td><td class=\"num\">"
-         << fixed(v.wall_s, 1) << "</td><td"
+         << html_escape(v.label) << "</td><td>" << html_escape(v.folder)
+         << "</td><td class=\"num\">" << fixed(v.wall_s, 1) << "</td><td"
          << (v.succeeded ? ">ok, " + std::to_string(v.steps) + " steps"
                          : " class=\"error\">" + html_escape(v.error))
          << "</td></tr>\n";

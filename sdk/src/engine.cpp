@@ -11,12 +11,13 @@
 #include <optional>
 #include <thread>
 
+#include "training_meter.hpp"
 #include "trainyard/checkpoint.hpp"
 #include "trainyard/checkpoint_store.hpp"
 #include "trainyard/communicator.hpp"
-#include "trainyard/distributed.hpp"
 #include "trainyard/dataset.hpp"
 #include "trainyard/device.hpp"
+#include "trainyard/distributed.hpp"
 #include "trainyard/error.hpp"
 #include "trainyard/loader.hpp"
 #include "trainyard/metrics.hpp"
@@ -26,7 +27,6 @@
 #include "trainyard/scheduler.hpp"
 #include "trainyard/step_phases.hpp"
 #include "trainyard/version.hpp"
-#include "training_meter.hpp"
 
 namespace trainyard {
 
@@ -146,9 +146,7 @@ struct Engine::State {
     }
   }
 
-  double elapsed() const {
-    return std::chrono::duration<double>(Clock::now() - run_start).count();
-  }
+  double elapsed() const { return std::chrono::duration<double>(Clock::now() - run_start).count(); }
 
   void emit(const MetricRecord& record) {
     for (auto& sink : sinks) sink->write(record);
@@ -211,15 +209,16 @@ Engine::Engine(Recipe recipe, const Registry& registry, RunControls controls)
 
   s.device_choice = parse_device(run, registry);
   // Each rank of a machine drives its own GPU.
-  if (s.rendezvous && s.device_choice.backend == "cuda") s.device_choice.index = s.rendezvous->local_rank;
+  if (s.rendezvous && s.device_choice.backend == "cuda")
+    s.device_choice.index = s.rendezvous->local_rank;
   BuildContext build;
   build.seed = seed;
   build.recipe_dir = s.recipe.path.parent_path();
-  s.device_backend = registry.create<DeviceBackend>(s.device_choice.backend,
-                                                    Config({}, "device"), build);
+  s.device_backend =
+      registry.create<DeviceBackend>(s.device_choice.backend, Config({}, "device"), build);
   if (!s.device_backend->available()) {
-    run.fail("device", "names '" + run.get_string("device") +
-                           "', which is not available on this machine");
+    run.fail("device",
+             "names '" + run.get_string("device") + "', which is not available on this machine");
   }
   if (s.device_choice.index >= s.device_backend->device_count()) {
     run.fail("device", "names device index " + std::to_string(s.device_choice.index) +
@@ -240,15 +239,15 @@ Engine::Engine(Recipe recipe, const Registry& registry, RunControls controls)
     const std::int64_t timeout_s = comm.has("timeout_s") ? comm.get_int("timeout_s") : 300;
     if (timeout_s < 1) comm.fail("timeout_s", "must be >= 1");
     s.rendezvous->timeout = std::chrono::seconds(timeout_s);
-    const std::string plugin = comm.has("plugin") ? comm.get_string("plugin")
-                               : s.device.is_cuda()  ? "nccl"
-                                                     : "gloo";
-    s.communicator = registry.create<Communicator>(
-        plugin, without_runtime_keys(comm, comm_options()), build);
+    const std::string plugin = comm.has("plugin")   ? comm.get_string("plugin")
+                               : s.device.is_cuda() ? "nccl"
+                                                    : "gloo";
+    s.communicator =
+        registry.create<Communicator>(plugin, without_runtime_keys(comm, comm_options()), build);
     s.communicator->connect(*s.rendezvous, s.device);
     const Rendezvous& meet = *s.rendezvous;
-    s.log("trainyard: rank " + std::to_string(meet.rank) + " of " + std::to_string(meet.world_size) +
-          " (local " + std::to_string(meet.local_rank) + " of " +
+    s.log("trainyard: rank " + std::to_string(meet.rank) + " of " +
+          std::to_string(meet.world_size) + " (local " + std::to_string(meet.local_rank) + " of " +
           std::to_string(meet.local_world_size) + "), store " + meet.master_addr + ":" +
           std::to_string(meet.master_port) + ", comm " + plugin + ", " +
           std::to_string(at::get_num_threads()) + " threads on " + s.device.str());
@@ -286,7 +285,8 @@ Engine::Engine(Recipe recipe, const Registry& registry, RunControls controls)
   const Registry* registry_ptr = &registry;
   State* state = &s;
   s.context.make_model = [registry_ptr, model_section, state](const BuildContext& context) {
-    auto model = registry_ptr->create<Model>(model_section.get_string("plugin"), model_section, context);
+    auto model =
+        registry_ptr->create<Model>(model_section.get_string("plugin"), model_section, context);
     if (state->flops_per_sample == 0) state->flops_per_sample = model->flops_per_sample();
     return model;
   };
@@ -388,7 +388,8 @@ Engine::Engine(Recipe recipe, const Registry& registry, RunControls controls)
       auto communicator = s.communicator;
       const torch::Device device = s.device;
       peers.all_ok = [communicator, device](bool ok) {
-        std::vector<at::Tensor> flag{at::full({1}, ok ? 1 : 0, at::TensorOptions(at::kInt)).to(device)};
+        std::vector<at::Tensor> flag{
+            at::full({1}, ok ? 1 : 0, at::TensorOptions(at::kInt)).to(device)};
         c10d::AllreduceOptions options;
         options.reduceOp = c10d::ReduceOp::MIN;
         CollectiveWait wait;
@@ -449,7 +450,8 @@ std::vector<Batch> Engine::next_micro_batches() {
   phases.end_data_wait();
   std::vector<Batch> micro;
   micro.reserve(host.size());
-  for (const Batch& batch : host) micro.push_back(s.device_backend->stage(batch, s.device_choice.index));
+  for (const Batch& batch : host)
+    micro.push_back(s.device_backend->stage(batch, s.device_choice.index));
   phases.mark(StepPhase::HostToDevice);
   // Host copies are released after the mark: freeing pinned memory is not copying.
   return micro;
@@ -457,8 +459,7 @@ std::vector<Batch> Engine::next_micro_batches() {
 
 StepResult Engine::train_one_step(std::span<const Batch> micro_batches) {
   State& s = *state_;
-  s.strategy->set_learning_rate(
-      s.scheduler->learning_rate(s.step, s.total_steps, s.base_lr));
+  s.strategy->set_learning_rate(s.scheduler->learning_rate(s.step, s.total_steps, s.base_lr));
   StepResult result = s.strategy->train_step(micro_batches);
   s.meter->phases().end_step();
   ++s.step;
@@ -495,8 +496,9 @@ RunSummary Engine::run_steps() {
     std::optional<fs::path> checkpoint;
     if (*s.controls.resume == "auto") {
       checkpoint = s.checkpoints->latest_valid([&](const std::string& m) { s.log(m); });
-      if (!checkpoint) s.log("no valid checkpoint in " + s.checkpoints->folder().string() +
-                             "; starting from scratch");
+      if (!checkpoint)
+        s.log("no valid checkpoint in " + s.checkpoints->folder().string() +
+              "; starting from scratch");
     } else {
       checkpoint = fs::path(*s.controls.resume);
     }
@@ -525,14 +527,18 @@ RunSummary Engine::run_steps() {
         const auto& meta = state.shared.metadata;
         const std::string global_batch_text = std::to_string(global_batch);
         const std::string steps_per_epoch = std::to_string(s.steps_per_epoch);
-        if (!meta.count("engine.global_batch") || meta.at("engine.global_batch") != global_batch_text) {
-          refuse("its global batch (data-parallel ranks x batch_size x grad_accumulation) was " +
-                 (meta.count("engine.global_batch") ? meta.at("engine.global_batch") : "unrecorded") +
-                 ", this run's is " + global_batch_text + "; set loader.batch_size so they match");
+        if (!meta.count("engine.global_batch") ||
+            meta.at("engine.global_batch") != global_batch_text) {
+          refuse(
+              "its global batch (data-parallel ranks x batch_size x grad_accumulation) was " +
+              (meta.count("engine.global_batch") ? meta.at("engine.global_batch") : "unrecorded") +
+              ", this run's is " + global_batch_text + "; set loader.batch_size so they match");
         }
-        if (!meta.count("engine.steps_per_epoch") || meta.at("engine.steps_per_epoch") != steps_per_epoch) {
+        if (!meta.count("engine.steps_per_epoch") ||
+            meta.at("engine.steps_per_epoch") != steps_per_epoch) {
           refuse("its epochs had " +
-                 (meta.count("engine.steps_per_epoch") ? meta.at("engine.steps_per_epoch") : "unrecorded") +
+                 (meta.count("engine.steps_per_epoch") ? meta.at("engine.steps_per_epoch")
+                                                       : "unrecorded") +
                  " steps, this run's have " + steps_per_epoch);
         }
       }
@@ -547,7 +553,8 @@ RunSummary Engine::run_steps() {
               state.shared.metadata.at(kSavedWorldSizeKey) + " ranks to " +
               std::to_string(s.world_size) + "; per-rank random streams restart from the seed");
       }
-      auto rng = resharding ? state.local.tensors.end() : state.local.tensors.find("engine.rng.cpu");
+      auto rng =
+          resharding ? state.local.tensors.end() : state.local.tensors.find("engine.rng.cpu");
       if (rng != state.local.tensors.end()) {
         auto generator = at::detail::getDefaultCPUGenerator();
         std::lock_guard<std::mutex> lock(generator.mutex());
@@ -571,8 +578,7 @@ RunSummary Engine::run_steps() {
   info.world_size = s.world_size;
   for (auto& sink : s.sinks) sink->begin(info);
 
-  const bool checkpoint_async =
-      s.checkpoints && s.recipe.section("checkpoint").get_bool("async");
+  const bool checkpoint_async = s.checkpoints && s.recipe.section("checkpoint").get_bool("async");
   const double every_seconds =
       s.checkpoints ? s.recipe.section("checkpoint").get_float("every_seconds") : 0.0;
   Clock::time_point last_save = Clock::now();
@@ -618,12 +624,13 @@ RunSummary Engine::run_steps() {
     record.elapsed_s = s.elapsed();
     summary.final_train_loss = figures.mean_loss;
     record.values = std::move(figures.values);
-    record.values.emplace_back("lr", s.scheduler->learning_rate(s.step - 1, s.total_steps, s.base_lr));
+    record.values.emplace_back("lr",
+                               s.scheduler->learning_rate(s.step - 1, s.total_steps, s.base_lr));
     record.values.emplace_back(
         "epoch_progress",
-        static_cast<double>(at_epoch) +
-            static_cast<double>(s.train_loader->position()) /
-                static_cast<double>(std::max<std::int64_t>(1, s.train_loader->batches_per_epoch())));
+        static_cast<double>(at_epoch) + static_cast<double>(s.train_loader->position()) /
+                                            static_cast<double>(std::max<std::int64_t>(
+                                                1, s.train_loader->batches_per_epoch())));
     for (const auto& metric : s.precision->metrics()) record.values.push_back(metric);
     append_memory_figures(*s.device_backend, s.device_choice.index, *s.strategy, record.values);
     if (!figures.spans.empty()) {
@@ -712,7 +719,8 @@ RunSummary Engine::run_steps() {
     const double count = std::max(global_samples, 1.0);
     if (loss_sum.defined() || s.communicator) record.values.emplace_back("loss", totals[0] / count);
     std::size_t index = 1;
-    for (const auto& [name, value] : sums) record.values.emplace_back(name, totals[index++] / count);
+    for (const auto& [name, value] : sums)
+      record.values.emplace_back(name, totals[index++] / count);
     record.values.emplace_back("samples", global_samples);
     summary.eval.clear();
     for (const auto& [name, value] : record.values) summary.eval[name] = value;

@@ -1,8 +1,8 @@
 // Out-of-line destructors (which anchor each interface's type information in the SDK library)
 // and the default behaviours the interfaces promise.
 
-#include <ATen/autocast_mode.h>
 #include <ATen/ATen.h>
+#include <ATen/autocast_mode.h>
 #include <torch/optim/adam.h>
 #include <torch/optim/adamw.h>
 #include <torch/optim/sgd.h>
@@ -118,12 +118,9 @@ bool Precision::unscale_and_check(const std::vector<torch::Tensor>& gradients) {
   return should_step(unscale(gradients));
 }
 
-void Precision::update(bool found_inf) {
-  update(at::full({}, found_inf ? 1.0 : 0.0, at::kFloat));
-}
+void Precision::update(bool found_inf) { update(at::full({}, found_inf ? 1.0 : 0.0, at::kFloat)); }
 
-AutocastGuard::AutocastGuard(torch::DeviceType device_type,
-                             std::optional<torch::ScalarType> dtype)
+AutocastGuard::AutocastGuard(torch::DeviceType device_type, std::optional<torch::ScalarType> dtype)
     : device_type_(device_type) {
   if (!dtype) return;
   active_ = true;
@@ -191,12 +188,15 @@ void Optimizer::save_state(const torch::optim::Optimizer& optimizer, const std::
   for_each_param(optimizer, [&](std::size_t index, const torch::Tensor& param) {
     auto it = states.find(param.unsafeGetTensorImpl());
     if (it == states.end()) return;
-    const bool known = visit_param_state(it->second.get(), [&](const char* field, const torch::Tensor& value) {
-      if (value.defined()) out.tensors[param_key(prefix, index, field)] = value.detach().clone();
-    });
+    const bool known =
+        visit_param_state(it->second.get(), [&](const char* field, const torch::Tensor& value) {
+          if (value.defined())
+            out.tensors[param_key(prefix, index, field)] = value.detach().clone();
+        });
     if (!known) {
-      throw Error("optimizer state of this type cannot be saved by default; the optimizer "
-                  "plugin must override save_state");
+      throw Error(
+          "optimizer state of this type cannot be saved by default; the optimizer "
+          "plugin must override save_state");
     }
   });
 }
@@ -264,8 +264,9 @@ void Optimizer::load_state(torch::optim::Optimizer& optimizer, const std::string
         fill(std::make_unique<torch::optim::AdamParamState>());
       }
     } else {
-      throw Error("optimizer state of this type cannot be loaded by default; the optimizer "
-                  "plugin must override load_state");
+      throw Error(
+          "optimizer state of this type cannot be loaded by default; the optimizer "
+          "plugin must override load_state");
     }
   });
 }

@@ -1,5 +1,8 @@
 #include <ATen/ATen.h>
 #include <ATen/core/grad_mode.h>
+#include <torch/csrc/autograd/function.h>
+#include <torch/csrc/autograd/utils/lambda_post_hook.h>
+#include <torch/csrc/autograd/variable.h>
 #include <torch/nn/module.h>
 #include <torch/optim/optimizer.h>
 
@@ -12,6 +15,26 @@
 #include "trainyard/replicated_step.hpp"
 
 namespace trainyard {
+
+std::vector<std::shared_ptr<torch::autograd::Node>> on_gradient_ready(
+    const std::vector<torch::Tensor>& parameters, std::function<void(std::size_t)> ready) {
+  auto callback = std::make_shared<std::function<void(std::size_t)>>(std::move(ready));
+  std::vector<std::shared_ptr<torch::autograd::Node>> accumulators;
+  accumulators.reserve(parameters.size());
+  for (std::size_t index = 0; index < parameters.size(); ++index) {
+    // The accumulator is the autograd node that adds a backward's gradient into .grad; its post
+    // hook runs once the parameter's gradient of this backward is complete.
+    auto accumulator = torch::autograd::impl::grad_accumulator(parameters[index]);
+    accumulator->add_post_hook(std::make_unique<torch::autograd::utils::LambdaPostHook>(
+        [callback, index](const torch::autograd::variable_list& outputs,
+                          const torch::autograd::variable_list&) {
+          (*callback)(index);
+          return outputs;
+        }));
+    accumulators.push_back(std::move(accumulator));
+  }
+  return accumulators;
+}
 
 std::vector<torch::Tensor> gradients_of(const std::vector<torch::Tensor>& parameters) {
   std::vector<torch::Tensor> out;
@@ -26,7 +49,8 @@ torch::Tensor global_norm(const std::vector<torch::Tensor>& gradients) {
   if (gradients.empty()) return torch::zeros({}, torch::kFloat32);
   std::vector<torch::Tensor> norms;
   norms.reserve(gradients.size());
-  for (const auto& gradient : gradients) norms.push_back(gradient.detach().norm(2).to(torch::kFloat32));
+  for (const auto& gradient : gradients)
+    norms.push_back(gradient.detach().norm(2).to(torch::kFloat32));
   return torch::stack(norms).norm(2);
 }
 
@@ -38,8 +62,7 @@ torch::Tensor clip_to_norm(const std::vector<torch::Tensor>& gradients, const to
   return norm;
 }
 
-void save_module_state(const torch::nn::Module& module, const std::string& prefix,
-                       StateDict& out) {
+void save_module_state(const torch::nn::Module& module, const std::string& prefix, StateDict& out) {
   for (const auto& item : module.named_parameters(true)) {
     out.tensors[prefix + item.key()] = item.value().detach().clone();
   }

@@ -10,12 +10,18 @@ namespace trainyard {
 
 const char* step_phase_name(StepPhase phase) {
   switch (phase) {
-    case StepPhase::DataWait: return "data_wait";
-    case StepPhase::HostToDevice: return "h2d";
-    case StepPhase::Forward: return "forward";
-    case StepPhase::Backward: return "backward";
-    case StepPhase::CommWait: return "comm_wait";
-    case StepPhase::Optimizer: return "optimizer";
+    case StepPhase::DataWait:
+      return "data_wait";
+    case StepPhase::HostToDevice:
+      return "h2d";
+    case StepPhase::Forward:
+      return "forward";
+    case StepPhase::Backward:
+      return "backward";
+    case StepPhase::CommWait:
+      return "comm_wait";
+    case StepPhase::Optimizer:
+      return "optimizer";
   }
   return "unknown";
 }
@@ -29,7 +35,10 @@ double microseconds(std::chrono::steady_clock::duration duration) {
 }  // namespace
 
 PhaseClock::PhaseClock(DeviceBackend* backend, int device_index, bool keep_spans)
-    : backend_(backend), device_index_(device_index), keep_spans_(keep_spans), origin_(Clock::now()) {}
+    : backend_(backend),
+      device_index_(device_index),
+      keep_spans_(keep_spans),
+      origin_(Clock::now()) {}
 
 PhaseClock::~PhaseClock() = default;
 
@@ -93,7 +102,8 @@ PhaseRollup PhaseClock::rollup() {
     const double wait_us = microseconds(step.data_ready - step.begin);
     rollup.total_ms[static_cast<int>(StepPhase::DataWait)] += wait_us / 1000.0;
     const double step_start_us = microseconds(step.begin - origin_);
-    if (keep_spans_) rollup.spans.push_back({StepPhase::DataWait, step.step, step_start_us, wait_us});
+    if (keep_spans_)
+      rollup.spans.push_back({StepPhase::DataWait, step.step, step_start_us, wait_us});
     double at_us = step_start_us + wait_us;
     std::size_t previous = step.first_event;
     for (const Mark& mark : step.marks) {
@@ -136,7 +146,8 @@ std::vector<std::string> describe_bottleneck(const std::array<double, kStepPhase
   for (int index = 0; index < kStepPhaseCount; ++index) {
     const auto phase = static_cast<StepPhase>(index);
     std::snprintf(buffer, sizeof buffer, "%s%s %.2f ms (%.0f%%)", breakdown.empty() ? "" : ", ",
-                  step_phase_name(phase), total_ms[static_cast<std::size_t>(index)] / static_cast<double>(steps),
+                  step_phase_name(phase),
+                  total_ms[static_cast<std::size_t>(index)] / static_cast<double>(steps),
                   100.0 * phase_share(phase));
     breakdown += buffer;
   }

@@ -36,7 +36,8 @@ IntervalFigures TrainingMeter::close_interval() {
   values.emplace_back("loss", figures.mean_loss);
   values.emplace_back("samples_per_s", samples_per_s);
   if (setup_.tokens_per_sample > 0) {
-    values.emplace_back("tokens_per_s", samples_per_s * static_cast<double>(setup_.tokens_per_sample));
+    values.emplace_back("tokens_per_s",
+                        samples_per_s * static_cast<double>(setup_.tokens_per_sample));
   }
   if (setup_.flops_per_sample > 0 && setup_.peak_flops > 0) {
     values.emplace_back("mfu", samples_per_s * setup_.flops_per_sample / setup_.peak_flops);
@@ -47,7 +48,8 @@ IntervalFigures TrainingMeter::close_interval() {
     const auto phase = static_cast<StepPhase>(index);
     values.emplace_back(std::string(step_phase_name(phase)) + "_ms",
                         rollup.total_ms[static_cast<std::size_t>(index)] / measured_steps);
-    total_phase_ms_[static_cast<std::size_t>(index)] += rollup.total_ms[static_cast<std::size_t>(index)];
+    total_phase_ms_[static_cast<std::size_t>(index)] +=
+        rollup.total_ms[static_cast<std::size_t>(index)];
   }
   const double wait_s = rollup.at(StepPhase::DataWait) / 1000.0;
   values.emplace_back("data_wait_share", seconds > 0 ? std::min(1.0, wait_s / seconds) : 0);

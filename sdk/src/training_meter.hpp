@@ -22,8 +22,8 @@ class DeviceBackend;
 
 struct MeterSetup {
   std::int64_t tokens_per_sample = 0;  // 0: not a token model
-  double flops_per_sample = 0;      // forward + backward; 0: unknown
-  double peak_flops = 0;            // per rank, per second; 0: unknown
+  double flops_per_sample = 0;         // forward + backward; 0: unknown
+  double peak_flops = 0;               // per rank, per second; 0: unknown
 };
 
 // The interval's figures, in the order the record lists them.

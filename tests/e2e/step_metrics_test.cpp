@@ -17,7 +17,7 @@
 namespace trainyard::testing {
 namespace {
 
-const char* const kPhases[] = {"data_wait_ms", "h2d_ms",      "forward_ms",
+const char* const kPhases[] = {"data_wait_ms", "h2d_ms",       "forward_ms",
                                "backward_ms",  "comm_wait_ms", "optimizer_ms"};
 
 std::string read_text(const std::filesystem::path& file) {
@@ -40,9 +40,9 @@ class CnnRunWithEverySink : public ::testing::Test {
     dir_ = new TempDir();
     result_ = new CommandResult(run_host(
         {"run", "recipes/fashion_mnist_cnn.toml", "--set", "run.max_steps=60", "--set",
-         "run.log_every=20", "--set", "run.eval=false", "--set", "checkpoint.at_end=false",
-         "--set", "run.output_dir=" + dir_->path().string(), "--set", "sinks.csv.plugin=csv",
-         "--set", "sinks.trace.plugin=trace", "--set", "sinks.console.progress=lines"}));
+         "run.log_every=20", "--set", "run.eval=false", "--set", "checkpoint.at_end=false", "--set",
+         "run.output_dir=" + dir_->path().string(), "--set", "sinks.csv.plugin=csv", "--set",
+         "sinks.trace.plugin=trace", "--set", "sinks.console.progress=lines"}));
   }
   static void TearDownTestSuite() {
     delete result_;
@@ -133,14 +133,16 @@ TEST_F(CnnRunWithEverySink, TraceHasEveryStepsPhasesBackToBack) {
   for (const JsonValue& event : trace.as_array()) {
     if (event.find("ph")->as_string() != "X") continue;
     names.insert(event.find("name")->as_string());
-    by_step[static_cast<std::int64_t>(event.find("args")->find("step")->as_number())].push_back(&event);
+    by_step[static_cast<std::int64_t>(event.find("args")->find("step")->as_number())].push_back(
+        &event);
   }
   EXPECT_EQ(names, (std::set<std::string>{"data_wait", "h2d", "forward", "backward", "optimizer"}));
   ASSERT_EQ(by_step.size(), 60u);
   for (const auto& [step, events] : by_step) {
     ASSERT_EQ(events.size(), 5u) << "step " << step;
     for (std::size_t i = 1; i < events.size(); ++i) {
-      const double end = events[i - 1]->find("ts")->as_number() + events[i - 1]->find("dur")->as_number();
+      const double end =
+          events[i - 1]->find("ts")->as_number() + events[i - 1]->find("dur")->as_number();
       EXPECT_NEAR(events[i]->find("ts")->as_number(), end, 0.01);
     }
   }
@@ -149,11 +151,10 @@ TEST_F(CnnRunWithEverySink, TraceHasEveryStepsPhasesBackToBack) {
 TEST(ConsoleSink, DrawsAProgressBarWhenAskedAndPlainLinesOtherwise) {
   for (const std::string mode : {"bar", "lines"}) {
     TempDir dir;
-    auto result = run_host({"run", "recipes/fashion_mnist_mlp.toml", "--set", "run.max_steps=20",
-                            "--set", "run.log_every=10", "--set", "run.eval=false", "--set",
-                            "checkpoint.at_end=false", "--set",
-                            "run.output_dir=" + dir.path().string(), "--set",
-                            "sinks.console.progress=" + mode});
+    auto result = run_host(
+        {"run", "recipes/fashion_mnist_mlp.toml", "--set", "run.max_steps=20", "--set",
+         "run.log_every=10", "--set", "run.eval=false", "--set", "checkpoint.at_end=false", "--set",
+         "run.output_dir=" + dir.path().string(), "--set", "sinks.console.progress=" + mode});
     ASSERT_EQ(result.exit_code, 0) << describe(result);
     const bool has_bar = result.out.find("\r[") != std::string::npos;
     EXPECT_EQ(has_bar, mode == "bar") << result.out;

@@ -108,7 +108,9 @@ TEST(Bottleneck, NamesTheLargestWaitThatCrossesItsThreshold) {
   EXPECT_EQ(verdict(phases(50, 0, 20, 20, 0, 10)).rfind("data-bound: steps wait 50%", 0), 0u);
   EXPECT_EQ(verdict(phases(5, 0, 30, 30, 30, 5)).rfind("communication-bound: 30%", 0), 0u);
   EXPECT_EQ(verdict(phases(5, 20, 30, 40, 0, 5)).rfind("copy-bound", 0), 0u);
-  EXPECT_EQ(verdict(phases(5, 5, 40, 40, 5, 5)).rfind("compute-bound: forward, backward and optimizer take 85%", 0), 0u);
+  EXPECT_EQ(verdict(phases(5, 5, 40, 40, 5, 5))
+                .rfind("compute-bound: forward, backward and optimizer take 85%", 0),
+            0u);
   // The breakdown line carries the numbers: per-step milliseconds and shares.
   auto lines = describe_bottleneck(phases(50, 0, 20, 20, 0, 10), 10, 10.0);
   EXPECT_NE(lines[0].find("step time 10.00 ms over 10 steps"), std::string::npos);

@@ -22,7 +22,9 @@ class Cpu final : public DeviceBackend {
     return torch::kCPU;
   }
   void synchronize(int) override {}
-  std::unique_ptr<DeviceEvent> create_event(int) override { return std::make_unique<HostClockEvent>(); }
+  std::unique_ptr<DeviceEvent> create_event(int) override {
+    return std::make_unique<HostClockEvent>();
+  }
   DeviceMemory memory(int) const override {
     DeviceMemory memory;
     long pages = 0, resident = 0;
@@ -42,10 +44,9 @@ class Cpu final : public DeviceBackend {
 };
 
 void register_components(Registry& registry) {
-  registry.add<DeviceBackend>("cpu", {}, "the host CPU",
-                              [](const Config&, const BuildContext&) {
-                                return std::make_unique<Cpu>();
-                              });
+  registry.add<DeviceBackend>("cpu", {}, "the host CPU", [](const Config&, const BuildContext&) {
+    return std::make_unique<Cpu>();
+  });
 }
 
 }  // namespace

@@ -40,8 +40,8 @@ class Console final : public MetricsSink {
     if (quiet_) return;
     bar_ = progress_ == "bar" || (progress_ == "auto" && ::isatty(STDOUT_FILENO) == 1);
     std::printf("%s: %lld steps (%lld per epoch, %lld epochs)\n", run.name.c_str(),
-                static_cast<long long>(run.total_steps), static_cast<long long>(run.steps_per_epoch),
-                static_cast<long long>(run.epochs));
+                static_cast<long long>(run.total_steps),
+                static_cast<long long>(run.steps_per_epoch), static_cast<long long>(run.epochs));
     std::fflush(stdout);
   }
 
@@ -51,7 +51,8 @@ class Console final : public MetricsSink {
     char buffer[256];
     if (record.phase == "train") {
       const double step_ms = record.get("step_time_ms");
-      const double remaining = static_cast<double>(run_.total_steps - record.step) * step_ms / 1000.0;
+      const double remaining =
+          static_cast<double>(run_.total_steps - record.step) * step_ms / 1000.0;
       std::snprintf(buffer, sizeof buffer,
                     "step %lld/%lld  epoch %.2f  loss %.4f  lr %.2e  %.0f samples/s  %.1f ms/step  "
                     "eta %s",
@@ -84,7 +85,8 @@ class Console final : public MetricsSink {
                                                : 0;
       const int width = 24;
       const int filled = std::clamp(static_cast<int>(done * width + 0.5), 0, width);
-      std::printf("\r[%s%s] %3.0f%% %s\033[K", std::string(static_cast<std::size_t>(filled), '#').c_str(),
+      std::printf("\r[%s%s] %3.0f%% %s\033[K",
+                  std::string(static_cast<std::size_t>(filled), '#').c_str(),
                   std::string(static_cast<std::size_t>(width - filled), '.').c_str(), 100.0 * done,
                   line.c_str());
       bar_open_ = true;
@@ -111,7 +113,8 @@ class Console final : public MetricsSink {
 };
 
 void register_components(Registry& registry) {
-  registry.add<MetricsSink>("console", {option("all_ranks", false, "print on every rank, not only rank 0"),
+  registry.add<MetricsSink>("console",
+                            {option("all_ranks", false, "print on every rank, not only rank 0"),
                              option("progress", "auto",
                                     "auto (a progress bar on a terminal, plain lines otherwise), "
                                     "bar or lines")},

@@ -96,7 +96,10 @@ class Csv final : public MetricsSink {
   void write(const MetricRecord& record) override {
     auto it = tables_.find(record.phase);
     if (it == tables_.end()) {
-      it = tables_.emplace(record.phase, CsvTable(per_rank_file(run_, "metrics." + record.phase, ".csv"))).first;
+      it = tables_
+               .emplace(record.phase,
+                        CsvTable(per_rank_file(run_, "metrics." + record.phase, ".csv")))
+               .first;
     }
     it->second.add(record);
   }

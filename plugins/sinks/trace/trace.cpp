@@ -36,8 +36,7 @@ class Trace final : public MetricsSink {
     // The array format tolerates a missing closing bracket, so a run that dies mid-way still
     // leaves a readable trace.
     out_ << "[{\"name\":\"process_name\",\"ph\":\"M\",\"pid\":" << rank_
-         << ",\"tid\":0,\"args\":{\"name\":" << json_quote("rank " + std::to_string(rank_))
-         << "}}";
+         << ",\"tid\":0,\"args\":{\"name\":" << json_quote("rank " + std::to_string(rank_)) << "}}";
     out_.flush();
   }
 
@@ -47,8 +46,8 @@ class Trace final : public MetricsSink {
     char buffer[96];
     for (const PhaseSpan& span : spans) {
       if (max_steps_ > 0 && span.step >= first_step(span.step) + max_steps_) break;
-      out_ << ",\n{\"name\":\"" << step_phase_name(span.phase) << "\",\"cat\":\"step\",\"ph\":\"X\",\"pid\":"
-           << rank_ << ",\"tid\":0";
+      out_ << ",\n{\"name\":\"" << step_phase_name(span.phase)
+           << "\",\"cat\":\"step\",\"ph\":\"X\",\"pid\":" << rank_ << ",\"tid\":0";
       std::snprintf(buffer, sizeof buffer, ",\"ts\":%.3f,\"dur\":%.3f", span.start_us,
                     span.duration_us);
       out_ << buffer << ",\"args\":{\"step\":" << span.step << "}}";
@@ -79,8 +78,9 @@ class Trace final : public MetricsSink {
 void register_components(Registry& registry) {
   registry.add<MetricsSink>(
       "trace",
-      {option("path", "", "output file (default: <output_dir>/trace.json, trace.rank<R>.json with "
-                          "several ranks)"),
+      {option("path", "",
+              "output file (default: <output_dir>/trace.json, trace.rank<R>.json with "
+              "several ranks)"),
        option("max_steps", 1000, "trace at most this many steps (0: all)")},
       "step phases (data wait, copy, forward, backward, comm wait, optimizer) as a "
       "Chrome/Perfetto trace",

@@ -6,7 +6,6 @@
 #include <ATen/ATen.h>
 #include <ATen/core/grad_mode.h>
 #include <torch/csrc/autograd/function.h>
-#include <torch/csrc/autograd/utils/lambda_post_hook.h>
 #include <torch/csrc/autograd/variable.h>
 #include <torch/optim/optimizer.h>
 
@@ -34,7 +33,6 @@
 namespace trainyard {
 namespace {
 
-
 struct DdpOptions {
   double bucket_cap_mb = 25;
   double first_bucket_mb = 1;
@@ -61,7 +59,9 @@ class GradientReducer {
  public:
   GradientReducer(std::vector<at::Tensor> parameters, std::vector<std::string> names,
                   c10::intrusive_ptr<c10d::Backend> group, const DdpOptions& options)
-      : parameters_(std::move(parameters)), names_(std::move(names)), group_(std::move(group)),
+      : parameters_(std::move(parameters)),
+        names_(std::move(names)),
+        group_(std::move(group)),
         options_(options) {
     assign_buckets();
     bucket_of_.assign(parameters_.size(), {0, 0});
@@ -71,18 +71,8 @@ class GradientReducer {
       }
     }
     ready_.assign(parameters_.size(), false);
-    for (std::size_t index = 0; index < parameters_.size(); ++index) {
-      // The accumulator is the autograd node that adds a backward's gradient into .grad; its
-      // post hook runs once the parameter's gradient of this backward is complete.
-      auto accumulator = torch::autograd::impl::grad_accumulator(parameters_[index]);
-      accumulator->add_post_hook(std::make_unique<torch::autograd::utils::LambdaPostHook>(
-          [this, index](const torch::autograd::variable_list& outputs,
-                        const torch::autograd::variable_list&) {
-            on_gradient_ready(index);
-            return outputs;
-          }));
-      accumulators_.push_back(std::move(accumulator));
-    }
+    accumulators_ = trainyard::on_gradient_ready(
+        parameters_, [this](std::size_t index) { on_gradient_ready(index); });
   }
 
   std::size_t bucket_count() const { return buckets_.size(); }
@@ -185,9 +175,10 @@ class GradientReducer {
         it = open.emplace(key, buckets_.size() - 1).first;
       }
       GradientBucket& bucket = buckets_[it->second];
-      std::int64_t used = bucket.offsets.empty()
-                              ? 0
-                              : bucket.offsets.back() + parameters_[bucket.parameters.back()].numel();
+      std::int64_t used =
+          bucket.offsets.empty()
+              ? 0
+              : bucket.offsets.back() + parameters_[bucket.parameters.back()].numel();
       bucket.parameters.push_back(k);
       bucket.offsets.push_back(used);
       used += parameter.numel();
@@ -281,7 +272,8 @@ class ShardedOptimizerState {
         gradients.narrow(0, group_->getRank() * shard_numel_, shard_numel_).clone();
     optimizer_->step();
     master_.mutable_grad() = at::Tensor();  // the whole gradients stay in the parameters' .grad
-    at::Tensor gathered = at::empty({shard_numel_ * group_->getSize()}, master_.options().requires_grad(false));
+    at::Tensor gathered =
+        at::empty({shard_numel_ * group_->getSize()}, master_.options().requires_grad(false));
     at::Tensor input = master_.detach();
     {
       CollectiveWait wait;
@@ -289,7 +281,8 @@ class ShardedOptimizerState {
     }
     std::int64_t offset = 0;
     for (auto& parameter : parameters_) {
-      parameter.detach().copy_(gathered.narrow(0, offset, parameter.numel()).view(parameter.sizes()));
+      parameter.detach().copy_(
+          gathered.narrow(0, offset, parameter.numel()).view(parameter.sizes()));
       offset += parameter.numel();
     }
   }
@@ -458,11 +451,10 @@ class Ddp final : public Strategy {
     if (saved_zero1 != static_cast<bool>(zero1_) ||
         (zero1_ && (zero1_ranks->second != std::to_string(place_.size) ||
                     in.shared.metadata.count(kSavedWorldSizeKey)))) {
-      throw Error(std::string("ddp: the checkpoint's optimizer state was ") +
-                  (saved_zero1 ? "sharded over " + zero1_ranks->second + " ranks (zero1)"
-                               : "saved whole") +
-                  "; resume it with the same zero1 setting" +
-                  (saved_zero1 ? " on as many ranks" : ""));
+      throw Error(
+          std::string("ddp: the checkpoint's optimizer state was ") +
+          (saved_zero1 ? "sharded over " + zero1_ranks->second + " ranks (zero1)" : "saved whole") +
+          "; resume it with the same zero1 setting" + (saved_zero1 ? " on as many ranks" : ""));
     }
     load_module_state(model_->module(), "model.", in.shared);
     if (zero1_) {
@@ -498,22 +490,28 @@ class Ddp final : public Strategy {
  private:
   // Broadcasts `tensors` from rank 0, one flat message per dtype.
   void broadcast_coalesced(const std::vector<at::Tensor>& tensors) {
+    if (tensors.empty()) return;
     at::NoGradGuard no_grad;
-    std::map<at::ScalarType, std::vector<at::Tensor>> by_type;
-    for (const auto& tensor : tensors) by_type[tensor.scalar_type()].push_back(tensor);
-    for (auto& [type, group] : by_type) {
-      std::vector<at::Tensor> flat_views;
-      for (const auto& tensor : group) flat_views.push_back(tensor.reshape({-1}));
-      std::vector<at::Tensor> message{at::cat(flat_views)};
-      {
-        CollectiveWait wait;
-        group_->broadcast(message)->wait();
-      }
-      std::int64_t offset = 0;
-      for (auto& tensor : group) {
-        tensor.copy_(message[0].narrow(0, offset, tensor.numel()).view(tensor.sizes()));
-        offset += tensor.numel();
-      }
+    // One message of raw bytes whatever the dtypes (BatchNorm's float statistics and integer
+    // counters travel together): a broadcast only copies, and on loopback each collective's
+    // latency costs more than the bytes.
+    std::vector<at::Tensor> bytes;
+    bytes.reserve(tensors.size());
+    for (const auto& tensor : tensors) {
+      bytes.push_back(tensor.contiguous().reshape({-1}).view(at::kByte));
+    }
+    std::vector<at::Tensor> message{at::cat(bytes)};
+    {
+      CollectiveWait wait;
+      group_->broadcast(message)->wait();
+    }
+    std::int64_t offset = 0;
+    for (const auto& tensor : tensors) {
+      const std::int64_t size = tensor.numel() * static_cast<std::int64_t>(tensor.element_size());
+      // A copy of the slice is aligned for its dtype wherever the slice starts in the message.
+      at::Tensor slice = message[0].narrow(0, offset, size).clone();
+      tensor.copy_(slice.view(tensor.scalar_type()).view(tensor.sizes()));
+      offset += size;
     }
   }
 

@@ -12,7 +12,6 @@
 #include <ATen/core/grad_mode.h>
 #include <c10/core/Storage.h>
 #include <torch/csrc/autograd/function.h>
-#include <torch/csrc/autograd/utils/lambda_post_hook.h>
 #include <torch/csrc/autograd/variable.h>
 #include <torch/optim/optimizer.h>
 
@@ -56,7 +55,8 @@ constexpr const char* kOptimizerPrefix = "fsdp.optimizer.";
 std::string parse_dtype_name(const Config& config, const std::string& key) {
   const std::string value = config.get_string(key);
   if (value != "auto" && value != "float32" && value != "bfloat16" && value != "float16") {
-    config.fail(key, "is '" + value + "'; expected \"auto\", \"float32\", \"bfloat16\" or \"float16\"");
+    config.fail(key,
+                "is '" + value + "'; expected \"auto\", \"float32\", \"bfloat16\" or \"float16\"");
   }
   return value;
 }
@@ -71,9 +71,9 @@ at::ScalarType dtype_named(const std::string& name, at::ScalarType automatic) {
 struct FsdpOptions {
   Sharding sharding = Sharding::kFull;
   bool prefetch = true;
-  std::string param_dtype = "auto";    // gathered parameters; auto: the precision's autocast dtype
+  std::string param_dtype = "auto";  // gathered parameters; auto: the precision's autocast dtype
   std::string reduce_dtype = "float32";  // gradient reduction; auto: the gathered dtype
-  bool full_state_dict = false;           // checkpoints consolidated instead of sharded
+  bool full_state_dict = false;          // checkpoints consolidated instead of sharded
 };
 
 // Frees a tensor's memory while every view into it keeps its shape (PyTorch's FSDP frees the
@@ -171,16 +171,8 @@ class Fsdp final : public Strategy {
     optimizer_ = context.optimizer->create(shards);
 
     // Gradient hooks: a unit's gradients are reduced as soon as its last one is complete.
-    for (std::size_t index = 0; index < parameters_.size(); ++index) {
-      auto accumulator = torch::autograd::impl::grad_accumulator(parameters_[index]);
-      accumulator->add_post_hook(std::make_unique<torch::autograd::utils::LambdaPostHook>(
-          [this, index](const torch::autograd::variable_list& outputs,
-                        const torch::autograd::variable_list&) {
-            on_gradient_ready(index);
-            return outputs;
-          }));
-      accumulators_.push_back(std::move(accumulator));
-    }
+    accumulators_ = trainyard::on_gradient_ready(
+        parameters_, [this](std::size_t index) { on_gradient_ready(index); });
 
     std::vector<Block> blocks = model_->blocks();
     std::vector<Block> wrapped;
@@ -348,7 +340,8 @@ class Fsdp final : public Strategy {
         const std::string key = name.substr(first.size());
         const std::string own = kOptimizerPrefix + key;
         const std::size_t unit = std::stoul(key.substr(key.find('.') + 1));
-        if (unit >= units_.size()) throw Error("checkpoint has optimizer state for no unit: " + own);
+        if (unit >= units_.size())
+          throw Error("checkpoint has optimizer state for no unit: " + own);
         const auto& saved_shard = in.local.tensors.find(saved_rank_key(0, shard_key(unit)));
         const bool per_element = saved_shard != in.local.tensors.end() && tensor.dim() > 0 &&
                                  tensor.numel() == saved_shard->second.numel();
@@ -481,7 +474,8 @@ class Fsdp final : public Strategy {
       for (const auto& parameter : blocks[k].module->parameters(true)) {
         auto it = index_of.find(parameter.unsafeGetTensorImpl());
         if (it == index_of.end()) continue;
-        if (std::find(members[k].begin(), members[k].end(), it->second) != members[k].end()) continue;
+        if (std::find(members[k].begin(), members[k].end(), it->second) != members[k].end())
+          continue;
         members[k].push_back(it->second);
         ++uses[it->second];
       }
@@ -522,10 +516,12 @@ class Fsdp final : public Strategy {
         throw Error("fsdp: parameter '" + names_[unit.parameters.front()] +
                     "' is not float32; the shards are the fp32 master copy");
       }
-      at::Tensor master = at::zeros({unit.shard_numel * ranks}, first.options().requires_grad(false));
+      at::Tensor master =
+          at::zeros({unit.shard_numel * ranks}, first.options().requires_grad(false));
       for (std::size_t j = 0; j < unit.parameters.size(); ++j) {
         const at::Tensor& parameter = parameters_[unit.parameters[j]];
-        master.narrow(0, unit.offsets[j], parameter.numel()).copy_(parameter.detach().reshape({-1}));
+        master.narrow(0, unit.offsets[j], parameter.numel())
+            .copy_(parameter.detach().reshape({-1}));
       }
       unit.full = gather_dtype_ == at::kFloat ? master : master.to(gather_dtype_);
       for (std::size_t j = 0; j < unit.parameters.size(); ++j) {
@@ -647,7 +643,8 @@ class Fsdp final : public Strategy {
   // leaving the unit's own buffers as they are.
   at::Tensor gather_copy(const Unit& unit, const at::Tensor& shard = {}) const {
     at::Tensor input = (shard.defined() ? shard : unit.shard).detach().contiguous();
-    at::Tensor flat = at::empty({unit.shard_numel * shard_ranks_}, input.options().requires_grad(false));
+    at::Tensor flat =
+        at::empty({unit.shard_numel * shard_ranks_}, input.options().requires_grad(false));
     if (!group_ || shard_ranks_ == 1) {
       flat.copy_(input);
     } else {
@@ -677,7 +674,8 @@ class Fsdp final : public Strategy {
     unit.reduced = true;
     at::NoGradGuard no_grad;
     const std::int64_t padded = unit.shard_numel * shard_ranks_;
-    unit.gradient_flat = at::zeros({padded}, unit.shard.options().dtype(reduce_dtype_).requires_grad(false));
+    unit.gradient_flat =
+        at::zeros({padded}, unit.shard.options().dtype(reduce_dtype_).requires_grad(false));
     for (std::size_t i = 0; i < unit.parameters.size(); ++i) {
       at::Tensor& parameter = parameters_[unit.parameters[i]];
       if (parameter.grad().defined()) {

@@ -36,7 +36,7 @@ class HostClockEvent final : public DeviceEvent {
 struct DeviceMemory {
   std::int64_t current_bytes = 0;  // held by the allocator now (process RSS on the host)
   std::int64_t peak_bytes = 0;
-  std::int64_t total_bytes = 0;    // device capacity; 0 when unknown
+  std::int64_t total_bytes = 0;  // device capacity; 0 when unknown
 };
 
 // A device backend plugin, named after the device type it drives ("cpu", "cuda").

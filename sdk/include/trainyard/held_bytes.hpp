@@ -23,9 +23,9 @@ struct HeldBytes {
 };
 
 // Counts the storages behind `parameters`, their gradients and `optimizer`'s state tensors
-// (optimizer may be null), and `gradient_buffers` (flat communication buffers) as gradients. A storage shared by several tensors counts once, in the first
-// category that reaches it. Optimizer state is counted for LibTorch's SGD, Adam and AdamW
-// state types; other types contribute nothing.
+// (optimizer may be null), and `gradient_buffers` (flat communication buffers) as gradients. A
+// storage shared by several tensors counts once, in the first category that reaches it. Optimizer
+// state is counted for LibTorch's SGD, Adam and AdamW state types; other types contribute nothing.
 HeldBytes count_held_bytes(const std::vector<at::Tensor>& parameters,
                            const torch::optim::Optimizer* optimizer,
                            const std::vector<at::Tensor>& gradient_buffers = {});

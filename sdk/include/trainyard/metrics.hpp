@@ -13,13 +13,13 @@
 namespace trainyard {
 
 struct RunInfo {
-  std::string name;           // the recipe's name
+  std::string name;  // the recipe's name
   std::int64_t total_steps = 0;
   std::int64_t steps_per_epoch = 0;
   std::int64_t epochs = 0;
   int rank = 0;
   int world_size = 1;
-  std::string output_dir;     // where sinks put files unless configured otherwise
+  std::string output_dir;  // where sinks put files unless configured otherwise
 };
 
 // A sink's file in the run's output folder: `<stem><extension>`, or `<stem>.rank<R><extension>`
@@ -33,7 +33,7 @@ struct MetricRecord {
   std::string phase;
   std::int64_t step = 0;
   std::int64_t epoch = 0;
-  double elapsed_s = 0;       // since the run started
+  double elapsed_s = 0;  // since the run started
   std::vector<std::pair<std::string, double>> values;
 
   // The value named `name`, or `fallback`.

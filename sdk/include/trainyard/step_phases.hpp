@@ -32,7 +32,7 @@ struct PhaseSpan {
 struct PhaseRollup {
   std::int64_t steps = 0;
   std::array<double, kStepPhaseCount> total_ms{};  // summed over the steps
-  std::vector<PhaseSpan> spans;                      // in order; empty unless spans were kept
+  std::vector<PhaseSpan> spans;                    // in order; empty unless spans were kept
 
   double at(StepPhase phase) const { return total_ms[static_cast<int>(phase)]; }
 };
