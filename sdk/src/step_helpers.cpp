@@ -10,9 +10,11 @@
 
 #include "trainyard/error.hpp"
 #include "trainyard/gradients.hpp"
+#include "trainyard/micro_batch.hpp"
 #include "trainyard/module_state.hpp"
 #include "trainyard/precision.hpp"
 #include "trainyard/replicated_step.hpp"
+#include "trainyard/step_phases.hpp"
 
 namespace trainyard {
 
@@ -34,6 +36,21 @@ std::vector<std::shared_ptr<torch::autograd::Node>> on_gradient_ready(
     accumulators.push_back(std::move(accumulator));
   }
   return accumulators;
+}
+
+torch::Tensor forward_backward(Model& model, const std::vector<Block>& blocks, const Batch& batch,
+                               std::int64_t micro_batches, const StrategyContext& context,
+                               std::optional<torch::ScalarType> autocast_dtype) {
+  torch::Tensor loss;
+  {
+    AutocastGuard autocast(context.build.device.type(), autocast_dtype);
+    loss = model.loss(run_blocks(model, blocks, batch), batch);
+  }
+  if (context.phases) context.phases->mark(StepPhase::Forward);
+  torch::Tensor scaled = micro_batches > 1 ? loss / static_cast<double>(micro_batches) : loss;
+  context.precision->scale_loss(scaled).backward();
+  if (context.phases) context.phases->mark(StepPhase::Backward);
+  return loss.detach();
 }
 
 std::vector<torch::Tensor> gradients_of(const std::vector<torch::Tensor>& parameters) {

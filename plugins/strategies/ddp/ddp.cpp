@@ -21,6 +21,7 @@
 #include "trainyard/distributed.hpp"
 #include "trainyard/error.hpp"
 #include "trainyard/gradients.hpp"
+#include "trainyard/micro_batch.hpp"
 #include "trainyard/model.hpp"
 #include "trainyard/module_state.hpp"
 #include "trainyard/optimizer.hpp"
@@ -392,17 +393,8 @@ class Ddp final : public Strategy {
       const Batch& batch = micro_batches[static_cast<std::size_t>(i)];
       // Only the last micro-batch synchronises; the others accumulate locally (no_sync).
       if (reducer_) reducer_->prepare(i == count - 1);
-      torch::Tensor loss;
-      {
-        AutocastGuard autocast(context_.build.device.type(), autocast_dtype_);
-        loss = model_->loss(run_blocks(*model_, blocks_, batch), batch);
-      }
-      if (context_.phases) context_.phases->mark(StepPhase::Forward);
-      // Each micro-batch contributes 1/K, so K micro-batches of B equal one batch of K*B.
-      torch::Tensor scaled = count > 1 ? loss / static_cast<double>(count) : loss;
-      context_.precision->scale_loss(scaled).backward();
-      if (context_.phases) context_.phases->mark(StepPhase::Backward);
-      torch::Tensor detached = loss.detach();
+      torch::Tensor detached =
+          forward_backward(*model_, blocks_, batch, count, context_, autocast_dtype_);
       loss_sum = loss_sum.defined() ? loss_sum + detached : detached;
       result.samples += batch.size;
     }

@@ -27,6 +27,7 @@
 #include "trainyard/distributed.hpp"
 #include "trainyard/error.hpp"
 #include "trainyard/gradients.hpp"
+#include "trainyard/micro_batch.hpp"
 #include "trainyard/model.hpp"
 #include "trainyard/module_state.hpp"
 #include "trainyard/optimizer.hpp"
@@ -199,18 +200,10 @@ class Fsdp final : public Strategy {
         unit.pending = unit.parameters.size();
         unit.reduced = false;
       }
-      torch::Tensor loss;
-      {
-        AutocastGuard autocast(context_.build.device.type(), autocast_dtype_);
-        loss = model_->loss(run_blocks(*model_, blocks_, batch), batch);
-      }
-      if (context_.phases) context_.phases->mark(StepPhase::Forward);
-      torch::Tensor scaled = count > 1 ? loss / static_cast<double>(count) : loss;
-      context_.precision->scale_loss(scaled).backward();
-      if (context_.phases) context_.phases->mark(StepPhase::Backward);
+      torch::Tensor detached =
+          forward_backward(*model_, blocks_, batch, count, context_, autocast_dtype_);
       finish_backward();
       if (context_.phases) context_.phases->mark(StepPhase::CommWait);
-      torch::Tensor detached = loss.detach();
       loss_sum = loss_sum.defined() ? loss_sum + detached : detached;
       result.samples += batch.size;
     }

@@ -6,13 +6,13 @@
 
 #include "trainyard/activation_checkpoint.hpp"
 #include "trainyard/gradients.hpp"
+#include "trainyard/micro_batch.hpp"
 #include "trainyard/model.hpp"
 #include "trainyard/module_state.hpp"
 #include "trainyard/optimizer.hpp"
 #include "trainyard/plugin.hpp"
 #include "trainyard/precision.hpp"
 #include "trainyard/replicated_step.hpp"
-#include "trainyard/step_phases.hpp"
 #include "trainyard/strategy.hpp"
 
 namespace trainyard {
@@ -25,7 +25,8 @@ class Single final : public Strategy {
     model_ = context.make_model(context.build);
     model_->module().to(context.build.device);
     model_->module().train();
-    blocks_ = with_activation_checkpointing(model_->blocks(), context.step.activation_checkpointing);
+    blocks_ =
+        with_activation_checkpointing(model_->blocks(), context.step.activation_checkpointing);
     parameters_ = model_->module().parameters(true);
     optimizer_ = context.optimizer->create(parameters_);
     autocast_dtype_ = context.precision->autocast_dtype();
@@ -37,17 +38,8 @@ class Single final : public Strategy {
     torch::Tensor loss_sum;
     StepResult result;
     for (const auto& batch : micro_batches) {
-      torch::Tensor loss;
-      {
-        AutocastGuard autocast(context_.build.device.type(), autocast_dtype_);
-        loss = model_->loss(run_blocks(*model_, blocks_, batch), batch);
-      }
-      if (context_.phases) context_.phases->mark(StepPhase::Forward);
-      // Each micro-batch contributes 1/K, so K micro-batches of B equal one batch of K*B.
-      torch::Tensor scaled = count > 1 ? loss / static_cast<double>(count) : loss;
-      context_.precision->scale_loss(scaled).backward();
-      if (context_.phases) context_.phases->mark(StepPhase::Backward);
-      torch::Tensor detached = loss.detach();
+      torch::Tensor detached =
+          forward_backward(*model_, blocks_, batch, count, context_, autocast_dtype_);
       loss_sum = loss_sum.defined() ? loss_sum + detached : detached;
       result.samples += batch.size;
     }
@@ -92,10 +84,9 @@ class Single final : public Strategy {
 };
 
 void register_components(Registry& registry) {
-  registry.add<Strategy>("single", {}, "one process on one device (cpu or cuda)",
-                         [](const Config&, const BuildContext&) {
-                           return std::make_unique<Single>();
-                         });
+  registry.add<Strategy>(
+      "single", {}, "one process on one device (cpu or cuda)",
+      [](const Config&, const BuildContext&) { return std::make_unique<Single>(); });
 }
 
 }  // namespace
