@@ -15,6 +15,7 @@
 #include "trainyard/checkpoint.hpp"
 #include "trainyard/checkpoint_store.hpp"
 #include "trainyard/communicator.hpp"
+#include "trainyard/cpu_binding.hpp"
 #include "trainyard/dataset.hpp"
 #include "trainyard/device.hpp"
 #include "trainyard/distributed.hpp"
@@ -188,12 +189,20 @@ Engine::Engine(Recipe recipe, const Registry& registry, RunControls controls)
 
   std::int64_t threads = run.get_int("threads");
   if (threads < 0) run.fail("threads", "must be >= 0, got " + std::to_string(threads));
-  if (threads == 0 && s.rendezvous && s.rendezvous->local_world_size > 1) {
+  const std::vector<int> allowed = allowed_cpus();
+  const int local_ranks = s.rendezvous ? s.rendezvous->local_world_size : 1;
+  if (threads == 0 && local_ranks > 1) {
     // Ranks on one machine share its cores.
-    const auto cores = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
-    threads = std::max(1, cores / s.rendezvous->local_world_size);
+    const auto cores = static_cast<int>(std::max<std::size_t>(1, allowed.size()));
+    threads = std::max(1, cores / local_ranks);
   }
   if (threads > 0) at::set_num_threads(static_cast<int>(threads));
+  // Before the communicator and the loader start their threads, which inherit the binding.
+  const std::vector<int> bound_cpus =
+      cpus_for_rank(parse_cpu_binding(run.get_string("cpu_binding"), "run.cpu_binding"), allowed,
+                    s.rendezvous ? s.rendezvous->local_rank : 0, local_ranks,
+                    threads > 0 ? static_cast<int>(threads) : static_cast<int>(allowed.size()));
+  bind_process_to_cpus(bound_cpus);
 
   const auto seed = static_cast<std::uint64_t>(run.get_int("seed"));
   s.accumulation = run.get_int("grad_accumulation");
@@ -250,7 +259,8 @@ Engine::Engine(Recipe recipe, const Registry& registry, RunControls controls)
           std::to_string(meet.world_size) + " (local " + std::to_string(meet.local_rank) + " of " +
           std::to_string(meet.local_world_size) + "), store " + meet.master_addr + ":" +
           std::to_string(meet.master_port) + ", comm " + plugin + ", " +
-          std::to_string(at::get_num_threads()) + " threads on " + s.device.str());
+          std::to_string(at::get_num_threads()) + " threads on " + s.device.str() +
+          (bound_cpus.empty() ? "" : ", bound to cpus " + describe_cpus(allowed_cpus())));
     const char* agent = std::getenv(kAgentStoreVariable);
     const bool hosts_store = s.rank == 0 && !(agent && std::string(agent) == "True");
     s.monitor = std::make_unique<FailureMonitor>(s.communicator->store(), s.rank, s.world_size,
@@ -325,8 +335,8 @@ Engine::Engine(Recipe recipe, const Registry& registry, RunControls controls)
   std::int64_t workers = loader.get_int("workers");
   if (workers < -1) loader.fail("workers", "must be >= 0, or -1 for automatic");
   if (workers == -1) {
-    workers = default_loader_workers(std::max(1u, std::thread::hardware_concurrency()),
-                                     local_world_size_from_env());
+    workers = default_loader_workers(
+        static_cast<unsigned>(std::max<std::size_t>(1, allowed.size())), local_ranks);
   }
   train.workers = static_cast<int>(workers);
   train.prefetch = static_cast<int>(loader.get_int("prefetch"));

@@ -1,7 +1,7 @@
 #include "trainyard/loader.hpp"
 
-#include <ATen/CPUGeneratorImpl.h>
 #include <ATen/ATen.h>
+#include <ATen/CPUGeneratorImpl.h>
 
 #include <algorithm>
 #include <condition_variable>
@@ -25,23 +25,12 @@ int default_loader_workers(unsigned cores, int local_world_size) {
   return std::clamp(per_rank / 4, 1, 4);
 }
 
-int local_world_size_from_env() {
-  const char* text = std::getenv("LOCAL_WORLD_SIZE");
-  if (text == nullptr || *text == '\0') return 1;
-  char* end = nullptr;
-  const long value = std::strtol(text, &end, 10);
-  if (*end != '\0' || value < 1 || value > 1 << 20) {
-    throw Error("LOCAL_WORLD_SIZE must be a positive integer, got '" + std::string(text) + "'");
-  }
-  return static_cast<int>(value);
-}
-
 std::vector<std::int64_t> epoch_indices(std::int64_t dataset_size, const LoaderOptions& options,
                                         std::int64_t epoch) {
   std::vector<std::int64_t> order(static_cast<std::size_t>(dataset_size));
   if (options.shuffle) {
-    at::Generator generator = at::make_generator<at::CPUGeneratorImpl>(
-        options.seed + static_cast<std::uint64_t>(epoch));
+    at::Generator generator =
+        at::make_generator<at::CPUGeneratorImpl>(options.seed + static_cast<std::uint64_t>(epoch));
     at::Tensor permutation = at::randperm(dataset_size, generator, at::TensorOptions(at::kLong));
     const auto* data = permutation.data_ptr<std::int64_t>();
     std::copy(data, data + dataset_size, order.begin());
@@ -173,8 +162,8 @@ Loader::Loader(std::shared_ptr<const MapSource> source, LoaderOptions options)
 Loader::Loader(std::shared_ptr<const StreamSource> source, LoaderOptions options,
                bool equal_lengths)
     : options_(options),
-      stream_(std::make_unique<StreamLoader>(std::move(source), std::move(options),
-                                             equal_lengths)) {}
+      stream_(
+          std::make_unique<StreamLoader>(std::move(source), std::move(options), equal_lengths)) {}
 
 // Workers refer to the loader; they must stop before its members go away.
 Loader::~Loader() { workers_.reset(); }
@@ -223,8 +212,7 @@ void Loader::start_epoch(std::int64_t epoch, std::int64_t first_batch) {
   }
 }
 
-Batch Loader::make_batch(const std::vector<std::int64_t>& indices,
-                         std::int64_t batch_index) const {
+Batch Loader::make_batch(const std::vector<std::int64_t>& indices, std::int64_t batch_index) const {
   const auto begin = static_cast<std::size_t>(batch_index * options_.batch_size);
   const auto end = std::min(indices.size(), begin + static_cast<std::size_t>(options_.batch_size));
   Batch batch =

@@ -76,9 +76,9 @@ std::shared_ptr<Table> merge(const Table& base, const Table& overlay) {
   for (const auto& [key, value] : overlay.entries()) {
     const Value* existing = base.find(key);
     if (existing && existing->type() == ValueType::kTable && value.type() == ValueType::kTable) {
-      out->set(key, Value(std::shared_ptr<const Table>(merge(existing->as_table(),
-                                                             value.as_table())),
-                          value.where()));
+      out->set(key,
+               Value(std::shared_ptr<const Table>(merge(existing->as_table(), value.as_table())),
+                     value.where()));
     } else {
       out->set(key, value);
     }
@@ -115,8 +115,7 @@ std::shared_ptr<const Table> load_chain(const fs::path& file, std::vector<fs::pa
   }
   fs::path base_path = file.parent_path() / extends->as_string();
   if (!fs::exists(base_path)) {
-    throw Error(extends->where().str() + ": extends names a missing recipe: " +
-                display(base_path));
+    throw Error(extends->where().str() + ": extends names a missing recipe: " + display(base_path));
   }
   chain.push_back(canonical);
   std::shared_ptr<const Table> base = load_chain(base_path, chain);
@@ -128,8 +127,7 @@ std::shared_ptr<const Table> load_chain(const fs::path& file, std::vector<fs::pa
 
 // Sets a.b.c = value, creating tables on the way.
 std::shared_ptr<Table> set_path(const Table& table, const std::vector<std::string>& keys,
-                                std::size_t index, const Value& value,
-                                const std::string& origin) {
+                                std::size_t index, const Value& value, const std::string& origin) {
   auto out = std::make_shared<Table>(table);
   const std::string& key = keys[index];
   if (index + 1 == keys.size()) {
@@ -198,8 +196,9 @@ void print_table(std::ostringstream& out, const Table& table, const std::string&
   }
   for (const auto& [key, child] : children) {
     std::string name = prefix.empty() ? key_text(key) : prefix + "." + key_text(key);
-    bool has_scalars = std::any_of(child->entries().begin(), child->entries().end(),
-                                   [](const auto& e) { return e.second.type() != ValueType::kTable; });
+    bool has_scalars =
+        std::any_of(child->entries().begin(), child->entries().end(),
+                    [](const auto& e) { return e.second.type() != ValueType::kTable; });
     if (has_scalars || child->empty()) out << "\n[" << name << "]\n";
     print_table(out, *child, name);
   }
@@ -237,11 +236,14 @@ Config resolve_plugin_section(const Config& section, const std::string& kind,
   }
   if (plugin.empty()) {
     throw Error(section.table().where.str() + ": [" + section.name() +
-                "] needs plugin = \"...\" (known: " + [&] {
+                "] needs plugin = \"...\" (known: " +
+                [&] {
                   std::string known;
-                  for (const auto& n : registry.names(kind)) known += (known.empty() ? "" : ", ") + n;
+                  for (const auto& n : registry.names(kind))
+                    known += (known.empty() ? "" : ", ") + n;
                   return known.empty() ? std::string("none loaded") : known;
-                }() + ")");
+                }() +
+                ")");
   }
   if (!registry.contains(kind, plugin)) {
     try {
@@ -300,6 +302,9 @@ const OptionSpecs& run_options() {
       option("max_steps", 0, "stop after this many optimizer steps (0: run every epoch)"),
       option("device", "cpu", "cpu, cuda, cuda:N, or auto (cuda when present)"),
       option("threads", 0, "intra-op threads (0: the cores divided among local ranks)"),
+      option("cpu_binding", "auto",
+             "bind each local rank to its own CPUs, threads wide: auto (when the machine's ranks "
+             "fill its CPUs exactly), cores (always) or none"),
       option("log_every", 50, "optimizer steps between metric records"),
       option("eval", true, "evaluate on the test split after each epoch"),
       option("eval_max_batches", 0, "evaluate on at most this many batches (0: all)"),
@@ -349,8 +354,9 @@ const OptionSpecs& checkpoint_policy_options() {
 
 const OptionSpecs& comm_options() {
   static const OptionSpecs specs = {
-      option("timeout_s", 300, "seconds a collective or the rendezvous may take before the job "
-                               "fails, naming the rank that stopped"),
+      option("timeout_s", 300,
+             "seconds a collective or the rendezvous may take before the job "
+             "fails, naming the rank that stopped"),
   };
   return specs;
 }
@@ -364,11 +370,10 @@ const OptionSpecs& sink_common_options() {
 
 const std::vector<PluginSection>& plugin_sections() {
   static const std::vector<PluginSection> sections = {
-      {"dataset", "dataset", "", false},         {"model", "model", "", false},
-      {"optimizer", "optimizer", "", false},     {"scheduler", "scheduler", "constant", true},
-      {"precision", "precision", "fp32", true},  {"strategy", "strategy", "single", true},
-      {"checkpoint", "checkpoint", "torch", true},
-      {"comm", "comm", "", true},
+      {"dataset", "dataset", "", false},           {"model", "model", "", false},
+      {"optimizer", "optimizer", "", false},       {"scheduler", "scheduler", "constant", true},
+      {"precision", "precision", "fp32", true},    {"strategy", "strategy", "single", true},
+      {"checkpoint", "checkpoint", "torch", true}, {"comm", "comm", "", true},
   };
   return sections;
 }
@@ -385,12 +390,13 @@ Recipe resolve_recipe(const Recipe& recipe, const Registry& registry) {
     if (!known.count(key)) {
       std::string names;
       for (const auto& name : known) names += (names.empty() ? "" : ", ") + name;
-      throw Error(value.where().str() + ": unknown recipe section '" + key + "' (known: " +
-                  names + ")");
+      throw Error(value.where().str() + ": unknown recipe section '" + key + "' (known: " + names +
+                  ")");
     }
   }
   if (const Value* name = root.find("name")) {
-    if (name->type() != ValueType::kString) throw Error(name->where().str() + ": name must be a string");
+    if (name->type() != ValueType::kString)
+      throw Error(name->where().str() + ": name must be a string");
     out->set("name", *name);
   }
   if (const Value* paths = root.find("plugin_paths")) {
@@ -421,13 +427,15 @@ Recipe resolve_recipe(const Recipe& recipe, const Registry& registry) {
                                                     section.default_plugin, {}, registry));
       } else if (!section.optional) {
         throw Error(recipe.path.string() + ": missing section [" + section.section +
-                    "] (plugin = one of: " + [&] {
+                    "] (plugin = one of: " +
+                    [&] {
                       std::string list;
                       for (const auto& n : registry.names(section.kind)) {
                         list += (list.empty() ? "" : ", ") + n;
                       }
                       return list.empty() ? std::string("none loaded") : list;
-                    }() + ")");
+                    }() +
+                    ")");
       }
       continue;
     }
@@ -439,9 +447,8 @@ Recipe resolve_recipe(const Recipe& recipe, const Registry& registry) {
     const OptionSpecs& runtime = section.section == "checkpoint" ? checkpoint_policy_options()
                                  : section.section == "comm"     ? comm_options()
                                                                  : OptionSpecs{};
-    put(section.section, resolve_plugin_section(require_table(root, section.section),
-                                                section.kind, section.default_plugin, runtime,
-                                                registry));
+    put(section.section, resolve_plugin_section(require_table(root, section.section), section.kind,
+                                                section.default_plugin, runtime, registry));
   }
 
   // Sinks: [sinks.<name>], each naming its plugin (default: its own name). Console by default.
@@ -460,7 +467,8 @@ Recipe resolve_recipe(const Recipe& recipe, const Registry& registry) {
       }
     }
   }
-  for (const auto& [key, value] : (root.contains("sinks") ? sink_tables.table() : *sinks).entries()) {
+  for (const auto& [key, value] :
+       (root.contains("sinks") ? sink_tables.table() : *sinks).entries()) {
     Config section(value.table_ptr(), "sinks." + key);
     Config resolved = resolve_plugin_section(section, "sink", key, sink_common_options(), registry);
     sinks->set(key, Value(resolved.table_ptr(), value.where()));
@@ -479,8 +487,8 @@ std::vector<fs::path> recipe_plugin_paths(const Recipe& recipe) {
   for (const auto& item : paths->as_array()) {
     fs::path path = item.as_string();
     if (path.is_relative()) {
-      fs::path base = item.where().line > 0 ? fs::path(item.where().file).parent_path()
-                                            : fs::current_path();
+      fs::path base =
+          item.where().line > 0 ? fs::path(item.where().file).parent_path() : fs::current_path();
       path = base / path;
     }
     out.push_back(fs::absolute(path));

@@ -13,6 +13,7 @@
 
 #include "metrics_file.hpp"
 #include "test_support.hpp"
+#include "trainyard/cpu_binding.hpp"
 #include "trainyard/distributed.hpp"
 
 namespace trainyard::testing {
@@ -57,8 +58,12 @@ momentum = 0.9
 
 std::vector<std::string> host_args(const fs::path& recipe, const fs::path& out,
                                    const std::vector<std::string>& extra) {
-  std::vector<std::string> args = {recipe.string(), "--set", "run.threads=1", "--set",
-                                   "run.output_dir=" + out.string(), "--set",
+  std::vector<std::string> args = {recipe.string(),
+                                   "--set",
+                                   "run.threads=1",
+                                   "--set",
+                                   "run.output_dir=" + out.string(),
+                                   "--set",
                                    "run.final_model_file=" + (out / "final.pt").string()};
   args.insert(args.end(), extra.begin(), extra.end());
   return args;
@@ -145,11 +150,13 @@ void expect_parity(const std::string& model, int ranks, std::int64_t batch,
   TempDir dir;
   auto recipe = dir.write("recipe.toml", recipe_text(model));
   const std::int64_t global = batch * ranks * accumulation;
-  auto single = run_single(recipe, dir / "single", {"--set", "loader.batch_size=" + std::to_string(global)});
+  auto single =
+      run_single(recipe, dir / "single", {"--set", "loader.batch_size=" + std::to_string(global)});
   ASSERT_EQ(single.exit_code, 0) << describe(single);
-  std::vector<std::string> sets = {"--set", "strategy.plugin=ddp", "--set",
-                                   "loader.batch_size=" + std::to_string(batch), "--set",
-                                   "run.grad_accumulation=" + std::to_string(accumulation)};
+  std::vector<std::string> sets = {
+      "--set", "strategy.plugin=ddp",
+      "--set", "loader.batch_size=" + std::to_string(batch),
+      "--set", "run.grad_accumulation=" + std::to_string(accumulation)};
   sets.insert(sets.end(), ddp_sets.begin(), ddp_sets.end());
   auto ddp = run_launch(ranks, recipe, dir / "ddp", sets);
   ASSERT_EQ(ddp.exit_code, 0) << describe(ddp);
@@ -165,9 +172,9 @@ TEST(DdpParity, CnnFourRanksMatchesSingleOnGlobalBatch) { expect_parity("cnn", 4
 
 TEST(DdpParity, SmallBucketsAndGradientViewsMatchSingle) {
   // Many buckets (a few KiB each) exercise the launch order; views skip the copies.
-  expect_parity("cnn", 2, 16,
-                {"--set", "strategy.bucket_cap_mb=0.002", "--set",
-                 "strategy.gradient_as_bucket_view=true"});
+  expect_parity(
+      "cnn", 2, 16,
+      {"--set", "strategy.bucket_cap_mb=0.002", "--set", "strategy.gradient_as_bucket_view=true"});
 }
 
 TEST(DdpParity, ActivationCheckpointingComposesWithDdp) {
@@ -220,9 +227,8 @@ TEST(DdpRun, AccumulationSynchronisesOnlyTheLastMicroBatch) {
   TempDir dir;
   auto recipe = dir.write("recipe.toml", recipe_text("mlp"));
   auto result = run_launch(2, recipe, dir / "out",
-                           {"--set", "strategy.plugin=ddp", "--set", "loader.batch_size=8",
-                            "--set", "run.grad_accumulation=4", "--set",
-                            "sinks.jsonl.enabled=true"});
+                           {"--set", "strategy.plugin=ddp", "--set", "loader.batch_size=8", "--set",
+                            "run.grad_accumulation=4", "--set", "sinks.jsonl.enabled=true"});
   ASSERT_EQ(result.exit_code, 0) << describe(result);
   auto train = of_phase(read_metrics(dir / "out" / "metrics.rank1.jsonl"), "train");
   ASSERT_FALSE(train.empty());
@@ -257,8 +263,8 @@ TEST(DdpRun, RanksStartedBySlurmVariablesTrain) {
   TempDir dir;
   auto recipe = dir.write("recipe.toml", recipe_text("mlp"));
   auto results = run_by_hand(2, recipe, dir / "out",
-                             {"--set", "strategy.plugin=ddp", "--set", "loader.batch_size=16"},
-                             {}, 300, /*slurm=*/true);
+                             {"--set", "strategy.plugin=ddp", "--set", "loader.batch_size=16"}, {},
+                             300, /*slurm=*/true);
   for (int r = 0; r < 2; ++r) {
     ASSERT_EQ(results[r].exit_code, 0) << describe(results[r]);
     EXPECT_HAS(results[r].err, "trainyard: rank " + std::to_string(r) + " of 2 (local " +
@@ -282,10 +288,10 @@ TEST(DdpCheckpoint, KillNineMidEpochThenResumeAutoIsBitwiseExactOnTwoRanks) {
   auto recipe = dir.write("recipe.toml", recipe_text("cnn_bn") +
                                              "\n[checkpoint]\nplugin = \"torch\"\nevery_steps = 3\n"
                                              "keep = 0\n");
-  const std::vector<std::string> extra = {"--set", "strategy.plugin=ddp", "--set",
-                                          "strategy.sync_batchnorm=true", "--set",
-                                          "run.max_steps=18", "--set", "run.epochs=10", "--set",
-                                          "model.dropout=0.2"};
+  const std::vector<std::string> extra = {
+      "--set", "strategy.plugin=ddp", "--set", "strategy.sync_batchnorm=true",
+      "--set", "run.max_steps=18",    "--set", "run.epochs=10",
+      "--set", "model.dropout=0.2"};
   auto whole = run_launch(2, recipe, dir / "whole", extra);
   ASSERT_EQ(whole.exit_code, 0) << describe(whole);
 
@@ -333,6 +339,36 @@ TEST(Launch, SetsVariablesPrefixesOutputAndSucceeds) {
   EXPECT_EQ(result.out.find("[rank 1] step"), std::string::npos) << result.out;
 }
 
+TEST(Launch, BindsEachRankToItsOwnCpus) {
+  const std::vector<int> allowed = allowed_cpus();
+  if (allowed.size() < 2) GTEST_SKIP() << "needs 2 CPUs";
+  TempDir dir;
+  auto recipe = dir.write("recipe.toml", recipe_text("mlp"));
+  auto bound = run_launch(2, recipe, dir / "bound",
+                          {"--set", "strategy.plugin=ddp", "--set", "loader.batch_size=16", "--set",
+                           "run.cpu_binding=cores"});
+  ASSERT_EQ(bound.exit_code, 0) << describe(bound);
+  // The CPUs each rank reports are read back from its own affinity mask.
+  for (int r = 0; r < 2; ++r) {
+    EXPECT_HAS(bound.err, "[rank " + std::to_string(r) + "] trainyard: rank " + std::to_string(r) +
+                              " of 2 (local " + std::to_string(r) + " of 2), store");
+    EXPECT_HAS(bound.err, "1 threads on cpu, bound to cpus " +
+                              std::to_string(allowed[static_cast<std::size_t>(r)]) + "\n");
+  }
+  auto unbound = run_launch(2, recipe, dir / "unbound",
+                            {"--set", "strategy.plugin=ddp", "--set", "loader.batch_size=16",
+                             "--set", "run.cpu_binding=none"});
+  ASSERT_EQ(unbound.exit_code, 0) << describe(unbound);
+  EXPECT_EQ(unbound.err.find("bound to"), std::string::npos) << unbound.err;
+  // More threads than CPUs cannot be bound: a one-line error before training.
+  const std::string too_many = std::to_string(allowed.size() + 1);
+  auto refused = run_single(recipe, dir / "refused",
+                            {"--set", "run.cpu_binding=cores", "--set", "run.threads=" + too_many});
+  EXPECT_NE(refused.exit_code, 0);
+  EXPECT_HAS(refused.err, "run.cpu_binding = \"cores\" needs " + too_many +
+                              " CPUs (1 local ranks x " + too_many + " threads)");
+}
+
 TEST(Launch, ExitStatusIsTheFirstFailingRanks) {
   TempDir dir;
   auto recipe = dir.write("recipe.toml", recipe_text("mlp"));
@@ -356,8 +392,9 @@ TEST(Launch, RejectsBadArguments) {
 constexpr int kCommTimeout = 10;
 
 std::vector<std::string> failure_sets() {
-  return {"--set", "strategy.plugin=ddp", "--set", "loader.batch_size=16", "--set",
-          "run.max_steps=40", "--set", "comm.timeout_s=" + std::to_string(kCommTimeout)};
+  return {
+      "--set", "strategy.plugin=ddp", "--set", "loader.batch_size=16",
+      "--set", "run.max_steps=40",    "--set", "comm.timeout_s=" + std::to_string(kCommTimeout)};
 }
 
 TEST(DdpFailure, RankThatExitsIsNamedByTheOthers) {
@@ -393,10 +430,10 @@ TEST(DdpFailure, RankThatStopsCallingCollectivesIsNamed) {
   TempDir dir;
   auto recipe = dir.write("recipe.toml", recipe_text("mlp"));
   const auto start = Clock::now();
-  auto results = run_by_hand(
-      2, recipe, dir / "out", failure_sets(),
-      {"TRAINYARD_TEST_FAIL_RANK=1", "TRAINYARD_TEST_FAIL_AT_STEP=3", "TRAINYARD_TEST_FAIL_MODE=hang"},
-      120);
+  auto results = run_by_hand(2, recipe, dir / "out", failure_sets(),
+                             {"TRAINYARD_TEST_FAIL_RANK=1", "TRAINYARD_TEST_FAIL_AT_STEP=3",
+                              "TRAINYARD_TEST_FAIL_MODE=hang"},
+                             120);
   const double seconds = std::chrono::duration<double>(Clock::now() - start).count();
   for (const auto& result : results) {
     EXPECT_FALSE(result.timed_out) << describe(result);
@@ -412,10 +449,10 @@ TEST(DdpFailure, StuckRankUnderTheLauncherIsReported) {
   TempDir dir;
   auto recipe = dir.write("recipe.toml", recipe_text("mlp"));
   const auto start = Clock::now();
-  auto result = run_launch(
-      2, recipe, dir / "out", failure_sets(),
-      {"TRAINYARD_TEST_FAIL_RANK=1", "TRAINYARD_TEST_FAIL_AT_STEP=3", "TRAINYARD_TEST_FAIL_MODE=hang"},
-      120);
+  auto result = run_launch(2, recipe, dir / "out", failure_sets(),
+                           {"TRAINYARD_TEST_FAIL_RANK=1", "TRAINYARD_TEST_FAIL_AT_STEP=3",
+                            "TRAINYARD_TEST_FAIL_MODE=hang"},
+                           120);
   const double seconds = std::chrono::duration<double>(Clock::now() - start).count();
   EXPECT_FALSE(result.timed_out);
   EXPECT_NE(result.exit_code, 0);

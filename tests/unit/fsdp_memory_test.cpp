@@ -5,14 +5,10 @@
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
 #include <gtest/gtest.h>
-#include <unistd.h>
 
-#include <future>
 #include <iostream>
 
 #include "step_harness.hpp"
-#include "trainyard/communicator.hpp"
-#include "trainyard/distributed.hpp"
 
 namespace trainyard::testing {
 namespace {
@@ -29,61 +25,34 @@ struct Held {
 // One rank: a cnn with AdamW under `strategy` (its options in TOML), two steps, then what it
 // holds.
 Held run_rank(int rank, int port, const std::string& strategy, const std::string& options) {
-  Registry& registry = bundled_registry();
-  BuildContext build;
-  build.seed = 11;
-  build.rank = rank;
-  build.world_size = kRanks;
-  build.data.input_shape = kShape;
-  build.data.num_classes = kClasses;
-  auto comm = registry.create<Communicator>("gloo", options_section("comm", ""), build);
-  Rendezvous meet;
-  meet.rank = rank;
-  meet.world_size = kRanks;
-  meet.local_rank = rank;
-  meet.local_world_size = kRanks;
-  meet.master_port = port;
-  meet.timeout = std::chrono::seconds(120);
-  comm->connect(meet, c10::Device(c10::kCPU));
-
-  StrategyContext context;
-  context.build = build;
-  context.communicator = comm;
-  context.optimizer = registry.create<Optimizer>(
-      "adamw", options_section("optimizer", "lr = 0.01\nweight_decay = 0.01"), build);
-  context.precision = registry.create<Precision>("fp32", options_section("precision", ""), build);
-  context.device_backend = registry.create<DeviceBackend>("cpu", options_section("device", ""), build);
-  const Config model_section =
-      options_section("model", "channels = [8, 16]\nhidden = 64\nbatch_norm = false");
-  context.make_model = [model_section](const BuildContext& context) {
-    return bundled_registry().create<Model>("cnn", model_section, context);
-  };
-  auto instance =
-      registry.create<Strategy>(strategy, options_section("strategy", options), build);
-  instance->setup(context);
+  HarnessOptions harness_options;
+  harness_options.strategy = strategy;
+  harness_options.strategy_options = options;
+  harness_options.model = "cnn";
+  harness_options.model_options = "channels = [8, 16]\nhidden = 64\nbatch_norm = false";
+  harness_options.optimizer = "adamw";
+  harness_options.optimizer_options = "lr = 0.01\nweight_decay = 0.01";
+  harness_options.input_shape = kShape;
+  harness_options.classes = kClasses;
+  harness_options.seed = 11;
+  harness_options.rank = rank;
+  harness_options.world_size = kRanks;
+  harness_options.port = port;
+  StepHarness harness(harness_options);
   Held held;
   for (std::uint64_t step = 0; step < 2; ++step) {
     Batch batch = random_batch(8, kShape, kClasses, 100 * step + static_cast<std::uint64_t>(rank));
-    held.loss = instance->train_step(std::span<const Batch>(&batch, 1)).loss.item<double>();
+    held.loss = harness.strategy->train_step(std::span<const Batch>(&batch, 1)).loss.item<double>();
   }
-  held.bytes = instance->held_bytes();
-  comm->barrier();
+  held.bytes = harness.strategy->held_bytes();
+  harness.context.communicator->barrier();
   return held;
 }
 
-// Rank 0's bytes (every rank holds the same amount, up to one unit's padding).
+// Every rank's bytes.
 std::vector<Held> run_ranks(const std::string& strategy, const std::string& options) {
-  ListeningSocket socket = listen_on("127.0.0.1", 0);
-  ::close(socket.fd);
-  std::vector<std::future<Held>> ranks;
-  for (int r = 0; r < kRanks; ++r) {
-    ranks.push_back(std::async(std::launch::async, [r, port = socket.port, strategy, options] {
-      return run_rank(r, port, strategy, options);
-    }));
-  }
-  std::vector<Held> out;
-  for (auto& rank : ranks) out.push_back(rank.get());
-  return out;
+  return run_threaded_ranks<Held>(
+      kRanks, [&](int rank, int port) { return run_rank(rank, port, strategy, options); });
 }
 
 TEST(FsdpMemory, FullShardHoldsAQuarterOfDdpOnFourRanks) {
@@ -97,21 +66,19 @@ TEST(FsdpMemory, FullShardHoldsAQuarterOfDdpOnFourRanks) {
   // zero1 shards only the optimizer state (and keeps a master copy of its slice).
   auto zero1 = run_ranks("ddp", "gradient_as_bucket_view = true\nzero1 = true");
   const double zero1_ratio = static_cast<double>(zero1[0].bytes.total()) / reference;
-  std::cout << "ddp zero1 rank 0 holds " << zero1_ratio << " of ddp with bucket views"
-            << std::endl;
+  std::cout << "ddp zero1 rank 0 holds " << zero1_ratio << " of ddp with bucket views" << std::endl;
   // Parameters and gradients whole (2 units), AdamW's 2 units and the master copy in quarters.
   EXPECT_NEAR(zero1_ratio, (2.0 + 3.0 / kRanks) / 4.0, 0.02);
   for (const std::string sharding : {"full", "grad_op", "none"}) {
     auto fsdp = run_ranks("fsdp", "sharding = \"" + sharding + "\"");
     for (int r = 0; r < kRanks; ++r) {
-      const double ratio = static_cast<double>(fsdp[static_cast<std::size_t>(r)].bytes.total()) /
-                           reference;
+      const double ratio =
+          static_cast<double>(fsdp[static_cast<std::size_t>(r)].bytes.total()) / reference;
       if (r == 0) {
         const auto& b = fsdp[0].bytes;
-        std::cout << "fsdp " << sharding << " rank 0 holds " << b.parameters << " + "
-                  << b.gradients << " + " << b.optimizer_state << " bytes (parameters + "
-                  << "gradients + optimizer): " << ratio
-                  << " of ddp with bucket views, "
+        std::cout << "fsdp " << sharding << " rank 0 holds " << b.parameters << " + " << b.gradients
+                  << " + " << b.optimizer_state << " bytes (parameters + "
+                  << "gradients + optimizer): " << ratio << " of ddp with bucket views, "
                   << static_cast<double>(b.total()) /
                          static_cast<double>(ddp_copies[0].bytes.total())
                   << " of ddp with bucket copies" << std::endl;

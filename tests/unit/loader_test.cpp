@@ -70,7 +70,8 @@ std::vector<Batch> drain(Loader& loader) {
 // The sample indices of a batch (column 0 of "x").
 std::vector<std::int64_t> ids(const Batch& batch) {
   torch::Tensor x = batch.at("x").select(1, 0).contiguous();
-  return std::vector<std::int64_t>(x.data_ptr<std::int64_t>(), x.data_ptr<std::int64_t>() + x.numel());
+  return std::vector<std::int64_t>(x.data_ptr<std::int64_t>(),
+                                   x.data_ptr<std::int64_t>() + x.numel());
 }
 
 void expect_same_batches(const std::vector<Batch>& a, const std::vector<Batch>& b) {
@@ -108,11 +109,13 @@ TEST(LoaderTest, EpochIndicesAreDeterministicPermutations) {
   EXPECT_TRUE(epoch_indices(0, options, 0).empty());
 }
 
-// Reference values from PyTorch: g = torch.Generator(); g.manual_seed(s); torch.randperm(n, generator=g).
+// Reference values from PyTorch: g = torch.Generator(); g.manual_seed(s); torch.randperm(n,
+// generator=g).
 TEST(LoaderTest, EpochIndicesMatchTorchRandperm) {
   LoaderOptions options;
   options.seed = 0;
-  EXPECT_EQ(epoch_indices(10, options, 0), (std::vector<std::int64_t>{4, 1, 7, 5, 3, 9, 0, 8, 6, 2}));
+  EXPECT_EQ(epoch_indices(10, options, 0),
+            (std::vector<std::int64_t>{4, 1, 7, 5, 3, 9, 0, 8, 6, 2}));
   options.seed = 3;
   EXPECT_EQ(epoch_indices(17, options, 2),
             (std::vector<std::int64_t>{13, 15, 9, 6, 3, 1, 4, 10, 14, 0, 7, 11, 2, 12, 8, 5, 16}));
@@ -392,9 +395,8 @@ TEST(LoaderTest, DestroyingMidEpochDoesNotHang) {
     } catch (const std::exception&) {
     }
   }));
-  EXPECT_TRUE(finishes_within(std::chrono::seconds(20), [source] {
-    Loader loader(source, options_with(8, true, true, 4));
-  }));
+  EXPECT_TRUE(finishes_within(std::chrono::seconds(20),
+                              [source] { Loader loader(source, options_with(8, true, true, 4)); }));
 }
 
 // Every sample exactly once per epoch across the ranks, for several world sizes and worker
@@ -512,24 +514,6 @@ TEST(LoaderTest, DefaultWorkersFollowCoresPerLocalRank) {
   EXPECT_EQ(default_loader_workers(2, 2), 0);
   EXPECT_EQ(default_loader_workers(1, 8), 0);
   EXPECT_EQ(default_loader_workers(0, 0), 0);
-}
-
-TEST(LoaderTest, LocalWorldSizeComesFromTheEnvironment) {
-  const char* saved = std::getenv("LOCAL_WORLD_SIZE");
-  const std::string previous = saved ? saved : "";
-  ::unsetenv("LOCAL_WORLD_SIZE");
-  EXPECT_EQ(local_world_size_from_env(), 1);
-  ::setenv("LOCAL_WORLD_SIZE", "4", 1);
-  EXPECT_EQ(local_world_size_from_env(), 4);
-  for (const char* bad : {"0", "-2", "four", "3x"}) {
-    ::setenv("LOCAL_WORLD_SIZE", bad, 1);
-    EXPECT_THROW(local_world_size_from_env(), Error) << bad;
-  }
-  if (saved) {
-    ::setenv("LOCAL_WORLD_SIZE", previous.c_str(), 1);
-  } else {
-    ::unsetenv("LOCAL_WORLD_SIZE");
-  }
 }
 
 TEST(LoaderTest, InvalidOptionsAreErrors) {

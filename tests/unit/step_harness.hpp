@@ -1,16 +1,24 @@
 #pragma once
 // Builds a strategy the way the engine does (model, optimizer and precision plugins from the
-// bundled registry, step options), for tests of the step's mechanics without a dataset.
+// bundled registry, step options), for tests of the step's mechanics without a dataset; ranks of
+// a multi-rank strategy run as threads of the test process over gloo.
 
 #include <ATen/ATen.h>
 #include <ATen/CPUGeneratorImpl.h>
 
+#include <unistd.h>
+
+#include <chrono>
+#include <functional>
+#include <future>
 #include <memory>
 #include <string>
 #include <vector>
 
 #include "test_support.hpp"
+#include "trainyard/communicator.hpp"
 #include "trainyard/device.hpp"
+#include "trainyard/distributed.hpp"
 #include "trainyard/model.hpp"
 #include "trainyard/optimizer.hpp"
 #include "trainyard/precision.hpp"
@@ -35,6 +43,7 @@ inline Config options_section(const std::string& name, const std::string& toml) 
 
 struct HarnessOptions {
   std::string strategy = "single";
+  std::string strategy_options;
   std::string model = "mlp";
   std::string model_options = "hidden = [16, 12]";
   std::string optimizer = "sgd";
@@ -45,6 +54,10 @@ struct HarnessOptions {
   std::vector<std::int64_t> input_shape = {6};
   std::int64_t classes = 4;
   std::uint64_t seed = 5;
+  // Several ranks: this one's place and the loopback port of rank 0's store.
+  int rank = 0;
+  int world_size = 1;
+  int port = 0;
 };
 
 // A strategy set up on the CPU; parameters drawn from `seed`, so two harnesses with the same
@@ -54,6 +67,8 @@ struct StepHarness {
     Registry& registry = bundled_registry();
     BuildContext build;
     build.seed = options.seed;
+    build.rank = options.rank;
+    build.world_size = options.world_size;
     build.data.input_shape = options.input_shape;
     build.data.num_classes = options.classes;
     precision = registry.create<Precision>(
@@ -65,12 +80,25 @@ struct StepHarness {
         registry.create<DeviceBackend>("cpu", options_section("device", ""), build);
     context.build = build;
     context.step = options.step;
+    if (options.world_size > 1) {
+      context.communicator =
+          registry.create<Communicator>("gloo", options_section("comm", ""), build);
+      Rendezvous meet;
+      meet.rank = options.rank;
+      meet.world_size = options.world_size;
+      meet.local_rank = options.rank;
+      meet.local_world_size = options.world_size;
+      meet.master_port = options.port;
+      meet.timeout = std::chrono::seconds(120);
+      context.communicator->connect(meet, c10::Device(c10::kCPU));
+    }
     const Config model_section = options_section("model", options.model_options);
     const std::string model = options.model;
     context.make_model = [model, model_section](const BuildContext& context) {
       return bundled_registry().create<Model>(model, model_section, context);
     };
-    strategy = registry.create<Strategy>(options.strategy, options_section("strategy", ""), build);
+    strategy = registry.create<Strategy>(
+        options.strategy, options_section("strategy", options.strategy_options), build);
     at::manual_seed(static_cast<std::uint64_t>(options.seed));
     strategy->setup(context);
   }
@@ -85,6 +113,23 @@ struct StepHarness {
   std::shared_ptr<Precision> precision;
   std::shared_ptr<Strategy> strategy;
 };
+
+// Runs `rank_body(rank, port)` for `world_size` ranks, each on its own thread, with a free
+// loopback port for their rendezvous; the results in rank order.
+template <class Result>
+std::vector<Result> run_threaded_ranks(int world_size,
+                                       const std::function<Result(int rank, int port)>& rank_body) {
+  ListeningSocket socket = listen_on("127.0.0.1", 0);
+  ::close(socket.fd);
+  std::vector<std::future<Result>> ranks;
+  for (int r = 0; r < world_size; ++r) {
+    ranks.push_back(std::async(std::launch::async,
+                               [r, port = socket.port, &rank_body] { return rank_body(r, port); }));
+  }
+  std::vector<Result> out;
+  for (auto& rank : ranks) out.push_back(rank.get());
+  return out;
+}
 
 // A batch of `size` random samples of `shape` with targets below `classes`.
 inline Batch random_batch(std::int64_t size, const std::vector<std::int64_t>& shape,
@@ -124,7 +169,8 @@ inline double max_difference(const TensorMap& a, const TensorMap& b) {
 }
 
 // PyTorch's float32 comparison (torch.testing: rtol 1.3e-6, atol 1e-5) over every entry.
-inline ::testing::AssertionResult all_close_fp32(const TensorMap& actual, const TensorMap& expected) {
+inline ::testing::AssertionResult all_close_fp32(const TensorMap& actual,
+                                                 const TensorMap& expected) {
   if (actual.size() != expected.size()) return ::testing::AssertionFailure() << "different keys";
   for (const auto& [name, tensor] : actual) {
     auto it = expected.find(name);

@@ -12,6 +12,7 @@
 #include <algorithm>
 #include <chrono>
 #include <map>
+#include <optional>
 #include <utility>
 
 #include "sync_batch_norm.hpp"
@@ -379,11 +380,6 @@ class Ddp final : public Strategy {
     const auto count = static_cast<std::int64_t>(micro_batches.size());
     if (reducer_) {
       reducer_->zero_gradients();
-      // Without SyncBatchNorm each rank's running statistics drift apart; rank 0's are kept.
-      if (options_.broadcast_buffers && !options_.sync_batchnorm && !buffers_.empty()) {
-        broadcast_coalesced(buffers_);
-        if (context_.phases) context_.phases->mark(StepPhase::CommWait);
-      }
     } else {
       optimizer_->zero_grad(/*set_to_none=*/true);
     }
@@ -393,8 +389,14 @@ class Ddp final : public Strategy {
       const Batch& batch = micro_batches[static_cast<std::size_t>(i)];
       // Only the last micro-batch synchronises; the others accumulate locally (no_sync).
       if (reducer_) reducer_->prepare(i == count - 1);
+      // Every forward starts from rank 0's buffers, as in PyTorch's DDP (broadcast_buffers).
+      if (settle_buffer_broadcast() && context_.phases) {
+        context_.phases->mark(StepPhase::CommWait);
+      }
       torch::Tensor detached =
-          forward_backward(*model_, blocks_, batch, count, context_, autocast_dtype_);
+          forward_backward(*model_, blocks_, batch, count, context_, autocast_dtype_, [this] {
+            if (broadcasts_buffers()) pending_buffers_ = start_broadcast(buffers_);
+          });
       loss_sum = loss_sum.defined() ? loss_sum + detached : detached;
       result.samples += batch.size;
     }
@@ -416,6 +418,7 @@ class Ddp final : public Strategy {
   }
 
   EvalResult eval_step(const Batch& batch) override {
+    settle_buffer_broadcast();  // every rank evaluates with rank 0's buffers
     return evaluate_blocks(*model_, blocks_, batch, context_.build.device.type(), autocast_dtype_);
   }
 
@@ -438,6 +441,7 @@ class Ddp final : public Strategy {
   }
 
   void load_state(const CheckpointState& in) override {
+    settle_buffer_broadcast();  // so that a broadcast in flight cannot overwrite what is loaded
     auto zero1_ranks = in.shared.metadata.find("ddp.zero1_ranks");
     const bool saved_zero1 = zero1_ranks != in.shared.metadata.end();
     if (saved_zero1 != static_cast<bool>(zero1_) ||
@@ -480,31 +484,69 @@ class Ddp final : public Strategy {
   }
 
  private:
-  // Broadcasts `tensors` from rank 0, one flat message per dtype.
-  void broadcast_coalesced(const std::vector<at::Tensor>& tensors) {
-    if (tensors.empty()) return;
+  // A broadcast from rank 0 in flight: the message and the tensors it lands in.
+  struct PendingBroadcast {
+    at::Tensor message;
+    c10::intrusive_ptr<c10d::Work> work;
+    std::vector<at::Tensor> targets;
+  };
+
+  bool broadcasts_buffers() const {
+    // Without SyncBatchNorm each rank's running statistics drift apart; rank 0's are kept.
+    return reducer_ && options_.broadcast_buffers && !options_.sync_batchnorm && !buffers_.empty();
+  }
+
+  // Starts broadcasting `tensors` from rank 0 as one message of raw bytes whatever their dtypes
+  // (BatchNorm's float statistics and integer counters travel together): a broadcast only
+  // copies, and on loopback each collective's latency costs more than the bytes. The message is
+  // a snapshot, so the tensors may change while it travels.
+  PendingBroadcast start_broadcast(const std::vector<at::Tensor>& tensors) {
     at::NoGradGuard no_grad;
-    // One message of raw bytes whatever the dtypes (BatchNorm's float statistics and integer
-    // counters travel together): a broadcast only copies, and on loopback each collective's
-    // latency costs more than the bytes.
     std::vector<at::Tensor> bytes;
     bytes.reserve(tensors.size());
     for (const auto& tensor : tensors) {
       bytes.push_back(tensor.contiguous().reshape({-1}).view(at::kByte));
     }
-    std::vector<at::Tensor> message{at::cat(bytes)};
+    PendingBroadcast pending{at::cat(bytes), {}, tensors};
+    std::vector<at::Tensor> message{pending.message};
+    pending.work = group_->broadcast(message);
+    return pending;
+  }
+
+  // Waits for the broadcast and copies rank 0's values into its tensors.
+  void finish_broadcast(PendingBroadcast& pending) {
     {
       CollectiveWait wait;
-      group_->broadcast(message)->wait();
+      pending.work->wait();
     }
+    at::NoGradGuard no_grad;
     std::int64_t offset = 0;
-    for (const auto& tensor : tensors) {
+    for (const auto& tensor : pending.targets) {
       const std::int64_t size = tensor.numel() * static_cast<std::int64_t>(tensor.element_size());
       // A copy of the slice is aligned for its dtype wherever the slice starts in the message.
-      at::Tensor slice = message[0].narrow(0, offset, size).clone();
+      at::Tensor slice = pending.message.narrow(0, offset, size).clone();
       tensor.copy_(slice.view(tensor.scalar_type()).view(tensor.sizes()));
       offset += size;
     }
+  }
+
+  void broadcast_coalesced(const std::vector<at::Tensor>& tensors) {
+    if (tensors.empty()) return;
+    PendingBroadcast pending = start_broadcast(tensors);
+    finish_broadcast(pending);
+  }
+
+  // The buffer broadcast starts after each forward, when the forward's updates to the buffers
+  // (BatchNorm's running statistics) are done, and travels while backward runs; the next
+  // forward, evaluation or checkpoint load waits for it. The buffers a forward starts from are
+  // the same as a broadcast just before it would give, without a collective on the step's
+  // critical path. Returns whether there was one to wait for.
+  bool settle_buffer_broadcast() {
+    if (!pending_buffers_) return false;
+    PendingBroadcast pending = std::move(*pending_buffers_);
+    pending_buffers_.reset();
+    finish_broadcast(pending);
+    return true;
   }
 
   // finish_replicated_step with the optimizer step of zero1: the gradients are whole and equal
@@ -534,6 +576,7 @@ class Ddp final : public Strategy {
   std::optional<torch::ScalarType> autocast_dtype_;
   std::unique_ptr<GradientReducer> reducer_;
   std::unique_ptr<ShardedOptimizerState> zero1_;
+  std::optional<PendingBroadcast> pending_buffers_;
 };
 
 void register_components(Registry& registry) {

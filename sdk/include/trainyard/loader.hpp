@@ -20,12 +20,12 @@ namespace trainyard {
 struct LoaderOptions {
   std::int64_t batch_size = 64;
   bool shuffle = true;
-  bool drop_last = true;   // drop the last incomplete batch
+  bool drop_last = true;  // drop the last incomplete batch
   // Pad each epoch's indices (repeating the first ones) so every data-parallel rank gets the
   // same count, as PyTorch's DistributedSampler does; without it ranks get what divides.
   bool pad = true;
-  int workers = 0;         // 0: batches are prepared on the calling thread
-  int prefetch = 2;        // batches each worker may hold ready
+  int workers = 0;   // 0: batches are prepared on the calling thread
+  int prefetch = 2;  // batches each worker may hold ready
   std::uint64_t seed = 0;
   DataParallelPlace place;
   // Applied by the worker to every batch it has collated, off the training thread. On CUDA the
@@ -38,9 +38,6 @@ struct LoaderOptions {
 // training thread). In-memory and memory-mapped data need little preparation; the cores are the
 // step's.
 int default_loader_workers(unsigned cores, int local_world_size);
-// The LOCAL_WORLD_SIZE environment variable (ranks on this node, as set by launchers), 1 when
-// unset. Throws Error when it is not a positive integer.
-int local_world_size_from_env();
 
 // The indices a rank visits in `epoch`, in order: a permutation seeded with seed + epoch (the
 // generator and algorithm of torch.randperm, so PyTorch's DistributedSampler yields the same

@@ -2,6 +2,7 @@
 // One micro-batch's forward and backward, the part of a training step every strategy shares.
 
 #include <cstdint>
+#include <functional>
 #include <optional>
 #include <vector>
 
@@ -18,5 +19,12 @@ namespace trainyard {
 torch::Tensor forward_backward(Model& model, const std::vector<Block>& blocks, const Batch& batch,
                                std::int64_t micro_batches, const StrategyContext& context,
                                std::optional<torch::ScalarType> autocast_dtype);
+
+// The same, calling `after_forward` between the forward and the backward: the point where a
+// strategy can start communication that the backward then hides (ddp's buffer broadcast).
+torch::Tensor forward_backward(Model& model, const std::vector<Block>& blocks, const Batch& batch,
+                               std::int64_t micro_batches, const StrategyContext& context,
+                               std::optional<torch::ScalarType> autocast_dtype,
+                               const std::function<void()>& after_forward);
 
 }  // namespace trainyard
