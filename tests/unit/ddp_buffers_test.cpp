@@ -37,7 +37,7 @@ struct Buffers {
 
 // Step 1 on a different batch per rank, step 2 on the same batch everywhere, step 3 on a
 // different batch per rank again, then one evaluation step.
-Buffers run_rank(int rank, int port, bool broadcast_buffers) {
+Buffers run_rank(int rank, int port, bool broadcast_buffers, const std::string& recompute) {
   HarnessOptions options;
   options.strategy = "ddp";
   options.strategy_options =
@@ -49,6 +49,7 @@ Buffers run_rank(int rank, int port, bool broadcast_buffers) {
   options.rank = rank;
   options.world_size = kRanks;
   options.port = port;
+  options.step.activation_checkpointing = ActivationCheckpointing::parse(recompute);
   StepHarness harness(options);
   const auto own = static_cast<std::uint64_t>(rank);
   Batch first = random_batch(8, kShape, kClasses, 10 + own);
@@ -66,9 +67,10 @@ Buffers run_rank(int rank, int port, bool broadcast_buffers) {
   return out;
 }
 
-std::vector<Buffers> run_ranks(bool broadcast_buffers) {
-  return run_threaded_ranks<Buffers>(
-      kRanks, [&](int rank, int port) { return run_rank(rank, port, broadcast_buffers); });
+std::vector<Buffers> run_ranks(bool broadcast_buffers, const std::string& recompute = "none") {
+  return run_threaded_ranks<Buffers>(kRanks, [&](int rank, int port) {
+    return run_rank(rank, port, broadcast_buffers, recompute);
+  });
 }
 
 TEST(DdpBuffers, EveryForwardAndEvaluationStartsFromRankZerosBuffers) {
@@ -81,6 +83,19 @@ TEST(DdpBuffers, EveryForwardAndEvaluationStartsFromRankZerosBuffers) {
   // Step 3 updates them from each rank's own batch, so they differ until the next forward...
   EXPECT_FALSE(all_close_fp32(ranks[1].after_own_step, ranks[0].after_own_step));
   // ...or evaluation (which does not update them): it runs with rank 0's on every rank.
+  EXPECT_TRUE(all_close_fp32(ranks[1].after_evaluation, ranks[0].after_evaluation));
+}
+
+TEST(DdpBuffers, RecomputedBlocksBroadcastTheBuffersBackwardLeaves) {
+  // Recomputing a block in backward updates its statistics a second time (as in PyTorch); the
+  // next forward starts from what rank 0 holds then, so rank 0's own statistics are exactly
+  // those of a run without the broadcast, and the others follow them.
+  at::set_num_threads(1);
+  auto ranks = run_ranks(true, "all");
+  auto unsynchronised = run_ranks(false, "all");
+  EXPECT_TRUE(all_close_fp32(ranks[0].after_shared_step, unsynchronised[0].after_shared_step));
+  EXPECT_TRUE(all_close_fp32(ranks[0].after_evaluation, unsynchronised[0].after_evaluation));
+  EXPECT_TRUE(all_close_fp32(ranks[1].after_shared_step, ranks[0].after_shared_step));
   EXPECT_TRUE(all_close_fp32(ranks[1].after_evaluation, ranks[0].after_evaluation));
 }
 

@@ -393,10 +393,14 @@ class Ddp final : public Strategy {
       if (settle_buffer_broadcast() && context_.phases) {
         context_.phases->mark(StepPhase::CommWait);
       }
+      // Recomputed blocks update their buffers again during backward: then the snapshot waits
+      // for the end of backward.
+      const bool recomputes = context_.step.activation_checkpointing.enabled();
       torch::Tensor detached =
-          forward_backward(*model_, blocks_, batch, count, context_, autocast_dtype_, [this] {
-            if (broadcasts_buffers()) pending_buffers_ = start_broadcast(buffers_);
+          forward_backward(*model_, blocks_, batch, count, context_, autocast_dtype_, [&] {
+            if (broadcasts_buffers() && !recomputes) pending_buffers_ = start_broadcast(buffers_);
           });
+      if (broadcasts_buffers() && recomputes) pending_buffers_ = start_broadcast(buffers_);
       loss_sum = loss_sum.defined() ? loss_sum + detached : detached;
       result.samples += batch.size;
     }
