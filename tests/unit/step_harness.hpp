@@ -12,6 +12,7 @@
 #include <functional>
 #include <future>
 #include <memory>
+#include <mutex>
 #include <string>
 #include <vector>
 
@@ -94,12 +95,18 @@ struct StepHarness {
     }
     const Config model_section = options_section("model", options.model_options);
     const std::string model = options.model;
-    context.make_model = [model, model_section](const BuildContext& context) {
+    // Parameters are drawn from the global generator: ranks running as threads draw one model
+    // at a time, each right after seeding it, so every run starts from the same parameters
+    // whatever the threads' interleaving.
+    const auto seed = static_cast<std::uint64_t>(options.seed);
+    context.make_model = [model, model_section, seed](const BuildContext& context) {
+      static std::mutex drawing;
+      std::lock_guard<std::mutex> lock(drawing);
+      at::manual_seed(seed);
       return bundled_registry().create<Model>(model, model_section, context);
     };
     strategy = registry.create<Strategy>(
         options.strategy, options_section("strategy", options.strategy_options), build);
-    at::manual_seed(static_cast<std::uint64_t>(options.seed));
     strategy->setup(context);
   }
 
