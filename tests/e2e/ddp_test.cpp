@@ -87,19 +87,13 @@ CommandResult run_launch(int ranks, const fs::path& recipe, const fs::path& out,
   return run_command(argv, source_dir(), timeout_s, env);
 }
 
-int free_port() {
-  ListeningSocket socket = listen_on("127.0.0.1", 0);
-  ::close(socket.fd);
-  return socket.port;
-}
-
 // Starts `ranks` processes of `trainyard run` by hand with the torchrun variables (or, with
 // `slurm`, the ones Slurm sets).
 std::vector<CommandResult> run_by_hand(int ranks, const fs::path& recipe, const fs::path& out,
                                        const std::vector<std::string>& extra,
                                        const std::vector<std::string>& env = {},
                                        int timeout_s = 300, bool slurm = false) {
-  const int port = free_port();
+  const int port = free_loopback_port();
   std::vector<std::future<CommandResult>> pending;
   for (int r = 0; r < ranks; ++r) {
     std::vector<std::string> variables = env;

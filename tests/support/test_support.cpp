@@ -14,6 +14,7 @@
 #include <sstream>
 #include <stdexcept>
 
+#include "trainyard/distributed.hpp"
 #include "trainyard/files.hpp"
 #include "trainyard/plugin_loader.hpp"
 
@@ -34,8 +35,8 @@ void load_bundled_plugins(Registry& registry) {
   loader.load_folder(plugin_folder());
 }
 
-CommandResult run_command(const std::vector<std::string>& argv, const fs::path& cwd,
-                          int timeout_s, const std::vector<std::string>& env,
+CommandResult run_command(const std::vector<std::string>& argv, const fs::path& cwd, int timeout_s,
+                          const std::vector<std::string>& env,
                           const std::function<bool()>& kill_when) {
   int out_pipe[2], err_pipe[2];
   if (::pipe(out_pipe) != 0 || ::pipe(err_pipe) != 0) throw std::runtime_error("pipe failed");
@@ -111,8 +112,7 @@ CommandResult run_host(const std::vector<std::string>& args, const fs::path& cwd
 TempDir::TempDir() {
   std::random_device random;
   for (int attempt = 0; attempt < 100; ++attempt) {
-    fs::path candidate =
-        fs::temp_directory_path() / ("trainyard-test-" + std::to_string(random()));
+    fs::path candidate = fs::temp_directory_path() / ("trainyard-test-" + std::to_string(random()));
     if (fs::create_directory(candidate)) {
       path_ = candidate;
       return;
@@ -157,8 +157,14 @@ std::vector<std::string> read_lines(const fs::path& file) {
 }
 
 std::string describe(const CommandResult& result) {
-  return "exit " + std::to_string(result.exit_code) + "\nstdout:\n" + result.out +
-         "\nstderr:\n" + result.err;
+  return "exit " + std::to_string(result.exit_code) + "\nstdout:\n" + result.out + "\nstderr:\n" +
+         result.err;
+}
+
+int free_loopback_port() {
+  ListeningSocket socket = listen_on("127.0.0.1", 0);
+  ::close(socket.fd);
+  return socket.port;
 }
 
 }  // namespace trainyard::testing

@@ -14,17 +14,20 @@
 
 namespace trainyard::testing {
 
-std::filesystem::path plugin_folder();        // the bundled plugins of this build
-std::filesystem::path test_plugin_folder();   // plugins that exist only for tests
-std::filesystem::path host_binary();          // build/bin/trainyard
-std::filesystem::path source_dir();           // the repository
-std::filesystem::path binary_dir();           // the build folder
+std::filesystem::path plugin_folder();       // the bundled plugins of this build
+std::filesystem::path test_plugin_folder();  // plugins that exist only for tests
+std::filesystem::path host_binary();         // build/bin/trainyard
+std::filesystem::path source_dir();          // the repository
+std::filesystem::path binary_dir();          // the build folder
+
+// A loopback port free a moment ago, for a rendezvous store.
+int free_loopback_port();
 
 // Loads every bundled plugin into `registry`.
 void load_bundled_plugins(Registry& registry);
 
 struct CommandResult {
-  int exit_code = -1;   // -1 when killed by a signal or timed out
+  int exit_code = -1;  // -1 when killed by a signal or timed out
   bool timed_out = false;
   bool killed = false;  // kill_when asked for it
   std::string out;

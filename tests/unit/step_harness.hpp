@@ -6,8 +6,6 @@
 #include <ATen/ATen.h>
 #include <ATen/CPUGeneratorImpl.h>
 
-#include <unistd.h>
-
 #include <chrono>
 #include <functional>
 #include <future>
@@ -126,12 +124,11 @@ struct StepHarness {
 template <class Result>
 std::vector<Result> run_threaded_ranks(int world_size,
                                        const std::function<Result(int rank, int port)>& rank_body) {
-  ListeningSocket socket = listen_on("127.0.0.1", 0);
-  ::close(socket.fd);
+  const int port = free_loopback_port();
   std::vector<std::future<Result>> ranks;
   for (int r = 0; r < world_size; ++r) {
-    ranks.push_back(std::async(std::launch::async,
-                               [r, port = socket.port, &rank_body] { return rank_body(r, port); }));
+    ranks.push_back(
+        std::async(std::launch::async, [r, port, &rank_body] { return rank_body(r, port); }));
   }
   std::vector<Result> out;
   for (auto& rank : ranks) out.push_back(rank.get());

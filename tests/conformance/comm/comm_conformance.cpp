@@ -5,7 +5,6 @@
 #include <ATen/ATen.h>
 #include <ATen/Context.h>
 #include <torch/csrc/distributed/c10d/Types.hpp>
-#include <unistd.h>
 
 #include <cstdio>
 #include <fstream>
@@ -13,6 +12,7 @@
 #include <sstream>
 
 #include "conformance.hpp"
+#include "test_support.hpp"
 #include "trainyard/communicator.hpp"
 #include "trainyard/distributed.hpp"
 #include "trainyard/error.hpp"
@@ -55,7 +55,8 @@ class CommConformance : public ::testing::TestWithParam<std::string> {
         std::string slot, local, remote, state;
         fields >> slot >> local >> remote >> state;
         auto colon = local.find(':');
-        if (state == "0A" && local.substr(colon + 1) == wanted) out.push_back(local.substr(0, colon));
+        if (state == "0A" && local.substr(colon + 1) == wanted)
+          out.push_back(local.substr(0, colon));
       }
     }
     return out;
@@ -92,7 +93,8 @@ class CommConformance : public ::testing::TestWithParam<std::string> {
     auto both = comm->new_group({1, 0});
     result.in_group = static_cast<bool>(only_one);
     if (only_one) result.group_size = only_one->getSize();
-    std::vector<at::Tensor> group_value{at::full({1}, 10.0 * (rank + 1), at::TensorOptions(device))};
+    std::vector<at::Tensor> group_value{
+        at::full({1}, 10.0 * (rank + 1), at::TensorOptions(device))};
     both->allreduce(group_value)->wait();
     result.group_sum = group_value[0].cpu().item<double>();
     EXPECT_EQ(both->getRank(), rank == 1 ? 0 : 1);
@@ -105,10 +107,9 @@ TEST_P(CommConformance, CollectivesAndSubGroupsAcrossTwoRanks) {
   auto device0 = device_for(0);
   if (!device0) GTEST_SKIP() << "comm '" << GetParam() << "' needs two CUDA devices; none here";
   auto device1 = *device_for(1);
-  trainyard::ListeningSocket socket = trainyard::listen_on("127.0.0.1", 0);
-  ::close(socket.fd);
-  auto rank1 = std::async(std::launch::async, [&] { return run_rank(1, socket.port, device1); });
-  RankResult zero = run_rank(0, socket.port, *device0);
+  const int port = trainyard::testing::free_loopback_port();
+  auto rank1 = std::async(std::launch::async, [&] { return run_rank(1, port, device1); });
+  RankResult zero = run_rank(0, port, *device0);
   RankResult one = rank1.get();
   for (const auto& result : {zero, one}) {
     EXPECT_EQ(result.world_sum, 3.0);
@@ -134,9 +135,7 @@ TEST_P(CommConformance, CollectivesOnOneRank) {
       GetParam(), trainyard::conformance::section("comm"),
       trainyard::conformance::classification_context());
   Rendezvous meet;
-  trainyard::ListeningSocket probe = trainyard::listen_on("127.0.0.1", 0);
-  ::close(probe.fd);
-  meet.master_port = probe.port;
+  meet.master_port = trainyard::testing::free_loopback_port();
   meet.timeout = std::chrono::seconds(60);
   comm->connect(meet, device);
   std::vector<at::Tensor> value{at::full({4}, 2.5, at::TensorOptions(device))};
@@ -155,12 +154,10 @@ TEST_P(CommConformance, StoreListensOnTheMasterAddressOnly) {
   // c10d's own server would listen on every interface; ours listens on 127.0.0.1 alone.
   Rendezvous meet;
   meet.master_addr = "127.0.0.1";
-  trainyard::ListeningSocket probe = trainyard::listen_on("127.0.0.1", 0);
-  ::close(probe.fd);
-  meet.master_port = probe.port;
+  meet.master_port = trainyard::testing::free_loopback_port();
   meet.timeout = std::chrono::seconds(10);
   auto store = trainyard::open_store(meet, /*host=*/true);
-  EXPECT_EQ(listening_addresses(probe.port), std::vector<std::string>{"0100007F"});
+  EXPECT_EQ(listening_addresses(meet.master_port), std::vector<std::string>{"0100007F"});
 }
 
 TEST_P(CommConformance, UnreachableStoreFailsWithinTheTimeout) {
@@ -172,9 +169,7 @@ TEST_P(CommConformance, UnreachableStoreFailsWithinTheTimeout) {
   Rendezvous meet;
   meet.rank = 1;
   meet.world_size = 2;
-  trainyard::ListeningSocket probe = trainyard::listen_on("127.0.0.1", 0);
-  ::close(probe.fd);
-  meet.master_port = probe.port;
+  meet.master_port = trainyard::testing::free_loopback_port();
   meet.timeout = std::chrono::seconds(3);
   const auto start = std::chrono::steady_clock::now();
   EXPECT_THROW(comm->connect(meet, *device), std::exception);
