@@ -97,11 +97,13 @@ struct StepHarness {
     // at a time, each right after seeding it, so every run starts from the same parameters
     // whatever the threads' interleaving.
     const auto seed = static_cast<std::uint64_t>(options.seed);
-    context.make_model = [model, model_section, seed](const BuildContext& context) {
+    context.make_model = [model, model_section, seed,
+                          built = built_model_](const BuildContext& context) {
       static std::mutex drawing;
       std::lock_guard<std::mutex> lock(drawing);
       at::manual_seed(seed);
-      return bundled_registry().create<Model>(model, model_section, context);
+      *built = bundled_registry().create<Model>(model, model_section, context);
+      return *built;
     };
     strategy = registry.create<Strategy>(
         options.strategy, options_section("strategy", options.strategy_options), build);
@@ -114,9 +116,22 @@ struct StepHarness {
     return out;
   }
 
+  // The gradients the strategy's model holds: after a train_step, what the optimizer stepped
+  // on (a data-parallel strategy's averaged gradients).
+  TensorMap gradients() const {
+    TensorMap out;
+    for (const auto& item : (*built_model_)->module().named_parameters(true)) {
+      if (item.value().grad().defined()) out[item.key()] = item.value().grad().clone();
+    }
+    return out;
+  }
+
   StrategyContext context;
   std::shared_ptr<Precision> precision;
   std::shared_ptr<Strategy> strategy;
+
+ private:
+  std::shared_ptr<std::shared_ptr<Model>> built_model_ = std::make_shared<std::shared_ptr<Model>>();
 };
 
 // Runs `rank_body(rank, port)` for `world_size` ranks, each on its own thread, with a free

@@ -7,6 +7,8 @@
 #                buffer broadcast, which travels during backward, before the next forward), with
 #                the all-reduces launched from autograd hooks (overlap) and all after backward
 #                (no overlap)
+#   compression  one ddp run with bf16 gradient compression (strategy.compression): half the
+#                bytes on the wire, averaged gradients rounded to bf16 (not a parity setting)
 #   machine      what the machine itself gives two processes: two single runs side by side, with
 #                no communication at all. Their samples/s over one single run is the most any
 #                2-rank run can scale here (virtual CPUs that share a physical core give less
@@ -73,6 +75,8 @@ for repeat in $(seq "$repeats"); do
 done
 run launch -n 2 cnn.toml --set strategy.plugin=ddp --set strategy.overlap=false \
   --set run.output_dir="$work/ddp_no_overlap"
+run launch -n 2 cnn.toml --set strategy.plugin=ddp --set strategy.compression=bf16 \
+  --set run.output_dir="$work/ddp_bf16"
 
 "$here/.venv/bin/python" - "$work" "$repeats" <<'PY'
 import json, statistics, sys
@@ -100,6 +104,7 @@ side = [figures([f"{work}/side{i}/{p}/metrics.jsonl" for p in "ab"]) for i in ru
 ddp = [figures([f"{work}/ddp{i}/metrics.rank{r}.jsonl" for r in range(2)]) for i in runs]
 python_ms = [float(open(f"{work}/python{i}.ms").read()) for i in runs]
 no_overlap = figures([f"{work}/ddp_no_overlap/metrics.rank{r}.jsonl" for r in range(2)])
+bf16 = figures([f"{work}/ddp_bf16/metrics.rank{r}.jsonl" for r in range(2)])
 
 print(f"{'run (median of ' + str(repeats) + ')':30} {'samples/s':>10} {'step ms':>8} " +
       " ".join(f"{p[:-3]:>10}" for p in phases))
@@ -111,6 +116,7 @@ row("single, 1 rank x 1 thread", single)
 row("2 singles side by side", side)
 row("ddp, 2 ranks x 1 thread", ddp)
 row("ddp, overlap = false (1 run)", [no_overlap])
+row("ddp, bf16 compression (1 run)", [bf16])
 python_median = statistics.median(python_ms)
 print(f"{'python DDP (torchrun, gloo)':30} {2 * 64 * 1000 / python_median:10.0f} {python_median:8.2f}")
 
@@ -119,6 +125,8 @@ def ratio(name, values, target):
           " ".join(f"{v:.2f}" for v in values))
 ratio("scaling (2 ranks / 1 rank)", [d[0] / s[0] for s, d in zip(single, ddp)], "(target >= 1.8)")
 ratio("step time vs python DDP", [d[1] / p for d, p in zip(ddp, python_ms)], "(target <= 1)")
+ratio("scaling, bf16 compression", [bf16[0] / statistics.median(s[0] for s in single)],
+      "(1 run / median single)")
 ratio("machine: 2 side by side / 1", [b[0] / s[0] for s, b in zip(single, side)], "(at most 2)")
 ratio("ddp / 2 side by side", [d[0] / b[0] for b, d in zip(side, ddp)], "(at most 1)")
 PY

@@ -44,14 +44,27 @@ struct DdpOptions {
   bool broadcast_buffers = true;
   bool sync_batchnorm = false;
   bool zero1 = false;
+  // The dtype gradients travel in (fp16 or bf16 halve the bytes; unset: their own dtype).
+  std::optional<at::ScalarType> wire_dtype;
 };
+
+// `compression` names the dtype all-reduces carry gradients in, as PyTorch's DDP compression
+// hooks (fp16_compress_hook, bf16_compress_hook) do.
+std::optional<at::ScalarType> parse_compression(const Config& config) {
+  const std::string name = config.get_string("compression");
+  if (name == "none") return std::nullopt;
+  if (name == "fp16") return at::kHalf;
+  if (name == "bf16") return at::kBFloat16;
+  config.fail("compression", "must be none, fp16 or bf16 (got '" + name + "')");
+}
 
 // Gradients of several parameters laid out in one flat tensor, all-reduced as one.
 struct GradientBucket {
   std::vector<std::size_t> parameters;  // indices into the strategy's parameter list
   std::vector<std::int64_t> offsets;
   at::Tensor flat;
-  std::size_t pending = 0;              // parameters not yet ready in this backward
+  at::Tensor wire;          // `flat` in the compression dtype while it travels (undefined without)
+  std::size_t pending = 0;  // parameters not yet ready in this backward
   c10::intrusive_ptr<c10d::Work> work;  // the in-flight all-reduce
 };
 
@@ -112,7 +125,10 @@ class GradientReducer {
   // are views into them).
   std::vector<at::Tensor> bucket_buffers() const {
     std::vector<at::Tensor> flats;
-    for (const auto& bucket : buckets_) flats.push_back(bucket.flat);
+    for (const auto& bucket : buckets_) {
+      flats.push_back(bucket.flat);
+      if (bucket.wire.defined()) flats.push_back(bucket.wire);
+    }
     return flats;
   }
 
@@ -147,6 +163,10 @@ class GradientReducer {
     }
     for (auto& bucket : buckets_) {
       bucket.work.reset();
+      if (bucket.wire.defined()) {
+        at::NoGradGuard no_grad;
+        bucket.flat.copy_(bucket.wire);
+      }
       if (options_.gradient_as_bucket_view) continue;
       for (std::size_t i = 0; i < bucket.parameters.size(); ++i) {
         at::Tensor& parameter = parameters_[bucket.parameters[i]];
@@ -190,6 +210,13 @@ class GradientReducer {
     for (auto& bucket : buckets_) {
       const at::Tensor& last = parameters_[bucket.parameters.back()];
       bucket.flat = at::zeros({bucket.offsets.back() + last.numel()}, last.options());
+      // Only floating-point gradients wider than the wire dtype are compressed.
+      if (options_.wire_dtype && bucket.flat.is_floating_point() &&
+          bucket.flat.element_size() >
+              static_cast<std::int64_t>(at::elementSize(*options_.wire_dtype))) {
+        bucket.wire =
+            at::empty_like(bucket.flat, bucket.flat.options().dtype(*options_.wire_dtype));
+      }
     }
   }
 
@@ -224,8 +251,11 @@ class GradientReducer {
   void launch(std::size_t b) {
     GradientBucket& bucket = buckets_[b];
     at::NoGradGuard no_grad;
+    // Averaged before any compression, so the sum cannot leave the narrower dtype's range
+    // where each rank's share is inside it.
     bucket.flat.div_(group_->getSize());
-    std::vector<at::Tensor> tensors{bucket.flat};
+    if (bucket.wire.defined()) bucket.wire.copy_(bucket.flat);
+    std::vector<at::Tensor> tensors{bucket.wire.defined() ? bucket.wire : bucket.flat};
     bucket.work = group_->allreduce(tensors);
     ++launches_;
   }
@@ -323,6 +353,7 @@ class Ddp final : public Strategy {
     options_.broadcast_buffers = config.get_bool("broadcast_buffers");
     options_.sync_batchnorm = config.get_bool("sync_batchnorm");
     options_.zero1 = config.get_bool("zero1");
+    options_.wire_dtype = parse_compression(config);
     if (options_.bucket_cap_mb <= 0) config.fail("bucket_cap_mb", "must be > 0");
     if (options_.first_bucket_mb <= 0) config.fail("first_bucket_mb", "must be > 0");
   }
@@ -601,7 +632,10 @@ void register_components(Registry& registry) {
               "BatchNorm layers use the statistics of the global batch in training"),
        option("zero1", false,
               "ZeRO stage 1: optimizer state sharded across ranks, updated slices all-gathered "
-              "after the step")},
+              "after the step"),
+       option("compression", "none",
+              "dtype the gradient all-reduces carry: none (the gradients' own), fp16 or bf16 "
+              "(half the bytes; the averaged gradients are rounded to that dtype)")},
       "distributed data parallel: replicated model, bucketed all-reduce overlapping backward",
       [](const Config& options, const BuildContext&) { return std::make_unique<Ddp>(options); });
 }
