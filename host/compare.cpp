@@ -9,6 +9,7 @@
 #include <cerrno>
 #include <chrono>
 #include <cmath>
+#include <csignal>
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
@@ -18,6 +19,7 @@
 #include <optional>
 #include <sstream>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "cli.hpp"
@@ -39,9 +41,13 @@ Runs every variant (each recipe times the cartesian product of the --vary lists)
 another with the same seed and data, then prints a side-by-side table (step time and its
 phases, throughput, peak memory, final loss, eval metric, largest loss difference from the first
 variant) and writes DIR/table.txt and DIR/report.html (loss curves, step time, throughput and
-memory bars; self-contained). A variant that fails is reported with its error; the others still
-run. Exit status 1 only when every variant failed.
+memory bars; self-contained). A variant that fails, or runs past --timeout, is reported with
+its error; the others still run. Exit status 1 only when every variant failed.
 )";
+
+// Seconds a variant stopped at its --timeout gets between SIGTERM and SIGKILL: longer than the
+// launcher's own grace period, so that it stops its ranks first.
+constexpr int kStopGraceSeconds = 10;
 
 struct VaryAxis {
   std::string key;
@@ -191,10 +197,13 @@ bool writes_default_jsonl(const fs::path& recipe_path, const std::vector<std::st
 struct ChildOutcome {
   int status = 0;  // as waitpid gives it
   double wall_s = 0;
+  bool timed_out = false;
 };
 
-// Runs this binary with `args`, both output streams into `log`, and waits for it.
-ChildOutcome run_child(const std::vector<std::string>& args, const fs::path& log) {
+// Runs this binary with `args`, both output streams into `log`, and waits for it; after
+// `timeout_s` seconds (0: no limit) it is stopped with SIGTERM, and SIGKILL if it lingers.
+ChildOutcome run_child(const std::vector<std::string>& args, const fs::path& log,
+                       std::int64_t timeout_s) {
   const int log_fd = ::open(log.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
   if (log_fd < 0)
     throw Error("compare: cannot write " + log.string() + ": " + std::strerror(errno));
@@ -228,9 +237,26 @@ ChildOutcome run_child(const std::vector<std::string>& args, const fs::path& log
   ::close(log_fd);
   if (null_fd >= 0) ::close(null_fd);
   ChildOutcome outcome;
-  while (::waitpid(pid, &outcome.status, 0) < 0) {
-    if (errno != EINTR)
+  using Clock = std::chrono::steady_clock;
+  std::optional<Clock::time_point> stop_at, kill_at;
+  if (timeout_s > 0) stop_at = started + std::chrono::seconds(timeout_s);
+  for (;;) {
+    const pid_t done = ::waitpid(pid, &outcome.status, stop_at ? WNOHANG : 0);
+    if (done == pid) break;
+    if (done < 0) {
+      if (errno == EINTR) continue;
       throw Error(std::string("compare: waitpid failed: ") + std::strerror(errno));
+    }
+    const auto now = Clock::now();
+    if (!outcome.timed_out && now >= *stop_at) {
+      outcome.timed_out = true;
+      ::kill(pid, SIGTERM);
+      kill_at = now + std::chrono::seconds(kStopGraceSeconds);
+    } else if (kill_at && now >= *kill_at) {
+      ::kill(pid, SIGKILL);
+      kill_at.reset();
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
   }
   outcome.wall_s =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
@@ -393,7 +419,7 @@ int command_compare(const std::vector<std::string>& args) {
   CommonOptions common;
   std::vector<std::string> recipe_names, varies, overrides;
   std::string output;
-  std::int64_t steps = 0, seed = 0;
+  std::int64_t steps = 0, seed = 0, timeout_s = 0;
   int nproc = 1;
   po::options_description options("compare options");
   options.add_options()("recipe", po::value(&recipe_names)->multitoken(), "recipe files")(
@@ -404,6 +430,8 @@ int command_compare(const std::vector<std::string>& args) {
       "steps", po::value(&steps), "stop every variant after N optimizer steps (run.max_steps)")(
       "nproc", po::value(&nproc), "ranks per variant (> 1 runs 'trainyard launch')")(
       "seed", po::value(&seed), "seed of every variant (default: the first recipe's run.seed)")(
+      "timeout", po::value(&timeout_s),
+      "stop a variant still running after S seconds and report it as failed (default: none)")(
       "output", po::value(&output), "report folder (default: runs/compare/<recipe name>)");
   add_common(options, common);
   po::positional_options_description positional;
@@ -414,6 +442,7 @@ int command_compare(const std::vector<std::string>& args) {
   if (recipe_names.empty()) throw Error("compare: no recipe given (see --help)");
   if (values->count("steps") && steps < 1) throw Error("compare: --steps must be >= 1");
   if (nproc < 1) throw Error("compare: --nproc must be >= 1");
+  if (timeout_s < 0) throw Error("compare: --timeout must be >= 0 seconds");
   std::vector<VaryAxis> axes;
   for (const auto& text : varies) {
     VaryAxis axis = parse_vary(text);
@@ -478,7 +507,7 @@ int command_compare(const std::vector<std::string>& args) {
     std::cout << "compare: [" << i + 1 << "/" << variants.size() << "] " << variant.label
               << std::flush;
     const fs::path log = dir / "output.log";
-    ChildOutcome outcome = run_child(child, log);
+    ChildOutcome outcome = run_child(child, log, timeout_s);
 
     VariantResult result;
     result.label = variant.label;
@@ -493,7 +522,10 @@ int command_compare(const std::vector<std::string>& args) {
         result.error = std::string("trainyard: error: ") + error.what();
       }
     } else {
-      result.error = error_of(log, outcome.status);
+      result.error = outcome.timed_out
+                         ? "trainyard: error: compare: stopped after the --timeout of " +
+                               std::to_string(timeout_s) + " s (see " + log.string() + ")"
+                         : error_of(log, outcome.status);
       // What a failed run logged before it stopped still draws its curve.
       try {
         if (fs::exists(metrics)) summarize(read_records(metrics), result);

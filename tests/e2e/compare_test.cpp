@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <array>
+#include <chrono>
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
@@ -79,7 +80,8 @@ std::map<int, Curve> curves_of(const std::string& html) {
     std::istringstream points((*it)[3].str());
     for (std::string pair; points >> pair;) {
       auto comma = pair.find(',');
-      curve.points.emplace_back(std::stod(pair.substr(0, comma)), std::stod(pair.substr(comma + 1)));
+      curve.points.emplace_back(std::stod(pair.substr(0, comma)),
+                                std::stod(pair.substr(comma + 1)));
     }
     out[std::stoi((*it)[1])] = curve;
   }
@@ -112,10 +114,14 @@ TEST(CompareTest, TwoVariantsGiveTheTableAndAReportWithBothCurves) {
     EXPECT_HAS(table, heading);
   }
   // The engine's optional figures get a column exactly when the runs record them.
-  const std::map<std::string, std::string> optional_columns = {
-      {"h2d_ms", "h2d ms"},     {"forward_ms", "fwd ms"}, {"backward_ms", "bwd ms"},
-      {"comm_wait_ms", "comm ms"}, {"optimizer_ms", "opt ms"}, {"tokens_per_s", "tokens/s"},
-      {"mfu", "mfu"},           {"memory_peak_bytes", "peak mem"}};
+  const std::map<std::string, std::string> optional_columns = {{"h2d_ms", "h2d ms"},
+                                                               {"forward_ms", "fwd ms"},
+                                                               {"backward_ms", "bwd ms"},
+                                                               {"comm_wait_ms", "comm ms"},
+                                                               {"optimizer_ms", "opt ms"},
+                                                               {"tokens_per_s", "tokens/s"},
+                                                               {"mfu", "mfu"},
+                                                               {"memory_peak_bytes", "peak mem"}};
   const std::string heading = table.substr(0, table.find('\n'));
   for (const auto& [key, title] : optional_columns) {
     EXPECT_EQ(first_train.back().has(key), heading.find(title) != std::string::npos) << key;
@@ -263,17 +269,61 @@ TEST(CompareTest, NprocRunsEachVariantWithTheLauncher) {
   ASSERT_EQ(result.exit_code, 0) << describe(result);
   const std::string table = read_text(dir / "cmp" / "table.txt");
   EXPECT_EQ(row_of(table, "1").at(2), "ok") << table;
-  EXPECT_EQ(of_phase(read_metrics(dir / "cmp" / "1-ddp" / "metrics.rank0.jsonl"), "train").size(), 2u);
+  EXPECT_EQ(of_phase(read_metrics(dir / "cmp" / "1-ddp" / "metrics.rank0.jsonl"), "train").size(),
+            2u);
   EXPECT_TRUE(fs::exists(dir / "cmp" / "1-ddp" / "metrics.rank1.jsonl"));
   // The ranks' output lines carry "[rank R] "; the table shows the error itself.
   EXPECT_EQ(row_of(table, "2").at(2), "FAILED") << table;
-  EXPECT_HAS(table, "2  strategy.plugin=single  FAILED  trainyard: error: strategy 'single' runs one process");
+  EXPECT_HAS(
+      table,
+      "2  strategy.plugin=single  FAILED  trainyard: error: strategy 'single' runs one process");
+}
+
+TEST(CompareTest, AVariantPastTheTimeoutIsStoppedAndTheOthersRun) {
+  // Rank 1 of every variant stops at step 3 and never returns (a test hook): variant 1 ends
+  // before it, variant 2 would wait out its 10-minute collective timeout but for --timeout.
+  TempDir dir;
+  const fs::path output = dir / "cmp";
+  std::vector<std::string> argv = {host_binary().string(),
+                                   "compare",
+                                   "recipes/fashion_mnist_mlp.toml",
+                                   "--vary",
+                                   "run.max_steps=2,40",
+                                   "--nproc",
+                                   "2",
+                                   "--timeout",
+                                   "20",
+                                   "--output",
+                                   output.string()};
+  for (const char* set : {"strategy.plugin=ddp", "comm.timeout_s=600", "run.log_every=1",
+                          "run.eval_max_batches=2", "checkpoint.keep=1"}) {
+    argv.push_back("--set");
+    argv.push_back(set);
+  }
+  const auto started = std::chrono::steady_clock::now();
+  auto result = run_command(argv, source_dir(), 300,
+                            {"TRAINYARD_TEST_FAIL_RANK=1", "TRAINYARD_TEST_FAIL_AT_STEP=3",
+                             "TRAINYARD_TEST_FAIL_MODE=hang"});
+  const double seconds =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
+  ASSERT_EQ(result.exit_code, 0) << "variant 1 finished\n" << describe(result);
+  EXPECT_LT(seconds, 120) << describe(result);
+  const std::string table = read_text(output / "table.txt");
+  EXPECT_EQ(row_of(table, "1").at(2), "ok") << table;
+  EXPECT_EQ(row_of(table, "2").at(2), "FAILED") << table;
+  EXPECT_HAS(table, "trainyard: error: compare: stopped after the --timeout of 20 s");
+  // The launcher was stopped, and stopped its ranks: it forwards the signal to them.
+  EXPECT_HAS(read_text(output / "2-40" / "output.log"), "forwarding to the ranks");
+  auto negative = run_host({"compare", "recipes/fashion_mnist_mlp.toml", "--timeout", "-1"});
+  EXPECT_NE(negative.exit_code, 0);
+  EXPECT_HAS(negative.err, "trainyard: error: compare: --timeout must be >= 0 seconds");
 }
 
 TEST(CompareTest, SeveralRecipesAreVariantsNamedByTheirFiles) {
   TempDir dir;
-  auto result = run_host({"compare", "recipes/fashion_mnist_mlp.toml", "recipes/fashion_mnist_cnn.toml",
-                          "--vary", "model.plugin=no_model_z", "--output", (dir / "cmp").string()});
+  auto result =
+      run_host({"compare", "recipes/fashion_mnist_mlp.toml", "recipes/fashion_mnist_cnn.toml",
+                "--vary", "model.plugin=no_model_z", "--output", (dir / "cmp").string()});
   EXPECT_EQ(result.exit_code, 1) << describe(result);
   const std::string table = read_text(dir / "cmp" / "table.txt");
   EXPECT_HAS(table, "1  fashion_mnist_mlp.toml model.plugin=no_model_z  FAILED");
@@ -289,7 +339,8 @@ struct Image {
 
 std::uint32_t big_endian(const std::string& bytes, std::size_t at) {
   std::uint32_t value = 0;
-  for (std::size_t i = 0; i < 4; ++i) value = (value << 8) | static_cast<unsigned char>(bytes[at + i]);
+  for (std::size_t i = 0; i < 4; ++i)
+    value = (value << 8) | static_cast<unsigned char>(bytes[at + i]);
   return value;
 }
 
@@ -310,7 +361,8 @@ Image decode_png(const fs::path& file) {
     if (type == "IHDR") {
       image.width = big_endian(data, 0);
       image.height = big_endian(data, 4);
-      const int depth = static_cast<unsigned char>(data[8]), colour = static_cast<unsigned char>(data[9]);
+      const int depth = static_cast<unsigned char>(data[8]),
+                colour = static_cast<unsigned char>(data[9]);
       const int interlace = static_cast<unsigned char>(data[12]);
       if (depth != 8 || (colour != 2 && colour != 6) || interlace != 0) {
         throw std::runtime_error("unsupported PNG layout");
@@ -323,7 +375,8 @@ Image decode_png(const fs::path& file) {
     }
     at += 12 + length;
   }
-  const std::size_t stride = static_cast<std::size_t>(image.width) * static_cast<std::size_t>(channels);
+  const std::size_t stride =
+      static_cast<std::size_t>(image.width) * static_cast<std::size_t>(channels);
   std::vector<unsigned char> raw(static_cast<std::size_t>(image.height) * (stride + 1));
   uLongf size = static_cast<uLongf>(raw.size());
   if (uncompress(raw.data(), &size, reinterpret_cast<const Bytef*>(compressed.data()),
@@ -337,7 +390,8 @@ Image decode_png(const fs::path& file) {
     const unsigned char* line = raw.data() + y * (stride + 1);
     const int filter = line[0];
     for (std::size_t x = 0; x < stride; ++x) {
-      const int a = x >= bpp ? row[x - bpp] : 0, b = previous[x], c = x >= bpp ? previous[x - bpp] : 0;
+      const int a = x >= bpp ? row[x - bpp] : 0, b = previous[x],
+                c = x >= bpp ? previous[x - bpp] : 0;
       int predictor = 0;
       if (filter == 1) predictor = a;
       if (filter == 2) predictor = b;
@@ -369,11 +423,11 @@ TEST(CompareTest, ChromiumRendersTheReportsCurves) {
 
   // The README's command, with a profile folder of its own.
   const fs::path png = dir / "report.png";
-  auto shot = run_command({chromium.string(), "--headless", "--no-sandbox", "--disable-gpu",
-                           "--hide-scrollbars", "--user-data-dir=" + (dir / "profile").string(),
-                           "--screenshot=" + png.string(), "--window-size=1200,900",
-                           "file://" + (output / "report.html").string()},
-                          dir.path(), 180);
+  auto shot = run_command(
+      {chromium.string(), "--headless", "--no-sandbox", "--disable-gpu", "--hide-scrollbars",
+       "--user-data-dir=" + (dir / "profile").string(), "--screenshot=" + png.string(),
+       "--window-size=1200,900", "file://" + (output / "report.html").string()},
+      dir.path(), 180);
   ASSERT_EQ(shot.exit_code, 0) << describe(shot);
   ASSERT_TRUE(fs::exists(png)) << describe(shot);
   const Image image = decode_png(png);
@@ -392,7 +446,8 @@ TEST(CompareTest, ChromiumRendersTheReportsCurves) {
     for (std::uint32_t y = 0; y < image.height; ++y) {
       for (std::uint32_t x = 0; x < image.width; ++x) {
         const auto& p = image.pixels[y * image.width + x];
-        if (std::abs(p[0] - red) <= 24 && std::abs(p[1] - green) <= 24 && std::abs(p[2] - blue) <= 24) {
+        if (std::abs(p[0] - red) <= 24 && std::abs(p[1] - green) <= 24 &&
+            std::abs(p[2] - blue) <= 24) {
           ++count;
           column_has[x] = true;
         }
