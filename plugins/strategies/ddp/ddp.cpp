@@ -39,7 +39,7 @@ struct DdpOptions {
   double bucket_cap_mb = 25;
   double first_bucket_mb = 1;
   bool find_unused_parameters = false;
-  bool gradient_as_bucket_view = false;
+  bool gradient_as_bucket_view = true;
   bool overlap = true;
   bool broadcast_buffers = true;
   bool sync_batchnorm = false;
@@ -622,8 +622,9 @@ void register_components(Registry& registry) {
               "size of the first bucket (the last layers), small so its all-reduce starts early"),
        option("find_unused_parameters", false,
               "parameters without a gradient in a step count as ready (zero) instead of an error"),
-       option("gradient_as_bucket_view", false,
-              "gradients are views into the buckets (saves one copy and its memory)"),
+       option("gradient_as_bucket_view", true,
+              "gradients are views into the buckets (no copies, no second gradient buffer; "
+              "false: separate gradients copied in and out, as PyTorch's default)"),
        option("overlap", true,
               "launch each bucket's all-reduce from autograd hooks during backward (false: "
               "all after backward, for comparison)"),
