@@ -53,6 +53,8 @@ struct HarnessOptions {
   std::vector<std::int64_t> input_shape = {6};
   std::int64_t classes = 4;
   std::uint64_t seed = 5;
+  // Builds the model instead of the `model` plugin when set (a model made for one test).
+  std::function<std::shared_ptr<Model>(const BuildContext&)> model_factory;
   // Several ranks: this one's place and the loopback port of rank 0's store.
   int rank = 0;
   int world_size = 1;
@@ -97,12 +99,13 @@ struct StepHarness {
     // at a time, each right after seeding it, so every run starts from the same parameters
     // whatever the threads' interleaving.
     const auto seed = static_cast<std::uint64_t>(options.seed);
-    context.make_model = [model, model_section, seed,
+    context.make_model = [model, model_section, seed, factory = options.model_factory,
                           built = built_model_](const BuildContext& context) {
       static std::mutex drawing;
       std::lock_guard<std::mutex> lock(drawing);
       at::manual_seed(seed);
-      *built = bundled_registry().create<Model>(model, model_section, context);
+      *built = factory ? factory(context)
+                       : bundled_registry().create<Model>(model, model_section, context);
       return *built;
     };
     strategy = registry.create<Strategy>(

@@ -134,16 +134,22 @@ class GradientReducer {
 
   // After the synchronising backward: completes buckets of parameters that got no gradient,
   // launches what is left, waits for every all-reduce and leaves the averaged gradients in
-  // .grad.
+  // .grad. With find_unused_parameters, a parameter no rank used keeps no gradient (as in one
+  // process, so the optimizer skips it), which takes one more all-reduce of the usage counts.
   void finish() {
     if (!synchronise_) return;
     std::vector<std::string> missing;
+    at::Tensor used;
+    if (options_.find_unused_parameters) {
+      used = at::ones({static_cast<std::int64_t>(parameters_.size())}, at::kFloat);
+    }
     for (std::size_t index = 0; index < parameters_.size(); ++index) {
       if (ready_[index]) continue;
       if (!options_.find_unused_parameters) {
         missing.push_back(names_[index]);
         continue;
       }
+      used[static_cast<std::int64_t>(index)] = 0;
       on_gradient_ready(index);
     }
     if (!missing.empty()) {
@@ -155,11 +161,18 @@ class GradientReducer {
     if (!options_.overlap) {
       for (std::size_t b = 0; b < buckets_.size(); ++b) launch(b);
     }
+    c10::intrusive_ptr<c10d::Work> usage;
+    if (used.defined()) {
+      used = used.to(parameters_.front().device());
+      std::vector<at::Tensor> tensors{used};
+      usage = group_->allreduce(tensors);  // after every bucket, in the same order on all ranks
+    }
     {
       CollectiveWait wait;
       for (auto& bucket : buckets_) {
         if (bucket.work) bucket.work->wait();
       }
+      if (usage) usage->wait();
     }
     for (auto& bucket : buckets_) {
       bucket.work.reset();
@@ -176,6 +189,13 @@ class GradientReducer {
         } else {
           parameter.mutable_grad() = averaged.clone();
         }
+      }
+    }
+    if (usage) {
+      const at::Tensor counts = used.cpu();
+      const float* count = counts.data_ptr<float>();
+      for (std::size_t index = 0; index < parameters_.size(); ++index) {
+        if (count[index] == 0) parameters_[index].mutable_grad() = at::Tensor();
       }
     }
   }
@@ -621,7 +641,8 @@ void register_components(Registry& registry) {
        option("first_bucket_mb", 1.0,
               "size of the first bucket (the last layers), small so its all-reduce starts early"),
        option("find_unused_parameters", false,
-              "parameters without a gradient in a step count as ready (zero) instead of an error"),
+              "parameters without a gradient in a step count as ready (zero) instead of an "
+              "error; one that no rank used keeps no gradient, so the optimizer skips it"),
        option("gradient_as_bucket_view", true,
               "gradients are views into the buckets (no copies, no second gradient buffer; "
               "false: separate gradients copied in and out, as PyTorch's default)"),
