@@ -46,9 +46,7 @@ Buffers run_rank(int rank, int port, bool broadcast_buffers, const std::string& 
   options.model_options = "channels = [4, 8]\nhidden = 16\nbatch_norm = true";
   options.input_shape = kShape;
   options.classes = kClasses;
-  options.rank = rank;
-  options.world_size = kRanks;
-  options.port = port;
+  options.as_rank(rank, kRanks, port);
   options.step.activation_checkpointing = ActivationCheckpointing::parse(recompute);
   StepHarness harness(options);
   const auto own = static_cast<std::uint64_t>(rank);

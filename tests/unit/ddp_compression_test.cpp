@@ -36,9 +36,7 @@ std::vector<TensorMap> ddp_gradients(const std::string& compression) {
     HarnessOptions options = cnn_options();
     options.strategy = "ddp";
     options.strategy_options = "compression = \"" + compression + "\"";
-    options.rank = rank;
-    options.world_size = kRanks;
-    options.port = port;
+    options.as_rank(rank, kRanks, port);
     StepHarness harness(options);
     Batch batch = batch_of_rank(rank);
     harness.strategy->train_step(std::span<const Batch>(&batch, 1));

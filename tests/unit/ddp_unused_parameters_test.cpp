@@ -91,9 +91,7 @@ TEST(DdpUnusedParameters, MatchOneProcessOnTheGlobalBatch) {
     HarnessOptions options = gated_options();
     options.strategy = "ddp";
     options.strategy_options = "find_unused_parameters = true";
-    options.rank = rank;
-    options.world_size = kRanks;
-    options.port = port;
+    options.as_rank(rank, kRanks, port);
     StepHarness harness(options);
     TensorMap parameters = train(harness, batch_of_rank(rank));
     harness.context.communicator->barrier();
@@ -116,9 +114,7 @@ TEST(DdpUnusedParameters, WithoutTheOptionAnUnusedParameterIsNamed) {
   auto errors = run_threaded_ranks<std::string>(kRanks, [](int rank, int port) {
     HarnessOptions options = gated_options();
     options.strategy = "ddp";
-    options.rank = rank;
-    options.world_size = kRanks;
-    options.port = port;
+    options.as_rank(rank, kRanks, port);
     StepHarness harness(options);
     Batch batch = batch_of_rank(rank);
     std::string message;

@@ -35,9 +35,7 @@ Held run_rank(int rank, int port, const std::string& strategy, const std::string
   harness_options.input_shape = kShape;
   harness_options.classes = kClasses;
   harness_options.seed = 11;
-  harness_options.rank = rank;
-  harness_options.world_size = kRanks;
-  harness_options.port = port;
+  harness_options.as_rank(rank, kRanks, port);
   StepHarness harness(harness_options);
   Held held;
   for (std::uint64_t step = 0; step < 2; ++step) {

@@ -59,6 +59,14 @@ struct HarnessOptions {
   int rank = 0;
   int world_size = 1;
   int port = 0;
+
+  // This options object for rank `rank_of_world` of `ranks` meeting at `store_port`.
+  HarnessOptions& as_rank(int rank_of_world, int ranks, int store_port) {
+    rank = rank_of_world;
+    world_size = ranks;
+    port = store_port;
+    return *this;
+  }
 };
 
 // A strategy set up on the CPU; parameters drawn from `seed`, so two harnesses with the same

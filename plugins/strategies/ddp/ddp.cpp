@@ -139,17 +139,15 @@ class GradientReducer {
   void finish() {
     if (!synchronise_) return;
     std::vector<std::string> missing;
-    at::Tensor used;
-    if (options_.find_unused_parameters) {
-      used = at::ones({static_cast<std::int64_t>(parameters_.size())}, at::kFloat);
-    }
+    // Which parameters this rank's backward used, before the loop below marks the rest ready.
+    std::vector<float> used_here;
+    if (options_.find_unused_parameters) used_here.assign(ready_.begin(), ready_.end());
     for (std::size_t index = 0; index < parameters_.size(); ++index) {
       if (ready_[index]) continue;
       if (!options_.find_unused_parameters) {
         missing.push_back(names_[index]);
         continue;
       }
-      used[static_cast<std::int64_t>(index)] = 0;
       on_gradient_ready(index);
     }
     if (!missing.empty()) {
@@ -162,8 +160,9 @@ class GradientReducer {
       for (std::size_t b = 0; b < buckets_.size(); ++b) launch(b);
     }
     c10::intrusive_ptr<c10d::Work> usage;
-    if (used.defined()) {
-      used = used.to(parameters_.front().device());
+    at::Tensor used;
+    if (options_.find_unused_parameters) {
+      used = at::tensor(used_here, at::kFloat).to(parameters_.front().device());
       std::vector<at::Tensor> tensors{used};
       usage = group_->allreduce(tensors);  // after every bucket, in the same order on all ranks
     }
