@@ -17,6 +17,7 @@
 #include "compare.hpp"
 #include "doctor.hpp"
 #include "launch.hpp"
+#include "trainyard/crash_report.hpp"
 #include "trainyard/engine.hpp"
 #include "trainyard/error.hpp"
 #include "trainyard/plugin_loader.hpp"
@@ -155,6 +156,9 @@ std::string first_line(const std::string& text) {
 
 int main(int argc, char** argv) {
   using namespace trainyard;
+  // A rank started by a launcher says which one it is when it crashes.
+  const char* rank = std::getenv("RANK");
+  install_crash_report(rank ? ("trainyard rank " + std::string(rank)).c_str() : "trainyard");
   // The registry holds the plugin libraries; it outlives the handlers below, so an exception
   // thrown by plugin code is reported while that code is still loaded.
   Registry registry;

@@ -13,6 +13,7 @@
 
 #include <cctype>
 #include <cerrno>
+#include <cstdint>
 #include <cstdlib>
 #include <cstring>
 #include <fstream>
@@ -441,6 +442,11 @@ void test_failure_hook(int rank, std::int64_t step) {
   std::cerr << "rank " << rank << ": test hook: " << mode << " at step " << step << std::endl;
   if (mode == "hang") {
     for (;;) std::this_thread::sleep_for(std::chrono::seconds(1));
+  }
+  if (mode == "crash") {
+    // A write to an unmapped page, as a memory bug in a plugin would make.
+    static volatile std::uintptr_t unmapped_address = 0x10;
+    *reinterpret_cast<volatile int*>(unmapped_address) = 1;
   }
   std::_Exit(3);
 }

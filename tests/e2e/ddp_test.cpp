@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 
 #include <chrono>
+#include <csignal>
 #include <filesystem>
 #include <future>
 #include <regex>
@@ -375,6 +376,24 @@ TEST(Launch, ExitStatusIsTheFirstFailingRanks) {
                            {"TRAINYARD_TEST_FAIL_RANK=1", "TRAINYARD_TEST_FAIL_AT_STEP=2"});
   EXPECT_EQ(result.exit_code, 3) << describe(result);
   EXPECT_HAS(result.err, "trainyard launch: rank 1 exited with status 3");
+}
+
+TEST(Launch, ACrashingRankPrintsItsCallStackAndStopsTheJob) {
+  TempDir dir;
+  auto recipe = dir.write("recipe.toml", recipe_text("mlp"));
+  auto result = run_launch(
+      2, recipe, dir / "out", {"--set", "strategy.plugin=ddp", "--set", "loader.batch_size=16"},
+      {"TRAINYARD_TEST_FAIL_RANK=1", "TRAINYARD_TEST_FAIL_AT_STEP=2",
+       "TRAINYARD_TEST_FAIL_MODE=crash"},
+      120);
+  ASSERT_FALSE(result.timed_out) << describe(result);
+  EXPECT_EQ(result.exit_code, 128 + SIGSEGV) << describe(result);
+  EXPECT_HAS(result.err,
+             "trainyard: fatal: segmentation fault (SIGSEGV) in trainyard rank 1 (pid ");
+  EXPECT_HAS(result.err, "at address 0x10; call stack:");
+  // The frames name the function that crashed (the SDK exports its symbols).
+  EXPECT_HAS(result.err, "test_failure_hook");
+  EXPECT_HAS(result.err, "trainyard launch: rank 1 was killed by signal Segmentation fault");
 }
 
 TEST(Launch, RejectsBadArguments) {

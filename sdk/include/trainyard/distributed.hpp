@@ -115,7 +115,8 @@ class FailureMonitor {
 
 // Test hook (documented in README): when TRAINYARD_TEST_FAIL_RANK equals `rank` and
 // TRAINYARD_TEST_FAIL_AT_STEP equals `step`, the process exits with status 3
-// (TRAINYARD_TEST_FAIL_MODE=exit, the default) or stops calling collectives forever (=hang).
+// (TRAINYARD_TEST_FAIL_MODE=exit, the default), stops calling collectives forever (=hang) or
+// crashes with a segmentation fault (=crash).
 void test_failure_hook(int rank, std::int64_t step);
 
 // Writes `tensors` as a pickled dict of name -> tensor (torch.load / torch::pickle_load read it).
