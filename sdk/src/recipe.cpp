@@ -361,6 +361,41 @@ const OptionSpecs& comm_options() {
   return specs;
 }
 
+const OptionSpecs& parallel_options() {
+  static const OptionSpecs specs = {
+      option("pp", 1, "pipeline-parallel stages (outermost dimension of the mesh)"),
+      option("dp_replicate", 1, "data-parallel replicas (ddp; with fsdp, replicas of shards)"),
+      option("dp_shard", -1, "data-parallel ranks sharding state (-1: what the others leave)"),
+      option("tp", 1, "tensor-parallel ranks (innermost dimension: neighbouring ranks)"),
+  };
+  return specs;
+}
+
+MeshRequest mesh_request(const Config& parallel) {
+  auto size = [&](const char* key) {
+    const std::int64_t value = parallel.get_int(key);
+    if (value != -1 && (value < 1 || value > 1 << 20)) {
+      parallel.fail(key, "must be >= 1, or -1 to fill the world, got " + std::to_string(value));
+    }
+    return static_cast<int>(value);
+  };
+  const char* filled = nullptr;
+  for (const char* key : {"pp", "dp_replicate", "dp_shard", "tp"}) {
+    if (size(key) != -1) continue;
+    if (filled) {
+      parallel.fail(key, std::string("is -1, but so is parallel.") + filled +
+                             "; only one dimension may fill the world");
+    }
+    filled = key;
+  }
+  MeshRequest request;
+  request.pp = size("pp");
+  request.dp_replicate = size("dp_replicate");
+  request.dp_shard = size("dp_shard");
+  request.tp = size("tp");
+  return request;
+}
+
 const OptionSpecs& sink_common_options() {
   static const OptionSpecs specs = {
       option("enabled", true, "write to this sink"),
@@ -384,7 +419,7 @@ Recipe resolve_recipe(const Recipe& recipe, const Registry& registry) {
   out->where = root.where;
 
   std::set<std::string> known = top_level_keys();
-  known.insert({"run", "loader", "sinks"});
+  known.insert({"run", "loader", "parallel", "sinks"});
   for (const auto& section : plugin_sections()) known.insert(section.section);
   for (const auto& [key, value] : root.entries()) {
     if (!known.count(key)) {
@@ -417,6 +452,9 @@ Recipe resolve_recipe(const Recipe& recipe, const Registry& registry) {
   }
   put("run", run);
   put("loader", validate_section(require_table(root, "loader"), loader_options(), {}));
+  Config parallel = validate_section(require_table(root, "parallel"), parallel_options(), {});
+  mesh_request(parallel);  // every check but the world size's, which the run makes
+  put("parallel", parallel);
 
   for (const auto& section : plugin_sections()) {
     if (!root.contains(section.section)) {

@@ -8,12 +8,20 @@
 #include <filesystem>
 #include <map>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
 namespace trainyard {
 
 class Communicator;
+class ProcessMesh;
+
+// A contiguous range of a model's blocks, [begin, end) in forward order (end -1: to the last).
+struct BlockRange {
+  std::int64_t begin = 0;
+  std::int64_t end = -1;
+};
 
 // Shapes a dataset promises, so a model can size itself (input channels, classes, vocabulary).
 struct DatasetInfo {
@@ -33,8 +41,13 @@ struct BuildContext {
   std::filesystem::path recipe_dir;
   // Null in a single-process run.
   std::shared_ptr<Communicator> communicator;
-  // Named extras a strategy hands to the components it builds (a tensor-parallel group, a
-  // pipeline stage); consumers any_cast what they understand and ignore the rest.
+  // Where this rank sits in the run's parallel layout, with the group of each dimension
+  // (process_mesh.hpp). The engine always sets it: a single process has a mesh of one rank.
+  std::shared_ptr<ProcessMesh> mesh;
+  // The blocks to build (a pipeline stage): a model allocates only these; all when unset.
+  std::optional<BlockRange> blocks;
+  // Named extras a strategy hands to the components it builds; consumers any_cast what they
+  // understand and ignore the rest.
   std::map<std::string, std::any> extensions;
 };
 

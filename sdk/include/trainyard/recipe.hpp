@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "trainyard/config.hpp"
+#include "trainyard/device_mesh.hpp"
 #include "trainyard/registry.hpp"
 
 namespace trainyard {
@@ -48,6 +49,11 @@ const OptionSpecs& loader_options();
 const OptionSpecs& checkpoint_policy_options();
 const OptionSpecs& sink_common_options();
 const OptionSpecs& comm_options();
+const OptionSpecs& parallel_options();
+
+// The mesh sizes a resolved [parallel] section asks for (checked against the world size when the
+// run starts: MeshLayout::resolve).
+MeshRequest mesh_request(const Config& parallel);
 
 // The plugin sections and the plugin each defaults to ("" = the section is required).
 struct PluginSection {

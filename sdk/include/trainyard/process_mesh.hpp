@@ -1,0 +1,42 @@
+#pragma once
+// The run's device mesh with its communication groups: every plugin's view of where this rank
+// sits in the parallel layout (its rank and size in each dimension) and the c10d group of each.
+
+#include <torch/csrc/distributed/c10d/Backend.hpp>
+
+#include <array>
+#include <vector>
+
+#include "trainyard/device_mesh.hpp"
+
+namespace trainyard {
+
+class Communicator;
+
+class ProcessMesh {
+ public:
+  // The mesh of a single process: every group has one rank and no backend.
+  ProcessMesh();
+  // Builds, collectively (every rank calls it with the same layout), each group that has more
+  // than one rank, once: a group whose ranks are the whole world is the communicator's world
+  // group, and groups of different kinds with the same ranks (dp and dp_shard when dp_replicate
+  // is 1) share one backend. Groups of one rank cost nothing.
+  ProcessMesh(const MeshLayout& layout, Communicator& communicator);
+
+  const MeshLayout& layout() const { return layout_; }
+  int rank() const { return rank_; }
+  int world_size() const { return layout_.world_size(); }
+  int rank(MeshGroup group) const { return layout_.rank_in(group, rank_); }
+  int size(MeshGroup group) const { return layout_.size(group); }
+  // The ranks of this rank's group of that kind, in group-rank order.
+  std::vector<int> group_ranks(MeshGroup group) const { return layout_.group_ranks(group, rank_); }
+  // The group's backend; null when the group has one rank (nothing to communicate).
+  c10::intrusive_ptr<c10d::Backend> group(MeshGroup group) const;
+
+ private:
+  MeshLayout layout_;
+  int rank_ = 0;
+  std::array<c10::intrusive_ptr<c10d::Backend>, kMeshGroupCount> groups_;
+};
+
+}  // namespace trainyard

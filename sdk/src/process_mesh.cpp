@@ -1,0 +1,49 @@
+#include "trainyard/process_mesh.hpp"
+
+#include <map>
+
+#include "trainyard/communicator.hpp"
+#include "trainyard/error.hpp"
+
+namespace trainyard {
+
+namespace {
+
+constexpr std::array<MeshGroup, kMeshGroupCount> kGroups = {
+    MeshGroup::kPipeline, MeshGroup::kData, MeshGroup::kDataReplicate, MeshGroup::kDataShard,
+    MeshGroup::kTensor};
+
+}  // namespace
+
+ProcessMesh::ProcessMesh() = default;
+
+ProcessMesh::ProcessMesh(const MeshLayout& layout, Communicator& communicator)
+    : layout_(layout), rank_(communicator.rank()) {
+  if (layout.world_size() != communicator.world_size()) {
+    throw Error("the mesh (" + layout.describe() + ") has " + std::to_string(layout.world_size()) +
+                " ranks, the job " + std::to_string(communicator.world_size()));
+  }
+  // Every rank creates every group in the same order (creation is collective), members or not.
+  std::map<std::vector<int>, c10::intrusive_ptr<c10d::Backend>> made;
+  for (MeshGroup kind : kGroups) {
+    const int size = layout.size(kind);
+    if (size == 1) continue;
+    if (size == layout.world_size()) {
+      groups_[static_cast<std::size_t>(kind)] = communicator.world();
+      continue;
+    }
+    for (const std::vector<int>& ranks : layout.groups(kind)) {
+      auto existing = made.find(ranks);
+      c10::intrusive_ptr<c10d::Backend> backend =
+          existing != made.end() ? existing->second : communicator.new_group(ranks);
+      made.emplace(ranks, backend);
+      if (backend) groups_[static_cast<std::size_t>(kind)] = backend;
+    }
+  }
+}
+
+c10::intrusive_ptr<c10d::Backend> ProcessMesh::group(MeshGroup group) const {
+  return groups_[static_cast<std::size_t>(group)];
+}
+
+}  // namespace trainyard
