@@ -2,6 +2,7 @@
 
 #include <map>
 
+#include "trainyard/build_context.hpp"
 #include "trainyard/communicator.hpp"
 #include "trainyard/error.hpp"
 
@@ -40,6 +41,15 @@ ProcessMesh::ProcessMesh(const MeshLayout& layout, Communicator& communicator)
       if (backend) groups_[static_cast<std::size_t>(kind)] = backend;
     }
   }
+}
+
+ProcessMesh::ProcessMesh(Communicator& communicator)
+    : ProcessMesh(MeshLayout::resolve(MeshRequest{}, communicator.world_size()), communicator) {}
+
+std::shared_ptr<ProcessMesh> mesh_of(const BuildContext& build) {
+  if (build.mesh) return build.mesh;
+  if (build.communicator) return std::make_shared<ProcessMesh>(*build.communicator);
+  return std::make_shared<ProcessMesh>();
 }
 
 c10::intrusive_ptr<c10d::Backend> ProcessMesh::group(MeshGroup group) const {

@@ -5,6 +5,7 @@
 #include <torch/csrc/distributed/c10d/Backend.hpp>
 
 #include <array>
+#include <memory>
 #include <vector>
 
 #include "trainyard/device_mesh.hpp"
@@ -22,6 +23,9 @@ class ProcessMesh {
   // group, and groups of different kinds with the same ranks (dp and dp_shard when dp_replicate
   // is 1) share one backend. Groups of one rank cost nothing.
   ProcessMesh(const MeshLayout& layout, Communicator& communicator);
+  // A data-parallel mesh over the communicator's whole world (dp_shard = world size), for
+  // components built outside the engine with a communicator but no mesh.
+  explicit ProcessMesh(Communicator& communicator);
 
   const MeshLayout& layout() const { return layout_; }
   int rank() const { return rank_; }
@@ -38,5 +42,11 @@ class ProcessMesh {
   int rank_ = 0;
   std::array<c10::intrusive_ptr<c10d::Backend>, kMeshGroupCount> groups_;
 };
+
+struct BuildContext;
+
+// The mesh a component should use: `build.mesh` when set, else a data-parallel mesh over
+// `build.communicator`'s world (built once per call: keep the result), else a one-rank mesh.
+std::shared_ptr<ProcessMesh> mesh_of(const BuildContext& build);
 
 }  // namespace trainyard

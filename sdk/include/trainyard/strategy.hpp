@@ -58,7 +58,11 @@ struct StrategyContext {
 // Results stay on the device: reading them is the caller's choice, made once per logging
 // interval so the step never waits for the device.
 struct StepResult {
-  torch::Tensor loss;       // mean over the step's samples, detached
+  // Mean over the step's samples on this rank, detached. Defined only on the ranks where the
+  // loss lives (every rank for data parallel, the last pipeline stage for a pipeline); the
+  // engine logs the mean over the ranks that hold one, which is the global batch's mean when
+  // each holds the mean of equally many samples.
+  torch::Tensor loss;
   torch::Tensor grad_norm;  // before clipping; undefined when not computed
   std::int64_t samples = 0;
   bool skipped = false;     // the optimizer step was skipped (non-finite gradients)
@@ -66,6 +70,7 @@ struct StepResult {
   std::vector<std::pair<std::string, double>> metrics;
 };
 
+// Defined (samples > 0) only on the ranks where the loss lives, as for StepResult.
 struct EvalResult {
   torch::Tensor loss_sum;   // sum over the batch's samples
   TensorMap sums;           // the model's eval_sums
