@@ -379,9 +379,12 @@ MeshRequest mesh_request(const Config& parallel) {
     }
     return static_cast<int>(value);
   };
+  // dp_shard fills the world by default; a dimension written as -1 takes that role instead.
+  auto written = [&](const char* key) { return parallel.value(key).where().line > 0; };
   const char* filled = nullptr;
-  for (const char* key : {"pp", "dp_replicate", "dp_shard", "tp"}) {
+  for (const char* key : {"pp", "dp_replicate", "tp", "dp_shard"}) {
     if (size(key) != -1) continue;
+    if (filled && std::string(key) == "dp_shard" && !written(key)) continue;
     if (filled) {
       parallel.fail(key, std::string("is -1, but so is parallel.") + filled +
                              "; only one dimension may fill the world");
@@ -391,8 +394,9 @@ MeshRequest mesh_request(const Config& parallel) {
   MeshRequest request;
   request.pp = size("pp");
   request.dp_replicate = size("dp_replicate");
-  request.dp_shard = size("dp_shard");
   request.tp = size("tp");
+  request.dp_shard = size("dp_shard");
+  if (request.dp_shard == -1 && filled && std::string(filled) != "dp_shard") request.dp_shard = 1;
   return request;
 }
 

@@ -448,6 +448,76 @@ TEST(LoaderTest, RankShardingIsAPartitionForAnyWorldSizeAndWorkerCount) {
   }
 }
 
+// The samples of each optimizer step of `epoch`, from `first_step` on, when `ranks` data-parallel
+// ranks each take `accumulation` micro-batches of `batch_size` per step (the global batch is
+// their product). Each step's samples are sorted: their order within the step does not matter.
+std::vector<std::vector<std::int64_t>> samples_per_step(std::shared_ptr<const MapSource> source,
+                                                        int ranks, std::int64_t batch_size,
+                                                        std::int64_t accumulation,
+                                                        std::int64_t epoch,
+                                                        std::int64_t first_step) {
+  std::vector<std::unique_ptr<Loader>> loaders;
+  for (int rank = 0; rank < ranks; ++rank) {
+    LoaderOptions options = options_with(batch_size, true, true, 0, 21);
+    options.place = DataParallelPlace{rank, ranks};
+    loaders.push_back(std::make_unique<Loader>(source, options));
+    // A resumed rank starts at the first micro-batch of the step, whatever the accumulation.
+    loaders.back()->start_epoch(epoch, first_step * accumulation);
+  }
+  std::vector<std::vector<std::int64_t>> steps;
+  while (true) {
+    std::vector<std::int64_t> step;
+    for (auto& loader : loaders) {
+      for (std::int64_t micro = 0; micro < accumulation; ++micro) {
+        auto batch = loader->next();
+        if (!batch) return steps;
+        auto part = ids(*batch);
+        step.insert(step.end(), part.begin(), part.end());
+      }
+    }
+    std::sort(step.begin(), step.end());
+    steps.push_back(std::move(step));
+  }
+}
+
+// Resuming mid-epoch on another data-parallel size with the same global batch continues the
+// same global sample sequence: the samples of a step are a run of the epoch's permutation that
+// depends only on the global batch, however it is split into ranks and micro-batches.
+TEST(LoaderTest, ResumingOnAnotherDataParallelSizeSeesEachRemainingSampleOnce) {
+  for (std::int64_t samples : {96, 100}) {
+    auto source = std::make_shared<CountingSource>(samples);
+    const auto uninterrupted = samples_per_step(source, 4, 4, 1, 3, 0);
+    ASSERT_EQ(uninterrupted.size(), 6u);
+    struct Split {
+      int ranks;
+      std::int64_t batch_size;
+      std::int64_t accumulation;
+    };
+    for (const Split& resumed : {Split{2, 4, 2}, Split{1, 8, 2}, Split{8, 2, 1}, Split{2, 2, 4}}) {
+      SCOPED_TRACE(std::to_string(samples) + " samples, resumed on " +
+                   std::to_string(resumed.ranks) + " ranks x batch " +
+                   std::to_string(resumed.batch_size) + " x accumulation " +
+                   std::to_string(resumed.accumulation));
+      const std::int64_t interrupted_at = 2;
+      auto before = samples_per_step(source, 4, 4, 1, 3, 0);
+      before.resize(interrupted_at);
+      const auto after = samples_per_step(source, resumed.ranks, resumed.batch_size,
+                                          resumed.accumulation, 3, interrupted_at);
+      ASSERT_EQ(before.size() + after.size(), uninterrupted.size());
+      std::vector<std::int64_t> seen;
+      for (std::size_t step = 0; step < uninterrupted.size(); ++step) {
+        const auto& actual = step < before.size() ? before[step] : after[step - before.size()];
+        EXPECT_EQ(actual, uninterrupted[step]) << "step " << step;
+        seen.insert(seen.end(), actual.begin(), actual.end());
+      }
+      std::sort(seen.begin(), seen.end());
+      EXPECT_EQ(std::adjacent_find(seen.begin(), seen.end()), seen.end())
+          << "a sample was seen twice in the epoch";
+      EXPECT_EQ(seen.size(), 96u);
+    }
+  }
+}
+
 TEST(LoaderTest, ShufflesDifferAcrossEpochsAndAgreeAcrossWorkerCounts) {
   auto source = std::make_shared<CountingSource>(64);
   std::vector<std::vector<std::int64_t>> orders;  // per worker count, epochs 0 and 1 joined
