@@ -1,0 +1,178 @@
+#include "trainyard/parameter_pieces.hpp"
+
+#include <ATen/ATen.h>
+
+#include <map>
+#include <set>
+
+#include "trainyard/error.hpp"
+#include "trainyard/optimizer.hpp"
+
+namespace trainyard {
+
+namespace {
+
+constexpr const char* kModelPrefix = "model.";
+constexpr const char* kOptimizerPrefix = "optimizer.";
+// The prefix the plugin's own entries are made under while they are re-keyed by parameter.
+constexpr const char* kPluginPrefix = "held.";
+
+std::int64_t element_count(const std::vector<std::int64_t>& shape) {
+  std::int64_t count = 1;
+  for (std::int64_t size : shape) count *= size;
+  return count;
+}
+
+// The optimizer's parameters in order: the held tensors the layouts describe.
+std::vector<at::Tensor> held_tensors(const torch::optim::Optimizer& optimizer,
+                                     std::size_t layouts) {
+  std::vector<at::Tensor> held;
+  for (const auto& group : optimizer.param_groups()) {
+    for (const auto& parameter : group.params()) held.push_back(parameter);
+  }
+  if (held.size() != layouts) {
+    throw Error("the optimizer holds " + std::to_string(held.size()) + " tensors, the layout " +
+                std::to_string(layouts));
+  }
+  return held;
+}
+
+// The piece's values, shaped as its placement needs (a box keeps the held tensor's shape).
+at::Tensor piece_values(const at::Tensor& flat_held, const at::Tensor& held,
+                        const ParameterPiece& piece) {
+  at::Tensor run = flat_held.narrow(0, piece.offset, piece.length);
+  if (piece.placement.flat_offset >= 0) return run.clone();
+  return run.view(held.sizes()).clone();
+}
+
+// "held.param.<i>.<field>" -> (i, field).
+std::pair<std::size_t, std::string> split_plugin_key(const std::string& key) {
+  const std::string rest = key.substr(std::string(kPluginPrefix).size() + 6);  // "param."
+  const auto dot = rest.find('.');
+  return {std::stoul(rest.substr(0, dot)), rest.substr(dot + 1)};
+}
+
+}  // namespace
+
+HeldLayout whole_parameter_layout(const std::string& name, const std::vector<std::int64_t>& shape) {
+  return {ParameterPiece{name, 0, element_count(shape), TensorPlacement::whole(shape)}};
+}
+
+HeldLayout parameter_box_layout(const std::string& name,
+                                const std::vector<std::int64_t>& global_shape,
+                                const std::vector<std::int64_t>& offsets,
+                                const std::vector<std::int64_t>& shape) {
+  return {ParameterPiece{name, 0, element_count(shape), TensorPlacement::box(global_shape, offsets)}};
+}
+
+HeldLayout flat_shard_layout(const std::vector<std::string>& names,
+                             const std::vector<std::vector<std::int64_t>>& shapes,
+                             std::int64_t begin, std::int64_t count) {
+  HeldLayout layout;
+  std::int64_t start = 0;  // of the current parameter in the flat buffer
+  for (std::size_t i = 0; i < names.size(); ++i) {
+    const std::int64_t size = element_count(shapes[i]);
+    const std::int64_t from = std::max(begin, start);
+    const std::int64_t to = std::min(begin + count, start + size);
+    if (from < to) {
+      layout.push_back(ParameterPiece{names[i], from - begin, to - from,
+                                      TensorPlacement::flat(shapes[i], from - start)});
+    }
+    start += size;
+  }
+  return layout;
+}
+
+void put_held_pieces(StateDict& out, const std::string& prefix, const torch::Tensor& held,
+                     const HeldLayout& layout, const std::string& replicas) {
+  const at::Tensor flat = held.detach().reshape({-1});
+  for (const ParameterPiece& piece : layout) {
+    TensorPlacement placement = piece.placement;
+    placement.replicas = replicas;
+    put_piece(out, prefix + piece.name, piece_values(flat, held, piece), placement);
+  }
+}
+
+void read_held_pieces(const PlacedState& state, const std::string& prefix, const HeldLayout& layout,
+                      const torch::Tensor& held) {
+  at::Tensor values = at::zeros({held.numel()}, held.options().device(at::kCPU));
+  for (const ParameterPiece& piece : layout) {
+    const std::string name = prefix + piece.name;
+    at::Tensor part;
+    if (piece.placement.flat_offset >= 0) {
+      part = state.flat_range(name, piece.placement.flat_offset, piece.length);
+    } else {
+      part = state.box(name, piece.placement.offsets, held.sizes().vec());
+    }
+    const std::vector<std::int64_t> saved = state.global_shape(name);
+    if (saved != piece.placement.global_shape) {
+      throw Error("checkpoint's '" + name + "' has another shape than this model's");
+    }
+    values.narrow(0, piece.offset, piece.length).copy_(part.reshape({-1}).to(values.dtype()));
+  }
+  at::NoGradGuard no_grad;
+  held.copy_(values.view(held.sizes()));
+}
+
+void save_optimizer_pieces(const Optimizer& plugin, const torch::optim::Optimizer& optimizer,
+                           const std::vector<HeldLayout>& layouts, StateDict& pieces,
+                           StateDict& whole, const std::string& replicas) {
+  const std::vector<at::Tensor> held = held_tensors(optimizer, layouts.size());
+  StateDict own;
+  plugin.save_state(optimizer, kPluginPrefix, own);
+  for (const auto& [key, value] : own.tensors) {
+    const auto [index, field] = split_plugin_key(key);
+    if (index >= layouts.size()) {
+      throw Error("optimizer state for parameter " + std::to_string(index) + " of " +
+                  std::to_string(layouts.size()));
+    }
+    const HeldLayout& layout = layouts[index];
+    const bool per_element = value.dim() > 0 && value.numel() == held[index].numel();
+    for (const ParameterPiece& piece : layout) {
+      const std::string name = kOptimizerPrefix + piece.name + "." + field;
+      if (per_element) {
+        TensorPlacement placement = piece.placement;
+        placement.replicas = replicas;
+        const at::Tensor flat = value.reshape({-1});
+        at::Tensor run = flat.narrow(0, piece.offset, piece.length);
+        if (placement.flat_offset < 0) run = run.view(value.sizes());
+        put_piece(pieces, name, run.clone(), placement);
+      } else {
+        whole.tensors[name] = value.clone();
+      }
+    }
+  }
+}
+
+void load_optimizer_pieces(const Optimizer& plugin, torch::optim::Optimizer& optimizer,
+                           const std::vector<HeldLayout>& layouts, const PlacedState& state) {
+  const std::vector<at::Tensor> held = held_tensors(optimizer, layouts.size());
+  StateDict own;
+  for (std::size_t index = 0; index < layouts.size(); ++index) {
+    const HeldLayout& layout = layouts[index];
+    if (layout.empty()) continue;
+    // The fields saved for this tensor's parameters (every piece has the same ones).
+    const std::string first = std::string(kOptimizerPrefix) + layout.front().name + ".";
+    for (const std::string& name : state.names(first)) {
+      const std::string field = name.substr(first.size());
+      if (field.find('.') != std::string::npos) continue;  // another parameter's longer name
+      const std::vector<std::int64_t> shape = state.global_shape(name);
+      const bool per_element =
+          !shape.empty() && shape == layout.front().placement.global_shape;
+      const std::string key =
+          std::string(kPluginPrefix) + "param." + std::to_string(index) + "." + field;
+      if (!per_element) {
+        own.tensors[key] = state.whole(name);
+        continue;
+      }
+      at::Tensor values = at::zeros_like(held[index], held[index].options().device(at::kCPU));
+      HeldLayout fields = layout;
+      for (auto& piece : fields) piece.name = piece.name + "." + field;
+      read_held_pieces(state, kOptimizerPrefix, fields, values);
+      own.tensors[key] = values;
+    }
+  }
+  plugin.load_state(optimizer, kPluginPrefix, own);
+}
+
+}  // namespace trainyard
