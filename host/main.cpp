@@ -17,6 +17,7 @@
 #include "compare.hpp"
 #include "doctor.hpp"
 #include "launch.hpp"
+#include "schedule_command.hpp"
 #include "trainyard/crash_report.hpp"
 #include "trainyard/engine.hpp"
 #include "trainyard/error.hpp"
@@ -45,6 +46,9 @@ commands:
                     a checkpoint's contents, step, sizes and checksum status
   checkpoint export PATH --format safetensors --out FILE
                     the model's weights as one file other tools read
+  schedule NAME --stages P --micro-batches M [--virtual-stages V]
+                    a pipeline schedule's timeline per rank and its idle share
+                    (gpipe, 1f1b, interleaved_1f1b, zero_bubble)
 
 Run 'trainyard <command> --help' for a command's options.
 Plugins are loaded from the install's plugin folder, TRAINYARD_PLUGIN_PATH (colon-separated),
@@ -141,6 +145,7 @@ int dispatch(int argc, char** argv, Registry& registry) {
   if (command == "doctor") return command_doctor(args, registry);
   if (command == "launch") return command_launch(args);
   if (command == "compare") return command_compare(args);
+  if (command == "schedule") return command_schedule(args);
   std::cerr << "trainyard: unknown command '" << command << "'\n" << kTopUsage;
   return kUsageError;
 }
