@@ -401,8 +401,8 @@ TEST_P(CommConformance, ReduceScatterSumsAndAveragesEachRanksChunk) {
       if (op == c10d::ReduceOp::AVG) expected /= world_size;
       c10d::ReduceScatterOptions options;
       options.reduceOp = op;
-      // Averaging is optional (Gloo has none), summing is not. A backend that refuses refuses
-      // on every rank, before anything is sent.
+      // Averaging is optional for a backend, summing is not. A backend that refuses to average
+      // refuses on every rank, before anything is sent.
       auto run = [&](const std::string& what, const auto& collective, const at::Tensor& result,
                      std::atomic<int>& refusals) {
         try {
