@@ -1,18 +1,31 @@
 // Strategy conformance, on the bundled mlp model, sgd optimizer, fp32 precision and cpu device:
 // training lowers the loss, accumulation equals one larger batch, eval leaves parameters alone,
 // state resumes bit for bit, full_parameters names the model's parameters, held_bytes measures
-// what the strategy holds, and steps mark their phases on the engine's clock.
+// what the strategy holds, and steps mark their phases on the engine's clock. A strategy that
+// takes part in multi-rank runs is also run on two ranks (threads of this process over the
+// bundled gloo communicator), where a step on two half-batches must equal one process's step on
+// the whole batch and the ranks must agree.
 
 #include <ATen/ATen.h>
+#include <ATen/CPUGeneratorImpl.h>
 #include <torch/utils.h>
 
+#include <chrono>
+#include <functional>
+#include <future>
+#include <map>
+#include <mutex>
+#include <optional>
 #include <set>
 
 #include "conformance.hpp"
+#include "test_support.hpp"
+#include "trainyard/communicator.hpp"
 #include "trainyard/device.hpp"
 #include "trainyard/model.hpp"
 #include "trainyard/optimizer.hpp"
 #include "trainyard/precision.hpp"
+#include "trainyard/process_mesh.hpp"
 #include "trainyard/step_phases.hpp"
 #include "trainyard/strategy.hpp"
 
@@ -23,6 +36,13 @@ using namespace trainyard;
 constexpr std::int64_t kBatch = 8;
 constexpr std::int64_t kClasses = 5;
 const std::vector<std::int64_t> kShape = {1, 6, 6};
+constexpr int kRanks = 2;
+using CommunicatorPtr = std::shared_ptr<Communicator>;
+
+std::string first_line(const std::exception& error) {
+  std::string message = error.what();
+  return message.substr(0, message.find('\n'));
+}
 
 class StrategyConformance : public ::testing::TestWithParam<std::string> {
  protected:
@@ -41,13 +61,27 @@ class StrategyConformance : public ::testing::TestWithParam<std::string> {
     return context;
   }
 
-  // A strategy set up on a freshly seeded mlp (the same initial parameters every time).
+  // A strategy set up on a freshly seeded mlp (the same initial parameters every time), in one
+  // process, or as one rank of `communicator`'s job.
   std::shared_ptr<Strategy> make(std::int64_t accumulation = 1, double momentum = 0.0,
-                                 PhaseClock* phases = nullptr) {
+                                 PhaseClock* phases = nullptr,
+                                 std::shared_ptr<Communicator> communicator = nullptr) {
     auto& registry = conformance::registry();
     StrategyContext context;
     context.build = build_context();
+    if (communicator) {
+      context.build.rank = communicator->rank();
+      context.build.world_size = communicator->world_size();
+      context.build.communicator = communicator;
+      context.build.mesh = std::make_shared<ProcessMesh>(*communicator);
+      context.communicator = communicator;
+    }
     context.make_model = [&registry](const BuildContext& build) {
+      // Ranks running as threads share the global generator: each draws its model right after
+      // seeding it, one at a time.
+      static std::mutex drawing;
+      std::lock_guard<std::mutex> lock(drawing);
+      torch::manual_seed(build_context().seed);
       auto options = std::make_shared<Table>();
       options->set("hidden", Value(Array{Value(16)}));
       return registry.create<Model>("mlp", conformance::section("model", options), build);
@@ -63,21 +97,75 @@ class StrategyConformance : public ::testing::TestWithParam<std::string> {
         registry.create<DeviceBackend>("cpu", conformance::section("device"), context.build);
     context.step.accumulation = accumulation;
     context.phases = phases;
-    auto strategy = registry.create<Strategy>(GetParam(), conformance::section("strategy"),
-                                              context.build);
-    torch::manual_seed(context.build.seed);
+    auto strategy =
+        registry.create<Strategy>(GetParam(), conformance::section("strategy"), context.build);
     strategy->setup(context);
     return strategy;
   }
 
+  // Runs `body(communicator)` for each of two ranks, on its own thread with a gloo communicator
+  // connected over loopback; the results in rank order.
+  template <class Result>
+  std::vector<Result> run_ranks(const std::function<Result(const CommunicatorPtr&)>& body) {
+    const int port = trainyard::testing::free_loopback_port();
+    std::vector<std::future<Result>> ranks;
+    for (int rank = 0; rank < kRanks; ++rank) {
+      ranks.push_back(std::async(std::launch::async, [rank, port, &body] {
+        std::shared_ptr<Communicator> communicator = conformance::registry().create<Communicator>(
+            "gloo", conformance::section("comm"), build_context());
+        Rendezvous meet;
+        meet.rank = rank;
+        meet.world_size = kRanks;
+        meet.local_rank = rank;
+        meet.local_world_size = kRanks;
+        meet.master_port = port;
+        meet.timeout = std::chrono::seconds(30);
+        communicator->connect(meet, c10::Device(c10::kCPU));
+        return body(communicator);
+      }));
+    }
+    std::vector<Result> out;
+    for (auto& rank : ranks) out.push_back(rank.get());
+    return out;
+  }
+
+  // Why this strategy is left out of the two-rank checks, nullopt when it takes part: found by
+  // setting it up on two ranks, where it must either refuse or split the data between them.
+  std::optional<std::string> why_not_multi_rank() {
+    if (!conformance::registry().contains("comm", "gloo")) {
+      return "the two-rank checks need the bundled comm 'gloo'";
+    }
+    static std::map<std::string, std::optional<std::string>> reasons;
+    auto known = reasons.find(GetParam());
+    if (known != reasons.end()) return known->second;
+    auto places = run_ranks<std::string>([&](const CommunicatorPtr& communicator) {
+      try {
+        const DataParallelPlace place = make(1, 0.0, nullptr, communicator)->data_parallel_place();
+        if (place.size == kRanks) return std::string();
+        return "on " + std::to_string(kRanks) + " ranks it reports a data-parallel size of " +
+               std::to_string(place.size) + ", so each rank would train alone";
+      } catch (const std::exception& error) {
+        return "its setup refuses " + std::to_string(kRanks) + " ranks: " + first_line(error);
+      }
+    });
+    std::optional<std::string> reason;
+    for (const auto& place : places) {
+      if (!place.empty())
+        reason = "strategy '" + GetParam() + "' takes no part in multi-rank runs: " + place;
+    }
+    reasons[GetParam()] = reason;
+    return reason;
+  }
+
+  // Drawn from its own generator, so ranks running as threads draw the same batches.
   static Batch make_batch(std::int64_t size, std::uint64_t seed) {
-    torch::manual_seed(seed);
+    at::Generator generator = at::detail::createCPUGenerator(seed);
     Batch batch;
     batch.size = size;
     std::vector<std::int64_t> shape = {size};
     shape.insert(shape.end(), kShape.begin(), kShape.end());
-    batch.tensors["input"] = torch::randn(shape);
-    batch.tensors["target"] = torch::randint(0, kClasses, {size}, torch::kLong);
+    batch.tensors["input"] = at::randn(shape, generator);
+    batch.tensors["target"] = at::randint(kClasses, {size}, generator, at::kLong);
     return batch;
   }
 
@@ -92,11 +180,13 @@ class StrategyConformance : public ::testing::TestWithParam<std::string> {
 
   static TensorMap snapshot(const Strategy& strategy) {
     TensorMap out;
-    for (const auto& [name, tensor] : strategy.full_parameters()) out[name] = tensor.detach().clone();
+    for (const auto& [name, tensor] : strategy.full_parameters())
+      out[name] = tensor.detach().clone();
     return out;
   }
 
-  static void expect_bitwise_equal(const TensorMap& a, const TensorMap& b, const std::string& what) {
+  static void expect_bitwise_equal(const TensorMap& a, const TensorMap& b,
+                                   const std::string& what) {
     ASSERT_EQ(a.size(), b.size()) << what;
     for (const auto& [name, tensor] : a) {
       auto it = b.find(name);
@@ -121,9 +211,9 @@ TEST_P(StrategyConformance, HeldBytesMeasureParametersGradientsAndOptimizerState
   const HeldBytes held = strategy->held_bytes();
   // One process holds every parameter, a gradient for each and SGD's momentum buffer for each;
   // flat buffers (buckets, padded shards) may add up to as much again.
-  for (const auto& [what, bytes] : {std::pair{"parameters", held.parameters},
-                                    std::pair{"gradients", held.gradients},
-                                    std::pair{"optimizer state", held.optimizer_state}}) {
+  for (const auto& [what, bytes] :
+       {std::pair{"parameters", held.parameters}, std::pair{"gradients", held.gradients},
+        std::pair{"optimizer state", held.optimizer_state}}) {
     EXPECT_GE(bytes, full) << what;
     EXPECT_LE(bytes, 2 * full) << what;
   }
@@ -257,7 +347,8 @@ TEST_P(StrategyConformance, FullParametersNameTheModelParameters) {
   auto options = std::make_shared<Table>();
   options->set("hidden", Value(Array{Value(16)}));
   torch::manual_seed(build_context().seed);
-  auto model = registry.create<Model>("mlp", conformance::section("model", options), build_context());
+  auto model =
+      registry.create<Model>("mlp", conformance::section("model", options), build_context());
   std::set<std::string> expected;
   auto model_params = model->module().named_parameters(true);
   for (const auto& item : model_params) expected.insert(item.key());
@@ -271,6 +362,133 @@ TEST_P(StrategyConformance, FullParametersNameTheModelParameters) {
     }
   }
   EXPECT_EQ(got, expected);
+}
+
+TEST_P(StrategyConformance, TwoRanksLowerTheLossOnFixedBatches) {
+  if (auto reason = why_not_multi_rank()) GTEST_SKIP() << *reason;
+  auto losses = run_ranks<std::pair<double, double>>([&](const CommunicatorPtr& communicator) {
+    auto strategy = make(1, 0.0, nullptr, communicator);
+    const Batch batch = make_batch(kBatch, 1 + static_cast<std::uint64_t>(communicator->rank()));
+    StepResult first = step(*strategy, batch);
+    EXPECT_EQ(first.samples, kBatch) << "samples of this rank's batch";
+    double last = first.loss.item<double>();
+    for (int i = 0; i < 15; ++i) last = step(*strategy, batch).loss.item<double>();
+    return std::pair{first.loss.item<double>(), last};
+  });
+  const double initial = (losses[0].first + losses[1].first) / 2;
+  const double last = (losses[0].second + losses[1].second) / 2;
+  EXPECT_TRUE(std::isfinite(initial));
+  EXPECT_LT(last, initial * 0.9) << "15 sgd steps at lr 0.1 on two ranks must lower their loss";
+}
+
+TEST_P(StrategyConformance, TwoRanksOnHalfBatchesMatchOneProcessOnTheWholeBatch) {
+  if (auto reason = why_not_multi_rank()) GTEST_SKIP() << *reason;
+  constexpr int kSteps = 3;
+  auto whole = make(1, /*momentum=*/0.9);
+  std::vector<double> whole_losses;
+  for (int i = 0; i < kSteps; ++i) {
+    whole_losses.push_back(
+        step(*whole, concat(make_batch(kBatch, 300 + i), make_batch(kBatch, 400 + i)))
+            .loss.item<double>());
+  }
+  const TensorMap expected = snapshot(*whole);
+
+  struct RankRun {
+    std::vector<double> losses;
+    TensorMap parameters;
+  };
+  auto runs = run_ranks<RankRun>([&](const CommunicatorPtr& communicator) {
+    auto strategy = make(1, 0.9, nullptr, communicator);
+    RankRun run;
+    for (int i = 0; i < kSteps; ++i) {
+      const std::uint64_t seed = (communicator->rank() == 0 ? 300 : 400) + i;
+      StepResult result = step(*strategy, make_batch(kBatch, seed));
+      EXPECT_EQ(result.samples, kBatch);
+      run.losses.push_back(result.loss.item<double>());
+    }
+    run.parameters = snapshot(*strategy);  // collective for a sharded strategy
+    return run;
+  });
+  for (int i = 0; i < kSteps; ++i) {
+    EXPECT_NEAR((runs[0].losses[i] + runs[1].losses[i]) / 2, whole_losses[i], 1e-5)
+        << "step " << i << ": the ranks' mean loss must be the whole batch's";
+  }
+  for (int rank = 0; rank < kRanks; ++rank) {
+    const TensorMap& got = runs[static_cast<std::size_t>(rank)].parameters;
+    ASSERT_EQ(got.size(), expected.size()) << "rank " << rank;
+    for (const auto& [name, tensor] : expected) {
+      ASSERT_TRUE(got.count(name)) << "rank " << rank << ": '" << name << "'";
+      EXPECT_TRUE(torch::allclose(got.at(name).cpu(), tensor.cpu(), 1.3e-6, 1e-5))
+          << "rank " << rank << ": '" << name << "' max diff "
+          << (got.at(name).cpu() - tensor.cpu()).abs().max().item<double>();
+    }
+  }
+  expect_bitwise_equal(runs[0].parameters, runs[1].parameters,
+                       "full_parameters of rank 1 against rank 0");
+}
+
+TEST_P(StrategyConformance, TwoRankEvalStepLeavesParametersUnchanged) {
+  if (auto reason = why_not_multi_rank()) GTEST_SKIP() << *reason;
+  run_ranks<bool>([&](const CommunicatorPtr& communicator) {
+    const int rank = communicator->rank();
+    const std::string label = "rank " + std::to_string(rank);
+    auto evaluated = make(1, 0.0, nullptr, communicator);
+    auto reference = make(1, 0.0, nullptr, communicator);
+    const Batch first = make_batch(kBatch, 10 + static_cast<std::uint64_t>(rank));
+    step(*evaluated, first);
+    step(*reference, first);
+    TensorMap before = snapshot(*evaluated);
+    EvalResult result =
+        evaluated->eval_step(make_batch(kBatch, 20 + static_cast<std::uint64_t>(rank)));
+    expect_bitwise_equal(before, snapshot(*evaluated), label + ": after eval_step");
+    EXPECT_EQ(result.samples, kBatch) << label;
+    if (result.loss_sum.defined()) {
+      EXPECT_TRUE(std::isfinite(result.loss_sum.item<double>())) << label;
+    } else {
+      ADD_FAILURE() << label << ": no eval loss";
+    }
+    // Training after an evaluation is the same as training without one.
+    const Batch next = make_batch(kBatch, 30 + static_cast<std::uint64_t>(rank));
+    step(*evaluated, next);
+    step(*reference, next);
+    expect_bitwise_equal(snapshot(*evaluated), snapshot(*reference), label + ": train after eval");
+    return true;
+  });
+}
+
+TEST_P(StrategyConformance, TwoRankStateRoundTripResumesBitForBit) {
+  if (auto reason = why_not_multi_rank()) GTEST_SKIP() << *reason;
+  // As in a checkpoint: every rank loads rank 0's shared entries and its own local ones.
+  std::promise<StateDict> rank0_shared;
+  std::shared_future<StateDict> shared = rank0_shared.get_future().share();
+  run_ranks<bool>([&](const CommunicatorPtr& communicator) {
+    const int rank = communicator->rank();
+    const std::string label = "rank " + std::to_string(rank);
+    auto seed = [rank](std::uint64_t base) { return base + 10 * static_cast<std::uint64_t>(rank); };
+    auto original = make(1, /*momentum=*/0.9, nullptr, communicator);
+    for (int i = 0; i < 3; ++i) step(*original, make_batch(kBatch, seed(100 + i)));
+    CheckpointState saved;
+    original->save_state(saved);
+    if (rank == 0) rank0_shared.set_value(saved.shared);
+
+    // A strategy with other parameters and optimizer state: the loaded state must replace them.
+    auto resumed = make(1, 0.9, nullptr, communicator);
+    step(*resumed, make_batch(kBatch, seed(900)));
+    CheckpointState loaded;
+    loaded.shared = shared.get();
+    loaded.local = saved.local;
+    resumed->load_state(loaded);
+    expect_bitwise_equal(snapshot(*original), snapshot(*resumed), label + ": after load_state");
+
+    for (int i = 0; i < 2; ++i) {
+      const Batch batch = make_batch(kBatch, seed(500 + i));
+      StepResult a = step(*original, batch);
+      StepResult b = step(*resumed, batch);
+      EXPECT_EQ(a.loss.item<double>(), b.loss.item<double>()) << label << ", step " << i;
+    }
+    expect_bitwise_equal(snapshot(*original), snapshot(*resumed), label + ": after resumed steps");
+    return true;
+  });
 }
 
 }  // namespace
