@@ -11,6 +11,7 @@
 #include <future>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -21,6 +22,7 @@
 #include "trainyard/model.hpp"
 #include "trainyard/optimizer.hpp"
 #include "trainyard/precision.hpp"
+#include "trainyard/process_mesh.hpp"
 #include "trainyard/recipe.hpp"
 #include "trainyard/strategy.hpp"
 
@@ -59,6 +61,9 @@ struct HarnessOptions {
   int rank = 0;
   int world_size = 1;
   int port = 0;
+  // The device mesh the ranks form ([parallel]); unset: a data-parallel mesh over all of them,
+  // as a strategy builds from the communicator alone.
+  std::optional<MeshRequest> mesh;
 
   // This options object for rank `rank_of_world` of `ranks` meeting at `store_port`.
   HarnessOptions& as_rank(int rank_of_world, int ranks, int store_port) {
@@ -87,7 +92,6 @@ struct StepHarness {
     context.precision = precision;
     context.device_backend =
         registry.create<DeviceBackend>("cpu", options_section("device", ""), build);
-    context.build = build;
     context.step = options.step;
     if (options.world_size > 1) {
       context.communicator =
@@ -100,7 +104,14 @@ struct StepHarness {
       meet.master_port = options.port;
       meet.timeout = std::chrono::seconds(120);
       context.communicator->connect(meet, c10::Device(c10::kCPU));
+      build.communicator = context.communicator;
+      // Built collectively, as the engine builds the run's mesh before any strategy.
+      if (options.mesh) {
+        build.mesh = std::make_shared<ProcessMesh>(
+            MeshLayout::resolve(*options.mesh, options.world_size), *context.communicator);
+      }
     }
+    context.build = build;
     const Config model_section = options_section("model", options.model_options);
     const std::string model = options.model;
     // Parameters are drawn from the global generator: ranks running as threads draw one model
