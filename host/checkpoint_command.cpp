@@ -15,6 +15,7 @@
 #include "trainyard/checkpoint_store.hpp"
 #include "trainyard/error.hpp"
 #include "trainyard/files.hpp"
+#include "trainyard/placed_state.hpp"
 #include "trainyard/version.hpp"
 
 namespace po = boost::program_options;
@@ -28,10 +29,9 @@ constexpr const char* kCheckpointUsage = R"(usage: trainyard checkpoint inspect 
 
 inspect   the checkpoint's step, backend, files with sizes and checksum status, and every
           tensor's dtype and shape; exits 1 when any file fails verification
-export    the model's weights (entries 'model.*', prefix removed) as one file; the parameters
-          of a sharded (fsdp) checkpoint are gathered from every rank's file into whole
-          tensors; --all exports every shared entry (optimizer state included) under its full
-          name)";
+export    the model's weights (entries 'model.*', prefix removed) as one file, each tensor
+          assembled whole from the pieces every rank's file holds, whatever the layout that
+          wrote it; --all exports every entry (optimizer state included) under its full name)";
 
 std::shared_ptr<CheckpointBackend> backend_named(const std::string& name, Registry& registry,
                                                  const fs::path& checkpoint) {
@@ -110,69 +110,29 @@ int inspect(const fs::path& checkpoint, Registry& registry) {
   return 0;
 }
 
-std::vector<std::string> split(const std::string& text, char separator) {
-  std::vector<std::string> parts;
-  std::string part;
-  std::istringstream in(text);
-  while (std::getline(in, part, separator)) parts.push_back(part);
-  return parts;
-}
-
-// The parameters of a sharded fsdp checkpoint, put back together: each rank file holds per unit
-// one flat shard ('fsdp.shard.<unit>'), laid out as the shared 'fsdp.layout' metadata says
-// ("ranks=R;<unit>:<numel>[<name>@<d0>x<d1>,...];..."). Empty for other checkpoints.
-TensorMap consolidate_shards(const fs::path& checkpoint, const CheckpointManifest& manifest,
-                             const CheckpointBackend& reader, const StateDict& shared) {
-  TensorMap out;
-  auto layout = shared.metadata.find("fsdp.layout");
-  if (layout == shared.metadata.end()) return out;
-  auto kind = shared.metadata.find("fsdp.state_dict");
-  if (kind != shared.metadata.end() && kind->second == "full") return out;  // 'model.*' already
-  auto bad = [&](const std::string& why) {
-    return Error("checkpoint " + checkpoint.string() + ": fsdp layout '" + layout->second +
-                 "' " + why);
-  };
-  std::vector<std::string> units = split(layout->second, ';');
-  if (units.empty() || units[0].rfind("ranks=", 0) != 0) throw bad("does not start with ranks=");
-  const int ranks = std::stoi(units[0].substr(6));
-  std::vector<StateDict> files;
+// The checkpoint's entries as placed pieces: the shared file, and every rank file's pieces of
+// whole tensors (a rank's private entries, such as its random streams, are left out).
+CheckpointState placed_entries(const fs::path& checkpoint, const CheckpointManifest& manifest,
+                               const CheckpointBackend& reader, StateDict& shared) {
+  CheckpointState state;
+  int rank = 0;
   for (const auto& file : manifest.files) {
-    if (file.name.rfind("rank-", 0) == 0 && static_cast<int>(files.size()) < ranks) {
-      files.push_back(reader.read(checkpoint / file.name));
+    if (file.name.rfind("shared", 0) == 0) {
+      shared = reader.read(checkpoint / file.name);
+      continue;
     }
-  }
-  if (static_cast<int>(files.size()) != ranks) {
-    throw bad("needs " + std::to_string(ranks) + " rank files, the checkpoint has " +
-              std::to_string(files.size()));
-  }
-  for (std::size_t u = 1; u < units.size(); ++u) {
-    const std::string& unit = units[u];
-    const auto open = unit.find('[');
-    if (open == std::string::npos || unit.back() != ']') throw bad("has a malformed unit");
-    const std::string key = "fsdp.shard." + std::to_string(u - 1);
-    std::vector<at::Tensor> parts;
-    for (const auto& file : files) {
-      auto part = file.tensors.find(key);
-      if (part == file.tensors.end()) throw bad("names a shard the rank files lack: " + key);
-      parts.push_back(part->second.reshape({-1}));
+    if (file.name.rfind("rank-", 0) != 0) continue;
+    StateDict own = reader.read(checkpoint / file.name);
+    for (auto& [name, tensor] : own.tensors) {
+      auto placement = own.metadata.find(placement_key(name));
+      if (placement == own.metadata.end()) continue;
+      state.local.tensors[saved_rank_key(rank, name)] = tensor;
+      state.local.metadata[saved_rank_key(rank, placement_key(name))] = placement->second;
     }
-    at::Tensor flat = at::cat(parts);
-    std::int64_t offset = 0;
-    for (const std::string& parameter : split(unit.substr(open + 1, unit.size() - open - 2), ',')) {
-      const auto at_sign = parameter.find('@');
-      if (at_sign == std::string::npos) throw bad("has a parameter without a shape");
-      std::vector<std::int64_t> shape;
-      std::int64_t numel = 1;
-      for (const std::string& size : split(parameter.substr(at_sign + 1), 'x')) {
-        shape.push_back(std::stoll(size));
-        numel *= shape.back();
-      }
-      if (offset + numel > flat.numel()) throw bad("describes more values than the shards hold");
-      out[parameter.substr(0, at_sign)] = flat.narrow(0, offset, numel).reshape(shape).clone();
-      offset += numel;
-    }
+    ++rank;
   }
-  return out;
+  state.shared = shared;
+  return state;
 }
 
 int export_weights(const fs::path& checkpoint, const std::string& format, const fs::path& out,
@@ -185,20 +145,11 @@ int export_weights(const fs::path& checkpoint, const std::string& format, const 
   auto reader = backend_named(manifest.backend, registry, checkpoint);
   auto writer = backend_named(format, registry, checkpoint);
   StateDict shared;
-  for (const auto& file : manifest.files) {
-    if (file.name.rfind("shared", 0) == 0) shared = reader->read(checkpoint / file.name);
-  }
+  const PlacedState placed(placed_entries(checkpoint, manifest, *reader, shared));
   StateDict exported;
   const std::string prefix = "model.";
-  for (const auto& [name, tensor] : shared.tensors) {
-    if (everything) {
-      exported.tensors[name] = tensor;
-    } else if (name.rfind(prefix, 0) == 0) {
-      exported.tensors[name.substr(prefix.size())] = tensor;
-    }
-  }
-  for (auto& [name, tensor] : consolidate_shards(checkpoint, manifest, *reader, shared)) {
-    exported.tensors[everything ? prefix + name : name] = tensor;
+  for (const std::string& name : placed.names(everything ? "" : prefix)) {
+    exported.tensors[everything ? name : name.substr(prefix.size())] = placed.whole(name);
   }
   if (exported.tensors.empty()) {
     throw Error("checkpoint " + checkpoint.string() + " holds no model weights ('model.*' entries)");

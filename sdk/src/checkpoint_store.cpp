@@ -361,7 +361,7 @@ void verify_checkpoint(const fs::path& checkpoint, const CheckpointManifest& man
   }
 }
 
-CheckpointState CheckpointStore::load(const fs::path& checkpoint) const {
+CheckpointState CheckpointStore::load(const fs::path& checkpoint, bool every_rank) const {
   CheckpointManifest manifest = read_manifest(checkpoint);
   if (manifest.backend != backend_name_) {
     throw Error("checkpoint " + checkpoint.string() + " was written by the '" + manifest.backend +
@@ -372,10 +372,11 @@ CheckpointState CheckpointStore::load(const fs::path& checkpoint) const {
   state.shared = backend_->read(checkpoint / ("shared" + backend_->extension()));
   if (manifest.world_size == peers_.world_size) {
     state.local = backend_->read(checkpoint / (rank_file_stem(peers_.rank) + backend_->extension()));
-    return state;
+    if (!every_rank) return state;
+  } else {
+    // Written by another number of ranks: every rank's own entries, for the caller to reshard.
+    state.shared.metadata[kSavedWorldSizeKey] = std::to_string(manifest.world_size);
   }
-  // Written by another number of ranks: every rank's own entries, for the caller to reshard.
-  state.shared.metadata[kSavedWorldSizeKey] = std::to_string(manifest.world_size);
   for (int rank = 0; rank < manifest.world_size; ++rank) {
     StateDict local = backend_->read(checkpoint / (rank_file_stem(rank) + backend_->extension()));
     for (auto& [name, tensor] : local.tensors) {

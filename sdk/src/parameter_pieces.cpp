@@ -37,12 +37,9 @@ std::vector<at::Tensor> held_tensors(const torch::optim::Optimizer& optimizer,
   return held;
 }
 
-// The piece's values, shaped as its placement needs (a box keeps the held tensor's shape).
-at::Tensor piece_values(const at::Tensor& flat_held, const at::Tensor& held,
-                        const ParameterPiece& piece) {
-  at::Tensor run = flat_held.narrow(0, piece.offset, piece.length);
-  if (piece.placement.flat_offset >= 0) return run.clone();
-  return run.view(held.sizes()).clone();
+// The piece's values in its own shape.
+at::Tensor piece_values(const at::Tensor& flat_held, const ParameterPiece& piece) {
+  return flat_held.narrow(0, piece.offset, piece.length).view(piece.shape).clone();
 }
 
 // "held.param.<i>.<field>" -> (i, field).
@@ -55,14 +52,15 @@ std::pair<std::size_t, std::string> split_plugin_key(const std::string& key) {
 }  // namespace
 
 HeldLayout whole_parameter_layout(const std::string& name, const std::vector<std::int64_t>& shape) {
-  return {ParameterPiece{name, 0, element_count(shape), TensorPlacement::whole(shape)}};
+  return {ParameterPiece{name, 0, element_count(shape), TensorPlacement::whole(shape), shape}};
 }
 
 HeldLayout parameter_box_layout(const std::string& name,
                                 const std::vector<std::int64_t>& global_shape,
                                 const std::vector<std::int64_t>& offsets,
                                 const std::vector<std::int64_t>& shape) {
-  return {ParameterPiece{name, 0, element_count(shape), TensorPlacement::box(global_shape, offsets)}};
+  return {ParameterPiece{name, 0, element_count(shape), TensorPlacement::box(global_shape, offsets),
+                         shape}};
 }
 
 HeldLayout flat_shard_layout(const std::vector<std::string>& names,
@@ -74,9 +72,12 @@ HeldLayout flat_shard_layout(const std::vector<std::string>& names,
     const std::int64_t size = element_count(shapes[i]);
     const std::int64_t from = std::max(begin, start);
     const std::int64_t to = std::min(begin + count, start + size);
-    if (from < to) {
+    if (from < to && to - from == size) {
+      layout.push_back(
+          ParameterPiece{names[i], from - begin, size, TensorPlacement::whole(shapes[i]), shapes[i]});
+    } else if (from < to) {
       layout.push_back(ParameterPiece{names[i], from - begin, to - from,
-                                      TensorPlacement::flat(shapes[i], from - start)});
+                                      TensorPlacement::flat(shapes[i], from - start), {to - from}});
     }
     start += size;
   }
@@ -89,7 +90,7 @@ void put_held_pieces(StateDict& out, const std::string& prefix, const torch::Ten
   for (const ParameterPiece& piece : layout) {
     TensorPlacement placement = piece.placement;
     placement.replicas = replicas;
-    put_piece(out, prefix + piece.name, piece_values(flat, held, piece), placement);
+    put_piece(out, prefix + piece.name, piece_values(flat, piece), placement);
   }
 }
 
@@ -98,15 +99,14 @@ void read_held_pieces(const PlacedState& state, const std::string& prefix, const
   at::Tensor values = at::zeros({held.numel()}, held.options().device(at::kCPU));
   for (const ParameterPiece& piece : layout) {
     const std::string name = prefix + piece.name;
+    if (state.global_shape(name) != piece.placement.global_shape) {
+      throw Error("checkpoint's '" + name + "' has another shape than this model's");
+    }
     at::Tensor part;
     if (piece.placement.flat_offset >= 0) {
       part = state.flat_range(name, piece.placement.flat_offset, piece.length);
     } else {
-      part = state.box(name, piece.placement.offsets, held.sizes().vec());
-    }
-    const std::vector<std::int64_t> saved = state.global_shape(name);
-    if (saved != piece.placement.global_shape) {
-      throw Error("checkpoint's '" + name + "' has another shape than this model's");
+      part = state.box(name, piece.placement.offsets, piece.shape);
     }
     values.narrow(0, piece.offset, piece.length).copy_(part.reshape({-1}).to(values.dtype()));
   }
@@ -114,34 +114,57 @@ void read_held_pieces(const PlacedState& state, const std::string& prefix, const
   held.copy_(values.view(held.sizes()));
 }
 
-void save_optimizer_pieces(const Optimizer& plugin, const torch::optim::Optimizer& optimizer,
-                           const std::vector<HeldLayout>& layouts, StateDict& pieces,
-                           StateDict& whole, const std::string& replicas) {
-  const std::vector<at::Tensor> held = held_tensors(optimizer, layouts.size());
+OptimizerFields optimizer_fields(const Optimizer& plugin,
+                                 const torch::optim::Optimizer& optimizer) {
+  std::size_t held = 0;
+  for (const auto& group : optimizer.param_groups()) held += group.params().size();
+  OptimizerFields fields(held);
   StateDict own;
   plugin.save_state(optimizer, kPluginPrefix, own);
   for (const auto& [key, value] : own.tensors) {
     const auto [index, field] = split_plugin_key(key);
-    if (index >= layouts.size()) {
+    if (index >= held) {
       throw Error("optimizer state for parameter " + std::to_string(index) + " of " +
-                  std::to_string(layouts.size()));
+                  std::to_string(held));
     }
-    const HeldLayout& layout = layouts[index];
-    const bool per_element = value.dim() > 0 && value.numel() == held[index].numel();
-    for (const ParameterPiece& piece : layout) {
-      const std::string name = kOptimizerPrefix + piece.name + "." + field;
-      if (per_element) {
+    fields[index][field] = value;
+  }
+  return fields;
+}
+
+void put_optimizer_pieces(const OptimizerFields& fields,
+                          const std::vector<std::int64_t>& held_numels,
+                          const std::vector<HeldLayout>& layouts, StateDict& pieces,
+                          StateDict& whole, const std::string& replicas) {
+  if (fields.size() != layouts.size() || held_numels.size() != layouts.size()) {
+    throw Error("optimizer state of " + std::to_string(fields.size()) + " tensors, a layout of " +
+                std::to_string(layouts.size()));
+  }
+  for (std::size_t index = 0; index < layouts.size(); ++index) {
+    for (const auto& [field, value] : fields[index]) {
+      const bool per_element = value.dim() > 0 && value.numel() == held_numels[index];
+      const at::Tensor flat = value.reshape({-1});
+      for (const ParameterPiece& piece : layouts[index]) {
+        const std::string name = kOptimizerPrefix + piece.name + "." + field;
+        if (!per_element) {
+          whole.tensors[name] = value.clone();
+          continue;
+        }
         TensorPlacement placement = piece.placement;
         placement.replicas = replicas;
-        const at::Tensor flat = value.reshape({-1});
-        at::Tensor run = flat.narrow(0, piece.offset, piece.length);
-        if (placement.flat_offset < 0) run = run.view(value.sizes());
-        put_piece(pieces, name, run.clone(), placement);
-      } else {
-        whole.tensors[name] = value.clone();
+        put_piece(pieces, name, piece_values(flat, piece), placement);
       }
     }
   }
+}
+
+void save_optimizer_pieces(const Optimizer& plugin, const torch::optim::Optimizer& optimizer,
+                           const std::vector<HeldLayout>& layouts, StateDict& pieces,
+                           StateDict& whole, const std::string& replicas) {
+  std::vector<std::int64_t> numels;
+  for (const auto& tensor : held_tensors(optimizer, layouts.size())) numels.push_back(tensor.numel());
+  put_optimizer_pieces(optimizer_fields(plugin, optimizer), numels, layouts, pieces, whole,
+                       replicas);
 }
 
 void load_optimizer_pieces(const Optimizer& plugin, torch::optim::Optimizer& optimizer,
@@ -173,6 +196,54 @@ void load_optimizer_pieces(const Optimizer& plugin, torch::optim::Optimizer& opt
     }
   }
   plugin.load_state(optimizer, kPluginPrefix, own);
+}
+
+namespace {
+
+std::vector<HeldLayout> whole_layouts_of(const torch::nn::Module& module) {
+  std::vector<HeldLayout> layouts;
+  for (const auto& item : module.named_parameters(true)) {
+    layouts.push_back(whole_parameter_layout(item.key(), item.value().sizes().vec()));
+  }
+  return layouts;
+}
+
+}  // namespace
+
+void save_whole_module_state(const torch::nn::Module& module, const Optimizer& plugin,
+                             const torch::optim::Optimizer* optimizer, StateDict& shared) {
+  for (const auto& item : module.named_parameters(true)) {
+    shared.tensors[kModelPrefix + item.key()] = item.value().detach().clone();
+  }
+  for (const auto& item : module.named_buffers(true)) {
+    shared.tensors[kModelPrefix + item.key()] = item.value().detach().clone();
+  }
+  if (optimizer) save_optimizer_pieces(plugin, *optimizer, whole_layouts_of(module), shared, shared);
+}
+
+void load_whole_module_state(torch::nn::Module& module, const Optimizer& plugin,
+                             torch::optim::Optimizer* optimizer, const PlacedState& state) {
+  const std::vector<HeldLayout> layouts = whole_layouts_of(module);
+  std::size_t index = 0;
+  for (const auto& item : module.named_parameters(true)) {
+    read_held_pieces(state, kModelPrefix, layouts[index++], item.value());
+  }
+  for (const auto& item : module.named_buffers(true)) {
+    read_held_pieces(state, kModelPrefix,
+                     whole_parameter_layout(item.key(), item.value().sizes().vec()), item.value());
+  }
+  if (optimizer) load_optimizer_pieces(plugin, *optimizer, layouts, state);
+}
+
+void mark_pieces_format(StateDict& shared) { shared.metadata[kPiecesFormatKey] = "1"; }
+
+void require_pieces_format(const CheckpointState& state) {
+  auto it = state.shared.metadata.find(kPiecesFormatKey);
+  if (it == state.shared.metadata.end() || it->second != "1") {
+    throw Error(
+        "the checkpoint keeps parameters and optimizer state in an earlier format, without "
+        "placed pieces; resume it with the trainyard version that wrote it");
+  }
 }
 
 }  // namespace trainyard

@@ -427,3 +427,53 @@ TEST(FsdpCheckpoint, ConsolidatedSaveHoldsWholeTensorsAndResumesOnOtherRanks) {
 
 }  // namespace
 }  // namespace trainyard::testing
+
+namespace trainyard::testing {
+namespace {
+
+// A run of `strategy` on `ranks` ranks (global batch 32), with extra settings.
+CommandResult run_strategy(const std::string& strategy, int ranks, const fs::path& recipe,
+                           const fs::path& out, std::vector<std::string> extra) {
+  const std::string plugin = strategy == "zero1" ? "ddp" : strategy;
+  extra.insert(extra.begin(), {"--set", "strategy.plugin=" + plugin, "--set",
+                               "loader.batch_size=" + std::to_string(32 / ranks)});
+  if (strategy == "zero1") extra.insert(extra.end(), {"--set", "strategy.zero1=true"});
+  return ranks == 1 ? run_one(recipe, out, extra) : launch(ranks, recipe, out, extra);
+}
+
+// Checkpoints hold placed pieces of the whole model's tensors, so one written by any strategy
+// on any number of ranks resumes under any other: parameters, AdamW moments and step counters
+// carry over, and the next steps match the uninterrupted run.
+TEST(CrossStrategyCheckpoint, FsdpOnFourRanksResumesOnDdpAndSingleAndBack) {
+  TempDir dir;
+  auto recipe = dir.write("recipe.toml", cnn_recipe() + kCheckpointSection);
+  auto whole = run_strategy("fsdp", 4, recipe, dir / "whole", {});
+  ASSERT_EQ(whole.exit_code, 0) << describe(whole);
+  struct Move {
+    std::string from;
+    int from_ranks;
+    std::string to;
+    int to_ranks;
+  };
+  for (const Move& move : {Move{"fsdp", 4, "ddp", 2}, Move{"fsdp", 4, "single", 1},
+                           Move{"ddp", 2, "fsdp", 4}, Move{"single", 1, "fsdp", 4},
+                           Move{"zero1", 2, "fsdp", 4}, Move{"fsdp", 4, "zero1", 2}}) {
+    const std::string name = move.from + std::to_string(move.from_ranks) + "-" + move.to +
+                             std::to_string(move.to_ranks);
+    SCOPED_TRACE(name);
+    auto saved = run_strategy(move.from, move.from_ranks, recipe, dir / (name + "-saved"),
+                              {"--set", "run.max_steps=3"});
+    ASSERT_EQ(saved.exit_code, 0) << describe(saved);
+    const fs::path checkpoint = dir / (name + "-saved") / "checkpoints" / "step-000000003";
+    auto resumed = run_strategy(
+        move.to, move.to_ranks, recipe, dir / name,
+        {"--set", "checkpoint.dir=" + (dir / (name + "-checkpoints")).string(), "--resume",
+         checkpoint.string()});
+    ASSERT_EQ(resumed.exit_code, 0) << describe(resumed);
+    EXPECT_HAS(resumed.err, "at step 3");
+    expect_same_model(dir / "whole" / "final.pt", dir / name / "final.pt");
+  }
+}
+
+}  // namespace
+}  // namespace trainyard::testing

@@ -12,15 +12,14 @@
 
 #include "sync_batch_norm.hpp"
 #include "trainyard/activation_checkpoint.hpp"
-#include "trainyard/checkpoint_store.hpp"
 #include "trainyard/distributed.hpp"
 #include "trainyard/error.hpp"
 #include "trainyard/gradient_reducer.hpp"
 #include "trainyard/gradients.hpp"
 #include "trainyard/micro_batch.hpp"
 #include "trainyard/model.hpp"
-#include "trainyard/module_state.hpp"
 #include "trainyard/optimizer.hpp"
+#include "trainyard/parameter_pieces.hpp"
 #include "trainyard/plugin.hpp"
 #include "trainyard/precision.hpp"
 #include "trainyard/process_mesh.hpp"
@@ -77,10 +76,9 @@ class Ddp final : public Strategy {
     model_->module().to(context.build.device);
     model_->module().train();
     blocks_ = model_->blocks();
-    std::vector<std::string> names;
     for (const auto& item : model_->module().named_parameters(true)) {
       parameters_.push_back(item.value());
-      names.push_back(item.key());
+      names_.push_back(item.key());
     }
     for (const auto& item : model_->module().named_buffers(true)) buffers_.push_back(item.value());
     optimizer_ = context.optimizer->create(parameters_);
@@ -103,14 +101,13 @@ class Ddp final : public Strategy {
     // order on every rank; gradients still reach the reducer's hooks through the graph.
     blocks_ = with_activation_checkpointing(blocks_, context.step.activation_checkpointing);
     std::vector<at::Tensor> trainable;
-    std::vector<std::string> trainable_names;
     for (std::size_t i = 0; i < parameters_.size(); ++i) {
       if (!parameters_[i].requires_grad()) continue;
       trainable.push_back(parameters_[i]);
-      trainable_names.push_back(names[i]);
+      trainable_names_.push_back(names_[i]);
     }
     reducer_ =
-        std::make_unique<GradientReducer>(trainable, trainable_names, group_, options_.reducer);
+        std::make_unique<GradientReducer>(trainable, trainable_names_, group_, options_.reducer);
     if (options_.zero1) {
       optimizer_.reset();  // replaced by the sharded state's optimizer over this rank's slice
       zero1_ = std::make_unique<ShardedOptimizerState>(trainable, group_, *context.optimizer);
@@ -180,40 +177,27 @@ class Ddp final : public Strategy {
 
   DataParallelPlace data_parallel_place() const override { return place_; }
 
+  // Parameters, buffers and (unless zero1 shards it) optimizer state are the same on every rank
+  // and written once, whole; zero1's optimizer state is each rank's flat slice. Every entry is
+  // a placed piece of the whole model's, so any strategy on any layout can resume from it.
   void save_state(CheckpointState& out) const override {
-    save_module_state(model_->module(), "model.", out.shared);
+    mark_pieces_format(out.shared);
+    save_whole_module_state(model_->module(), *context_.optimizer, optimizer_.get(), out.shared);
     if (zero1_) {
-      // Each rank's optimizer state covers its slice only.
-      out.shared.metadata["ddp.zero1_ranks"] = std::to_string(place_.size);
-      out.local.tensors["zero1.master"] = zero1_->master().detach().clone();
-      context_.optimizer->save_state(zero1_->optimizer(), "zero1.optimizer.", out.local);
-      return;
+      save_optimizer_pieces(*context_.optimizer, zero1_->optimizer(), {zero1_layout()}, out.local,
+                            out.local);
     }
-    context_.optimizer->save_state(*optimizer_, "optimizer.", out.shared);
   }
 
   void load_state(const CheckpointState& in) override {
     settle_buffer_broadcast();  // so that a broadcast in flight cannot overwrite what is loaded
-    auto zero1_ranks = in.shared.metadata.find("ddp.zero1_ranks");
-    const bool saved_zero1 = zero1_ranks != in.shared.metadata.end();
-    if (saved_zero1 != static_cast<bool>(zero1_) ||
-        (zero1_ && (zero1_ranks->second != std::to_string(place_.size) ||
-                    in.shared.metadata.count(kSavedWorldSizeKey)))) {
-      throw Error(
-          std::string("ddp: the checkpoint's optimizer state was ") +
-          (saved_zero1 ? "sharded over " + zero1_ranks->second + " ranks (zero1)" : "saved whole") +
-          "; resume it with the same zero1 setting" + (saved_zero1 ? " on as many ranks" : ""));
-    }
-    load_module_state(model_->module(), "model.", in.shared);
+    require_pieces_format(in);
+    const PlacedState placed(in);
+    load_whole_module_state(model_->module(), *context_.optimizer, optimizer_.get(), placed);
     if (zero1_) {
-      auto master = in.local.tensors.find("zero1.master");
-      if (master == in.local.tensors.end()) throw Error("checkpoint lacks 'zero1.master'");
-      at::NoGradGuard no_grad;
-      zero1_->master().detach().copy_(master->second);
-      context_.optimizer->load_state(zero1_->optimizer(), "zero1.optimizer.", in.local);
-      return;
+      read_held_pieces(placed, "model.", zero1_layout(), zero1_->master());
+      load_optimizer_pieces(*context_.optimizer, zero1_->optimizer(), {zero1_layout()}, placed);
     }
-    context_.optimizer->load_state(*optimizer_, "optimizer.", in.shared);
   }
 
   TensorMap full_parameters() const override {
@@ -236,6 +220,16 @@ class Ddp final : public Strategy {
   }
 
  private:
+  // zero1's master: this rank's slice of the trainable parameters flattened in order.
+  HeldLayout zero1_layout() const {
+    std::vector<std::vector<std::int64_t>> shapes;
+    for (const auto& parameter : parameters_) {
+      if (parameter.requires_grad()) shapes.push_back(parameter.sizes().vec());
+    }
+    const std::int64_t slice = zero1_->master().numel();
+    return flat_shard_layout(trainable_names_, shapes, place_.rank * slice, slice);
+  }
+
   // A broadcast from rank 0 in flight: the message and the tensors it lands in.
   struct PendingBroadcast {
     at::Tensor message;
@@ -324,6 +318,8 @@ class Ddp final : public Strategy {
   std::shared_ptr<Model> model_;
   std::vector<Block> blocks_;
   std::vector<torch::Tensor> parameters_;
+  std::vector<std::string> names_;
+  std::vector<std::string> trainable_names_;
   std::vector<torch::Tensor> buffers_;
   std::unique_ptr<torch::optim::Optimizer> optimizer_;
   std::optional<torch::ScalarType> autocast_dtype_;

@@ -10,11 +10,9 @@
 #include <torch/optim/optimizer.h>
 
 #include <map>
-#include <sstream>
 #include <utility>
 
 #include "trainyard/activation_checkpoint.hpp"
-#include "trainyard/checkpoint_store.hpp"
 #include "trainyard/distributed.hpp"
 #include "trainyard/error.hpp"
 #include "trainyard/gradients.hpp"
@@ -22,6 +20,7 @@
 #include "trainyard/model.hpp"
 #include "trainyard/module_state.hpp"
 #include "trainyard/optimizer.hpp"
+#include "trainyard/parameter_pieces.hpp"
 #include "trainyard/plugin.hpp"
 #include "trainyard/precision.hpp"
 #include "trainyard/process_mesh.hpp"
@@ -40,8 +39,6 @@ UnitSharding parse_sharding(const Config& config) {
   if (value == "none") return UnitSharding::kNone;
   config.fail("sharding", "is '" + value + "'; expected \"full\", \"grad_op\" or \"none\"");
 }
-
-constexpr const char* kOptimizerPrefix = "fsdp.optimizer.";
 
 // "auto", "float32", "bfloat16" or "float16".
 std::string parse_dtype_name(const Config& config, const std::string& key) {
@@ -185,159 +182,61 @@ class Fsdp final : public Strategy {
 
   DataParallelPlace data_parallel_place() const override { return place_; }
 
-  // Sharded (each rank its shards, in its own file) or, with state_dict = "full", consolidated:
-  // whole parameters and whole flat optimizer state in the shared file, gathered collectively
-  // (every rank calls save_state).
+  // Each rank writes its shards and their optimizer state as placed pieces of the whole
+  // parameters; with state_dict = "full" (or replicated units) the shards are gathered and written
+  // once, whole. Collective when gathering: every rank calls save_state. Either loads into any
+  // strategy on any layout.
   void save_state(CheckpointState& out) const override {
+    mark_pieces_format(out.shared);
     for (std::size_t i = 0; i < buffers_.size(); ++i) {
       out.shared.tensors["model." + buffer_names_[i]] = buffers_[i].detach().clone();
     }
-    out.shared.metadata["fsdp.layout"] = layout();
     out.shared.metadata["fsdp.state_dict"] = options_.full_state_dict ? "full" : "sharded";
-    if (!options_.full_state_dict) {
+    if (!options_.full_state_dict && units_->shard_ranks() > 1) {
+      const std::vector<HeldLayout> layouts = shard_layouts();
       for (std::size_t u = 0; u < units_->unit_count(); ++u) {
-        out.local.tensors[shard_key(u)] = units_->shard(u).detach().clone();
+        put_held_pieces(out.local, "model.", units_->shard(u), layouts[u]);
       }
-      context_.optimizer->save_state(*optimizer_, kOptimizerPrefix, out.local);
+      save_optimizer_pieces(*context_.optimizer, *optimizer_, layouts, out.local, out.local);
       return;
     }
-    for (auto& [name, tensor] : full_parameters()) out.shared.tensors["model." + name] = tensor;
-    StateDict optimizer_state;
-    context_.optimizer->save_state(*optimizer_, kOptimizerPrefix, optimizer_state);
-    for (const auto& [key, tensor] : optimizer_state.tensors) {
-      const std::size_t u = unit_of_optimizer_key(key);
-      const ShardedUnitLayout& unit = units_->layout(u);
-      const bool per_element = tensor.dim() > 0 && tensor.numel() == unit.shard_numel;
-      out.shared.tensors[key] =
-          per_element ? units_->gather_copy(u, tensor).narrow(0, 0, unit.numel).clone() : tensor;
-    }
-  }
-
-  // Loads shards saved by the same number of ranks directly; shards saved by another number
-  // (the store then hands every saved rank's entries over) are concatenated and cut again.
-  void load_state(const CheckpointState& in) override {
-    auto it = in.shared.metadata.find("fsdp.layout");
-    if (it == in.shared.metadata.end()) {
-      throw Error("checkpoint was not written by the fsdp strategy (it lacks 'fsdp.layout')");
-    }
-    const std::string saved = it->second;
-    const auto separator = saved.find(';');
-    if (saved.rfind("ranks=", 0) != 0 || separator == std::string::npos ||
-        saved.substr(separator) != units_layout()) {
-      throw Error("checkpoint's fsdp layout (" + saved + ") does not match this model's (" +
-                  layout() + ")");
-    }
-    auto kind = in.shared.metadata.find("fsdp.state_dict");
-    if (kind != in.shared.metadata.end() && kind->second == "full") return load_full_state(in);
-    const std::int64_t saved_ranks = std::stoll(saved.substr(6, separator - 6));
-    const bool resharding = in.shared.metadata.count(kSavedWorldSizeKey) != 0;
-    const std::int64_t shard_ranks = units_->shard_ranks();
-    const std::int64_t shard_rank = units_->shard_rank();
-    if (!resharding && saved_ranks != shard_ranks) {
-      throw Error("checkpoint holds shards for " + std::to_string(saved_ranks) +
-                  " ranks, this run shards over " + std::to_string(shard_ranks) +
-                  " (another sharding mode on the same number of ranks); resume with the "
-                  "sharding it was saved with");
-    }
-    // Rank `shard_rank`'s part of unit `u`'s flat tensor saved as `key` in each saved rank's
-    // file.
-    auto cut = [&](const std::string& key, std::size_t u) -> at::Tensor {
-      if (!resharding) return entry(in.local, key, units_->shard(u));
-      const ShardedUnitLayout& unit = units_->layout(u);
-      std::vector<at::Tensor> parts;
-      for (int rank = 0; rank < saved_ranks; ++rank) {
-        auto part = in.local.tensors.find(saved_rank_key(rank, key));
-        if (part == in.local.tensors.end()) {
-          throw Error("checkpoint lacks rank " + std::to_string(rank) + "'s '" + key + "'");
+    OptimizerFields fields = optimizer_fields(*context_.optimizer, *optimizer_);
+    std::vector<HeldLayout> layouts;
+    std::vector<std::int64_t> numels;
+    for (std::size_t u = 0; u < units_->unit_count(); ++u) {
+      const at::Tensor whole = units_->gather_copy(u);
+      layouts.push_back(unit_layout(u, 0, whole.numel()));
+      numels.push_back(whole.numel());
+      put_held_pieces(out.shared, "model.", whole, layouts.back());
+      for (auto& [field, value] : fields[u]) {
+        if (value.dim() > 0 && value.numel() == units_->layout(u).shard_numel) {
+          value = units_->gather_copy(u, value);
         }
-        parts.push_back(part->second.reshape({-1}));
       }
-      at::Tensor flat = at::cat(parts);
-      if (flat.numel() < unit.numel) {
-        throw Error("checkpoint's '" + key + "' holds " + std::to_string(flat.numel()) +
-                    " values over all ranks, unit " + unit.name + " has " +
-                    std::to_string(unit.numel));
-      }
-      at::Tensor padded = at::zeros({unit.shard_numel * shard_ranks}, flat.options());
-      padded.narrow(0, 0, unit.numel).copy_(flat.narrow(0, 0, unit.numel));
-      return padded.narrow(0, shard_rank * unit.shard_numel, unit.shard_numel).clone();
-    };
-    at::NoGradGuard no_grad;
-    for (std::size_t i = 0; i < buffers_.size(); ++i) {
-      buffers_[i].copy_(entry(in.shared, "model." + buffer_names_[i], buffers_[i]));
     }
-    for (std::size_t u = 0; u < units_->unit_count(); ++u) {
-      units_->shard(u).copy_(cut(shard_key(u), u));
-    }
-    if (!resharding) {
-      context_.optimizer->load_state(*optimizer_, kOptimizerPrefix, in.local);
-    } else {
-      // Per-element state (moments, momentum) has the shard's length and is cut like the
-      // parameters; anything else (step counters) is the same on every rank.
-      StateDict optimizer_state;
-      const std::string first = saved_rank_key(0, kOptimizerPrefix);
-      for (const auto& [name, tensor] : in.local.tensors) {
-        if (name.rfind(first, 0) != 0) continue;
-        const std::string key = name.substr(first.size());
-        const std::string own = kOptimizerPrefix + key;
-        const std::size_t unit = std::stoul(key.substr(key.find('.') + 1));
-        if (unit >= units_->unit_count())
-          throw Error("checkpoint has optimizer state for no unit: " + own);
-        const auto& saved_shard = in.local.tensors.find(saved_rank_key(0, shard_key(unit)));
-        const bool per_element = saved_shard != in.local.tensors.end() && tensor.dim() > 0 &&
-                                 tensor.numel() == saved_shard->second.numel();
-        optimizer_state.tensors[own] = per_element ? cut(own, unit) : tensor;
-      }
-      context_.optimizer->load_state(*optimizer_, kOptimizerPrefix, optimizer_state);
-    }
-    if (options_.sharding != UnitSharding::kNone) units_->release_all();
+    put_optimizer_pieces(fields, numels, layouts, out.shared, out.shared);
   }
 
-  // A consolidated checkpoint: whole parameters and flat optimizer state, cut for this rank
-  // whatever the number of ranks that saved it.
-  void load_full_state(const CheckpointState& in) {
-    // This rank's part of an unpadded flat tensor of unit `unit`.
-    auto cut = [&](const at::Tensor& flat, const ShardedUnitLayout& unit, const std::string& key) {
-      if (flat.numel() != unit.numel) {
-        throw Error("checkpoint's '" + key + "' holds " + std::to_string(flat.numel()) +
-                    " values, unit " + unit.name + " has " + std::to_string(unit.numel));
-      }
-      const std::int64_t shard_ranks = units_->shard_ranks();
-      at::Tensor padded = at::zeros({unit.shard_numel * shard_ranks}, flat.options());
-      padded.narrow(0, 0, unit.numel).copy_(flat);
-      return padded.narrow(0, units_->shard_rank() * unit.shard_numel, unit.shard_numel).clone();
-    };
+  // Whatever layout wrote the checkpoint: this rank's shards are cut from the whole parameters'
+  // pieces (the store hands every saved rank's entries over when they are needed).
+  void load_state(const CheckpointState& in) override {
+    require_pieces_format(in);
+    const PlacedState placed(in);
     at::NoGradGuard no_grad;
     for (std::size_t i = 0; i < buffers_.size(); ++i) {
-      buffers_[i].copy_(entry(in.shared, "model." + buffer_names_[i], buffers_[i]));
-    }
-    for (std::size_t u = 0; u < units_->unit_count(); ++u) {
-      const ShardedUnitLayout& unit = units_->layout(u);
-      std::vector<at::Tensor> parts;
-      for (std::size_t i : unit.parameters) {
-        parts.push_back(entry(in.shared, "model." + names_[i], parameters_[i]).reshape({-1}));
+      at::Tensor value = placed.whole("model." + buffer_names_[i]);
+      if (!value.sizes().equals(buffers_[i].sizes())) {
+        throw Error("checkpoint's 'model." + buffer_names_[i] +
+                    "' has another shape than this model's");
       }
-      units_->shard(u).copy_(cut(at::cat(parts).to(at::kFloat), unit, unit.name));
+      buffers_[i].copy_(value);
     }
-    StateDict optimizer_state;
-    for (const auto& [key, tensor] : in.shared.tensors) {
-      if (key.rfind(kOptimizerPrefix, 0) != 0) continue;
-      const ShardedUnitLayout& unit = units_->layout(unit_of_optimizer_key(key));
-      const bool per_element = tensor.dim() > 0 && tensor.numel() == unit.numel;
-      optimizer_state.tensors[key] = per_element ? cut(tensor.reshape({-1}), unit, key) : tensor;
+    const std::vector<HeldLayout> layouts = shard_layouts();
+    for (std::size_t u = 0; u < units_->unit_count(); ++u) {
+      read_held_pieces(placed, "model.", layouts[u], units_->shard(u));
     }
-    context_.optimizer->load_state(*optimizer_, kOptimizerPrefix, optimizer_state);
+    load_optimizer_pieces(*context_.optimizer, *optimizer_, layouts, placed);
     if (options_.sharding != UnitSharding::kNone) units_->release_all();
-  }
-
-  // The unit of an optimizer state entry "fsdp.optimizer.param.<unit>.<field>".
-  std::size_t unit_of_optimizer_key(const std::string& key) const {
-    const std::string rest = key.substr(std::string(kOptimizerPrefix).size());
-    const std::size_t unit = std::stoul(rest.substr(rest.find('.') + 1));
-    if (unit >= units_->unit_count()) {
-      throw Error("checkpoint has optimizer state for no unit: " + key);
-    }
-    return unit;
   }
 
   // Collective when sharded: every rank calls it, each gets the full parameters.
@@ -346,40 +245,26 @@ class Fsdp final : public Strategy {
   HeldBytes held_bytes() const override { return units_->held_bytes(optimizer_.get()); }
 
  private:
-  static std::string shard_key(std::size_t unit) { return "fsdp.shard." + std::to_string(unit); }
-
-  static at::Tensor entry(const StateDict& dict, const std::string& key, const at::Tensor& like) {
-    auto it = dict.tensors.find(key);
-    if (it == dict.tensors.end()) throw Error("checkpoint lacks '" + key + "'");
-    if (!it->second.sizes().equals(like.sizes())) {
-      std::ostringstream message;
-      message << "checkpoint entry '" << key << "' has shape " << it->second.sizes()
-              << ", this run expects " << like.sizes();
-      throw Error(message.str());
+  // Elements [begin, begin + count) of unit `u`'s flat buffer as pieces of its parameters.
+  HeldLayout unit_layout(std::size_t u, std::int64_t begin, std::int64_t count) const {
+    const ShardedUnitLayout& unit = units_->layout(u);
+    std::vector<std::string> names;
+    std::vector<std::vector<std::int64_t>> shapes;
+    for (std::size_t i : unit.parameters) {
+      names.push_back(names_[i]);
+      shapes.push_back(parameters_[i].sizes().vec());
     }
-    return it->second;
+    return flat_shard_layout(names, shapes, begin, count);
   }
 
-  // The flat layout a sharded checkpoint depends on, which `trainyard checkpoint export` reads:
-  // "ranks=R" then per unit ";<unit>:<numel>[<name>@<d0>x<d1>...,...]", the unit's parameters in
-  // flat order; shard u of rank r holds elements [r, r + 1) * ceil(numel / R) of unit u.
-  std::string layout() const {
-    return "ranks=" + std::to_string(units_->shard_ranks()) + units_layout();
-  }
-
-  std::string units_layout() const {
-    std::ostringstream text;
+  // This rank's shard of every unit.
+  std::vector<HeldLayout> shard_layouts() const {
+    std::vector<HeldLayout> layouts;
     for (std::size_t u = 0; u < units_->unit_count(); ++u) {
-      const ShardedUnitLayout& unit = units_->layout(u);
-      text << ";" << unit.name << ":" << unit.numel << "[";
-      for (std::size_t i = 0; i < unit.parameters.size(); ++i) {
-        text << (i ? "," : "") << names_[unit.parameters[i]] << "@";
-        const auto sizes = parameters_[unit.parameters[i]].sizes();
-        for (std::size_t d = 0; d < sizes.size(); ++d) text << (d ? "x" : "") << sizes[d];
-      }
-      text << "]";
+      const std::int64_t shard = units_->layout(u).shard_numel;
+      layouts.push_back(unit_layout(u, units_->shard_rank() * shard, shard));
     }
-    return text.str();
+    return layouts;
   }
 
   void broadcast_coalesced(const std::vector<at::Tensor>& tensors) {

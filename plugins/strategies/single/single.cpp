@@ -8,7 +8,7 @@
 #include "trainyard/gradients.hpp"
 #include "trainyard/micro_batch.hpp"
 #include "trainyard/model.hpp"
-#include "trainyard/module_state.hpp"
+#include "trainyard/parameter_pieces.hpp"
 #include "trainyard/optimizer.hpp"
 #include "trainyard/plugin.hpp"
 #include "trainyard/precision.hpp"
@@ -54,14 +54,16 @@ class Single final : public Strategy {
 
   void set_learning_rate(double lr) override { trainyard::set_learning_rate(*optimizer_, lr); }
 
+  // Whole tensors, as placed pieces any strategy reads; loads from any layout's pieces.
   void save_state(CheckpointState& out) const override {
-    save_module_state(model_->module(), "model.", out.shared);
-    context_.optimizer->save_state(*optimizer_, "optimizer.", out.shared);
+    mark_pieces_format(out.shared);
+    save_whole_module_state(model_->module(), *context_.optimizer, optimizer_.get(), out.shared);
   }
 
   void load_state(const CheckpointState& in) override {
-    load_module_state(model_->module(), "model.", in.shared);
-    context_.optimizer->load_state(*optimizer_, "optimizer.", in.shared);
+    require_pieces_format(in);
+    load_whole_module_state(model_->module(), *context_.optimizer, optimizer_.get(),
+                            PlacedState(in));
   }
 
   TensorMap full_parameters() const override {

@@ -73,8 +73,10 @@ class CheckpointStore {
   // number of ranks loads for resharding: `local` then holds every saved rank's entries under
   // saved_rank_key(rank, key) (each rank reads all of them) and shared.metadata records the
   // saved world size under kSavedWorldSizeKey; whoever uses the state decides whether it can
-  // resume from it.
-  CheckpointState load(const std::filesystem::path& checkpoint) const;
+  // resume from it. With `every_rank` (a checkpoint written under another parallel layout on the
+  // same number of ranks) every saved rank's entries are handed over as well, for strategies that
+  // re-slice the placed pieces (placed_state.hpp).
+  CheckpointState load(const std::filesystem::path& checkpoint, bool every_rank = false) const;
 
   // Committed checkpoints in `folder`, oldest first.
   std::vector<std::filesystem::path> list() const;

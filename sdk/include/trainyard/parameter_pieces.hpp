@@ -4,9 +4,11 @@
 // "optimizer.<parameter>.<field>". Written under any layout (whole replicas, flat shards of
 // several parameters, tensor-parallel boxes), read back under any other.
 
+#include <torch/nn/module.h>
 #include <torch/optim/optimizer.h>
 
 #include <cstdint>
+#include <map>
 #include <string>
 #include <vector>
 
@@ -17,12 +19,14 @@ namespace trainyard {
 class Optimizer;
 
 // A run of a held tensor's flat elements, [offset, offset + length), that is one piece of the
-// whole parameter `name`, placed as `placement` says.
+// whole parameter `name`, placed as `placement` says, saved with `shape` (a box's extent; the
+// run's length for a flat range).
 struct ParameterPiece {
   std::string name;
   std::int64_t offset = 0;
   std::int64_t length = 0;
   TensorPlacement placement;
+  std::vector<std::int64_t> shape;
 };
 // How one held tensor (a whole parameter, a flat shard, a box) maps onto parameters. Elements in
 // no piece are padding.
@@ -37,7 +41,8 @@ HeldLayout parameter_box_layout(const std::string& name,
                                 const std::vector<std::int64_t>& offsets,
                                 const std::vector<std::int64_t>& shape);
 // Elements [begin, begin + count) of a flat buffer that concatenates `names` (of `shapes`) in
-// order: an fsdp shard or a zero1 slice. Runs past the parameters' end are padding.
+// order: an fsdp shard or a zero1 slice. Runs past the parameters' end are padding; a run that
+// covers a whole parameter is saved whole, in its own shape.
 HeldLayout flat_shard_layout(const std::vector<std::string>& names,
                              const std::vector<std::vector<std::int64_t>>& shapes,
                              std::int64_t begin, std::int64_t count);
@@ -50,10 +55,22 @@ void put_held_pieces(StateDict& out, const std::string& prefix, const torch::Ten
 void read_held_pieces(const PlacedState& state, const std::string& prefix, const HeldLayout& layout,
                       const torch::Tensor& held);
 
+// The optimizer's state of each held tensor by field, as the plugin saves it (Optimizer's key
+// contract: "<prefix>param.<i>.<field>").
+using OptimizerFields = std::vector<std::map<std::string, torch::Tensor>>;
+OptimizerFields optimizer_fields(const Optimizer& plugin, const torch::optim::Optimizer& optimizer);
+// Puts `fields` as pieces: a field with as many elements as its held tensor (`held_numels`) is
+// per element and split along `layouts`; any other is whole, once per parameter.
+void put_optimizer_pieces(const OptimizerFields& fields,
+                          const std::vector<std::int64_t>& held_numels,
+                          const std::vector<HeldLayout>& layouts, StateDict& pieces,
+                          StateDict& whole, const std::string& replicas = {});
+
 // Optimizer state, where the optimizer's i-th parameter is held tensor i with `layouts[i]`.
 // Per-element fields (moments, momentum: one value per element of the held tensor) become pieces
 // "optimizer.<parameter>.<field>" in `pieces`; other fields (step counters) are the same for
-// every piece and go whole, once per parameter, into `whole`. The plugin's entries must follow
+// every piece and go whole, once per parameter piece, into `whole` (the rank file that holds the
+// pieces, when each rank holds other parameters). The plugin's entries must follow
 // Optimizer's key contract ("<prefix>param.<i>.<field>").
 void save_optimizer_pieces(const Optimizer& plugin, const torch::optim::Optimizer& optimizer,
                            const std::vector<HeldLayout>& layouts, StateDict& pieces,
@@ -62,5 +79,20 @@ void save_optimizer_pieces(const Optimizer& plugin, const torch::optim::Optimize
 // plugin. Parameters without saved state (an optimizer that never stepped) are left without.
 void load_optimizer_pieces(const Optimizer& plugin, torch::optim::Optimizer& optimizer,
                            const std::vector<HeldLayout>& layouts, const PlacedState& state);
+
+// A module held whole on this rank, `optimizer` (when given) stepping module.parameters() in
+// order: its parameters, buffers and optimizer state as whole tensors in `shared`.
+void save_whole_module_state(const torch::nn::Module& module, const Optimizer& plugin,
+                             const torch::optim::Optimizer* optimizer, StateDict& shared);
+// Loads the parameters and buffers (and the optimizer state, when given) from the pieces any
+// layout wrote. Throws Error naming an entry that is missing or has another shape.
+void load_whole_module_state(torch::nn::Module& module, const Optimizer& plugin,
+                             torch::optim::Optimizer* optimizer, const PlacedState& state);
+
+// Strategies that save their state as placed pieces mark the shared entries so, and refuse on
+// load a checkpoint that lacks the mark (an earlier format), naming why.
+inline constexpr const char* kPiecesFormatKey = "checkpoint.pieces_format";
+void mark_pieces_format(StateDict& shared);
+void require_pieces_format(const CheckpointState& state);
 
 }  // namespace trainyard
