@@ -202,7 +202,12 @@ bool Table::erase(const std::string& key) {
 
 namespace {
 OptionSpec make_option(std::string name, OptionType type, Value value, std::string help) {
-  return OptionSpec{std::move(name), type, std::move(value), std::move(help)};
+  OptionSpec spec;
+  spec.name = std::move(name);
+  spec.type = type;
+  spec.default_value = std::move(value);
+  spec.help = std::move(help);
+  return spec;
 }
 Array to_array(const auto& items) {
   Array out;
@@ -239,7 +244,90 @@ OptionSpec option(std::string name, std::vector<std::string> v, std::string help
                      std::move(help));
 }
 OptionSpec required_option(std::string name, OptionType type, std::string help) {
-  return OptionSpec{std::move(name), type, std::nullopt, std::move(help)};
+  OptionSpec spec;
+  spec.name = std::move(name);
+  spec.type = type;
+  spec.help = std::move(help);
+  return spec;
+}
+
+OptionSpec& OptionSpec::at_least(double bound) {
+  minimum = bound;
+  return *this;
+}
+
+OptionSpec& OptionSpec::at_most(double bound) {
+  maximum = bound;
+  return *this;
+}
+
+OptionSpec& OptionSpec::one_of(std::vector<std::string> allowed) {
+  choices = std::move(allowed);
+  return *this;
+}
+
+OptionSpec& OptionSpec::or_exactly(std::int64_t value, std::string meaning) {
+  sentinel = value;
+  sentinel_meaning = std::move(meaning);
+  return *this;
+}
+
+namespace {
+
+// Bounds as a reader writes them: 1, not 1.0; 0.5 and 1e-08 as such.
+std::string bound_text(double bound) {
+  if (std::nearbyint(bound) == bound && std::abs(bound) < 1e15) {
+    return std::to_string(static_cast<long long>(bound));
+  }
+  std::ostringstream out;
+  out << bound;
+  return out.str();
+}
+
+std::optional<std::string> number_violation(const OptionSpec& spec, const Value& item) {
+  if (spec.sentinel && item.type() == ValueType::kInteger && item.as_integer() == *spec.sentinel) {
+    return std::nullopt;
+  }
+  const double number = item.as_float();
+  const bool below = spec.minimum && !(number >= *spec.minimum);
+  const bool above = spec.maximum && !(number <= *spec.maximum);
+  if (!below && !above) return std::nullopt;
+  std::string rule = "must be ";
+  if (spec.minimum) rule += ">= " + bound_text(*spec.minimum);
+  if (spec.minimum && spec.maximum) rule += " and ";
+  if (spec.maximum) rule += "<= " + bound_text(*spec.maximum);
+  if (spec.sentinel) rule += ", or " + std::to_string(*spec.sentinel) + " " + spec.sentinel_meaning;
+  return rule + ", got " + item.to_toml();
+}
+
+std::optional<std::string> choice_violation(const OptionSpec& spec, const Value& item) {
+  if (spec.choices.empty() ||
+      std::find(spec.choices.begin(), spec.choices.end(), item.as_string()) != spec.choices.end()) {
+    return std::nullopt;
+  }
+  std::string allowed;
+  for (std::size_t i = 0; i < spec.choices.size(); ++i) {
+    allowed += (i == 0 ? "" : i + 1 == spec.choices.size() ? " or " : ", ") + spec.choices[i];
+  }
+  return "must be " + allowed + ", got " + item.to_toml();
+}
+
+}  // namespace
+
+std::optional<std::string> OptionSpec::violation(const Value& value) const {
+  auto check = [&](const Value& item) -> std::optional<std::string> {
+    switch (item.type()) {
+      case ValueType::kInteger:
+      case ValueType::kFloat: return number_violation(*this, item);
+      case ValueType::kString: return choice_violation(*this, item);
+      default: return std::nullopt;
+    }
+  };
+  if (value.type() != ValueType::kArray) return check(value);
+  for (const Value& item : value.as_array()) {
+    if (auto broken = check(item)) return broken;
+  }
+  return std::nullopt;
 }
 
 Config::Config() : table_(std::make_shared<Table>()) {}
@@ -373,6 +461,9 @@ Config validate_section(const Config& section, const OptionSpecs& specs,
         throw Error(value->where().str() + ": " + section.qualified(spec.name) + " must be a " +
                     to_string(spec.type) + ", got " + value->to_toml() + " (a " +
                     to_string(value->type()) + ")");
+      }
+      if (auto broken = spec.violation(*value)) {
+        throw Error(value->where().str() + ": " + section.qualified(spec.name) + " " + *broken);
       }
       Value copy = *value;
       // Keep floats floats, so that printing and later reads agree on the type.

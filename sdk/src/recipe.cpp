@@ -298,24 +298,27 @@ Recipe load_recipe(const fs::path& file, const std::vector<std::string>& overrid
 const OptionSpecs& run_options() {
   static const OptionSpecs specs = {
       option("seed", 0, "seed of every random stream (parameters, shuffling, dropout)"),
-      option("epochs", 1, "passes over the training split"),
+      option("epochs", 1, "passes over the training split").at_least(1),
       option("max_steps", 0, "stop after this many optimizer steps (0: run every epoch)"),
       option("device", "cpu", "cpu, cuda, cuda:N, or auto (cuda when present)"),
-      option("threads", 0, "intra-op threads (0: the cores divided among local ranks)"),
+      option("threads", 0, "intra-op threads (0: the cores divided among local ranks)").at_least(0),
       option("cpu_binding", "auto",
              "bind each local rank to its own CPUs, threads wide: auto (when the machine's ranks "
-             "fill its CPUs exactly), cores (always) or none"),
-      option("log_every", 50, "optimizer steps between metric records"),
+             "fill its CPUs exactly), cores (always) or none")
+          .one_of({"auto", "cores", "none"}),
+      option("log_every", 50, "optimizer steps between metric records").at_least(1),
       option("eval", true, "evaluate on the test split after each epoch"),
       option("eval_max_batches", 0, "evaluate on at most this many batches (0: all)"),
-      option("grad_accumulation", 1, "micro-batches per optimizer step"),
-      option("max_grad_norm", 0.0, "clip gradients to this global norm (0: no clipping)"),
+      option("grad_accumulation", 1, "micro-batches per optimizer step").at_least(1),
+      option("max_grad_norm", 0.0, "clip gradients to this global norm (0: no clipping)")
+          .at_least(0),
       option("activation_checkpointing", "none",
              "blocks recomputed in backward: none, all, every:K, blocks:NAME,NAME..."),
       option("output_dir", "", "where the run writes (default: runs/<recipe name>)"),
       option("peak_tflops", 0.0,
              "the device's peak TFLOP/s per rank for model FLOPs utilisation (0: measured by a "
-             "short matmul probe at start, when the model reports its FLOPs)"),
+             "short matmul probe at start, when the model reports its FLOPs)")
+          .at_least(0),
       option("final_model_file", "",
              "rank 0 writes the model's parameters and buffers here at the end (a pickled dict)"),
   };
@@ -324,10 +327,12 @@ const OptionSpecs& run_options() {
 
 const OptionSpecs& loader_options() {
   static const OptionSpecs specs = {
-      option("batch_size", 64, "samples per micro-batch on each rank"),
+      option("batch_size", 64, "samples per micro-batch on each rank").at_least(1),
       option("eval_batch_size", 0, "samples per evaluation batch (0: 4 x batch_size)"),
-      option("workers", -1, "loader threads (-1: derived from the cores and local ranks)"),
-      option("prefetch", 2, "batches each worker prepares ahead"),
+      option("workers", -1, "loader threads (-1: derived from the cores and local ranks)")
+          .at_least(0)
+          .or_exactly(-1, "for automatic"),
+      option("prefetch", 2, "batches each worker prepares ahead").at_least(1),
       option("shuffle", true, "reshuffle the training split every epoch"),
       option("drop_last", true, "drop the last incomplete training batch"),
       option("train_split", "train", "the split trained on"),
@@ -338,15 +343,17 @@ const OptionSpecs& loader_options() {
 
 const OptionSpecs& checkpoint_policy_options() {
   static const OptionSpecs specs = {
-      option("every_steps", 0, "save every this many optimizer steps (0: only at the end)"),
+      option("every_steps", 0, "save every this many optimizer steps (0: only at the end)")
+          .at_least(0),
       option("every_seconds", 0.0,
              "also save when this many seconds have passed since the last save (0: never), "
-             "checked every log_every steps"),
+             "checked every log_every steps")
+          .at_least(0),
       option("async", false,
              "copy the state to host memory and write it on a background thread; the step "
              "waits only for the copy"),
       option("at_end", true, "save when the run ends"),
-      option("keep", 3, "checkpoints kept (older ones are deleted; 0 keeps all)"),
+      option("keep", 3, "checkpoints kept (older ones are deleted; 0 keeps all)").at_least(0),
       option("dir", "", "checkpoint folder (default: <output_dir>/checkpoints)"),
   };
   return specs;
@@ -356,29 +363,32 @@ const OptionSpecs& comm_options() {
   static const OptionSpecs specs = {
       option("timeout_s", 300,
              "seconds a collective or the rendezvous may take before the job "
-             "fails, naming the rank that stopped"),
+             "fails, naming the rank that stopped")
+          .at_least(1),
   };
   return specs;
 }
 
 const OptionSpecs& parallel_options() {
+  // A mesh dimension: a size, or -1 to take what the others leave of the world.
+  auto dimension = [](const char* name, int default_size, const char* help) {
+    return option(name, default_size, help)
+        .at_least(1)
+        .at_most(1 << 20)
+        .or_exactly(-1, "to fill the world");
+  };
   static const OptionSpecs specs = {
-      option("pp", 1, "pipeline-parallel stages (outermost dimension of the mesh)"),
-      option("dp_replicate", 1, "data-parallel replicas (ddp; with fsdp, replicas of shards)"),
-      option("dp_shard", -1, "data-parallel ranks sharding state (-1: what the others leave)"),
-      option("tp", 1, "tensor-parallel ranks (innermost dimension: neighbouring ranks)"),
+      dimension("pp", 1, "pipeline-parallel stages (outermost dimension of the mesh)"),
+      dimension("dp_replicate", 1, "data-parallel replicas (ddp; with fsdp, replicas of shards)"),
+      dimension("dp_shard", -1, "data-parallel ranks sharding state (-1: what the others leave)"),
+      dimension("tp", 1, "tensor-parallel ranks (innermost dimension: neighbouring ranks)"),
   };
   return specs;
 }
 
-MeshRequest mesh_request(const Config& parallel) {
-  auto size = [&](const char* key) {
-    const std::int64_t value = parallel.get_int(key);
-    if (value != -1 && (value < 1 || value > 1 << 20)) {
-      parallel.fail(key, "must be >= 1, or -1 to fill the world, got " + std::to_string(value));
-    }
-    return static_cast<int>(value);
-  };
+MeshRequest mesh_request(const Config& section) {
+  const Config parallel = validate_section(section, parallel_options(), {});
+  auto size = [&](const char* key) { return static_cast<int>(parallel.get_int(key)); };
   // dp_shard fills the world by default; a dimension written as -1 takes that role instead.
   auto written = [&](const char* key) { return parallel.value(key).where().line > 0; };
   const char* filled = nullptr;
@@ -398,6 +408,12 @@ MeshRequest mesh_request(const Config& parallel) {
   request.dp_shard = size("dp_shard");
   if (request.dp_shard == -1 && filled && std::string(filled) != "dp_shard") request.dp_shard = 1;
   return request;
+}
+
+Config plugin_options(const Config& section, const OptionSpecs& runtime) {
+  auto table = std::make_shared<Table>(section.table());
+  for (const auto& spec : runtime) table->erase(spec.name);
+  return Config(table, section.name());
 }
 
 const OptionSpecs& sink_common_options() {

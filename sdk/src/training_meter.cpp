@@ -13,7 +13,10 @@ TrainingMeter::TrainingMeter(const MeterSetup& setup, PhaseClock& phases)
     : setup_(setup), phases_(phases), interval_start_(Clock::now()) {}
 
 void TrainingMeter::add_step(const StepResult& result) {
-  loss_sum_ = loss_sum_.defined() ? loss_sum_.add_(result.loss) : result.loss.detach().clone();
+  if (result.loss.defined()) {
+    loss_sum_ = loss_sum_.defined() ? loss_sum_.add_(result.loss) : result.loss.detach().clone();
+    ++loss_steps_;
+  }
   if (result.grad_norm.defined()) last_grad_norm_ = result.grad_norm;
   ++steps_;
   samples_ += result.samples;
@@ -29,11 +32,16 @@ IntervalFigures TrainingMeter::close_interval() {
   const double seconds = std::chrono::duration<double>(Clock::now() - interval_start_).count();
   const auto steps = static_cast<double>(steps_);
   // The only device sync of the interval: the loss, then the phase events.
-  figures.mean_loss = loss_sum_.item<double>() / steps;
+  std::vector<double> held = {loss_sum_.defined() ? loss_sum_.item<double>() : 0.0,
+                              static_cast<double>(loss_steps_)};
+  if (setup_.sum_over_ranks) held = setup_.sum_over_ranks(std::move(held));
   PhaseRollup rollup = phases_.rollup();
   const double samples_per_s = seconds > 0 ? static_cast<double>(samples_) / seconds : 0;
   auto& values = figures.values;
-  values.emplace_back("loss", figures.mean_loss);
+  if (held[1] > 0) {
+    figures.mean_loss = held[0] / held[1];
+    values.emplace_back("loss", figures.mean_loss);
+  }
   values.emplace_back("samples_per_s", samples_per_s);
   if (setup_.tokens_per_sample > 0) {
     values.emplace_back("tokens_per_s",
@@ -61,6 +69,7 @@ IntervalFigures TrainingMeter::close_interval() {
   total_train_s_ += seconds;
   total_steps_ += steps_;
   loss_sum_ = at::Tensor();
+  loss_steps_ = 0;
   steps_ = 0;
   samples_ = 0;
   skipped_ = 0;

@@ -7,6 +7,7 @@
 #include <array>
 #include <chrono>
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <memory>
 #include <string>
@@ -24,6 +25,9 @@ struct MeterSetup {
   std::int64_t tokens_per_sample = 0;  // 0: not a token model
   double flops_per_sample = 0;         // forward + backward; 0: unknown
   double peak_flops = 0;               // per rank, per second; 0: unknown
+  // Adds up numbers over the ranks (null in a single process). The logged loss is the mean over
+  // the steps of every rank that holds a loss, so each interval sums [held losses, steps held].
+  std::function<std::vector<double>(std::vector<double>)> sum_over_ranks;
 };
 
 // The interval's figures, in the order the record lists them.
@@ -44,6 +48,7 @@ class TrainingMeter {
   // Restarts the interval's wall clock (after a save or an evaluation, which are not training).
   void restart_clock();
   // Ends the interval: reads its device values (the interval's only sync) and starts the next.
+  // Collective in a multi-process run (the loss is added up over the ranks).
   IntervalFigures close_interval();
 
   // Over the run's closed intervals.
@@ -57,6 +62,7 @@ class TrainingMeter {
   MeterSetup setup_;
   PhaseClock& phases_;
   at::Tensor loss_sum_;
+  std::int64_t loss_steps_ = 0;  // steps whose loss this rank holds
   at::Tensor last_grad_norm_;
   std::int64_t steps_ = 0;
   std::int64_t samples_ = 0;

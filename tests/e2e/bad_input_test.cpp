@@ -98,6 +98,29 @@ TEST(BadInputTest, ExtendsCycleIsRefused) {
   EXPECT_HAS(error, "a.toml -> ");
 }
 
+TEST(BadInputTest, ValueOutOfItsDeclaredRangeIsRefusedByValidate) {
+  TempDir dir;
+  auto recipe = dir.write("r.toml", std::string(kValidRecipe) + "[loader]\nworkers = -3\n");
+  auto error = expect_clean_failure({"validate", recipe.string()});
+  EXPECT_HAS(error, "r.toml:11:11: loader.workers must be >= 0, or -1 for automatic, got -3");
+  error = expect_clean_failure(
+      {"validate", recipe.string(), "--set", "loader.workers=0", "--set", "run.epochs=0"});
+  EXPECT_HAS(error, "run.epochs must be >= 1, got 0");
+}
+
+TEST(BadInputTest, ParallelLayoutLargerThanOneProcessIsRefused) {
+  TempDir dir;
+  auto recipe = dir.write("r.toml", std::string(kValidRecipe) + "[parallel]\ntp = 2\n");
+  // The recipe is valid on its own; the run finds that one process cannot hold the mesh.
+  EXPECT_EQ(run_host({"validate", recipe.string()}).exit_code, 0);
+  auto error = expect_clean_failure({"run", recipe.string()});
+  EXPECT_HAS(error,
+             "parallel: pp 1 x dp_replicate 1 x dp_shard -1 x tp 2 needs a world size "
+             "divisible by 2, but there are 1 ranks");
+  error = expect_clean_failure({"run", recipe.string(), "--set", "parallel.dp_shard=1"});
+  EXPECT_HAS(error, "makes 2 ranks, but there are 1");
+}
+
 TEST(BadInputTest, MissingRecipeIsNamed) {
   auto error = expect_clean_failure({"run", "recipes/no_such_recipe.toml"});
   EXPECT_HAS(error, "no_such_recipe.toml");

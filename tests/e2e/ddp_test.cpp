@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 
 #include <chrono>
+#include <cmath>
 #include <csignal>
 #include <filesystem>
 #include <future>
@@ -220,6 +221,87 @@ TEST(DdpParity, AccumulationWithNoSyncMatchesLargeBatch) {
   expect_parity("cnn", 2, 8, {}, 3);
 }
 
+// Logged figures are those of the global batch whatever the mesh: the train loss is the mean
+// over the ranks holding a loss, the eval figures count every sample once. Each rank's own loss
+// is the mean of its half of the batch, which differs from the whole batch's.
+TEST(DdpParity, LoggedLossIsTheGlobalBatchsLoss) {
+  TempDir dir;
+  auto recipe = dir.write("recipe.toml", recipe_text("mlp"));
+  const std::vector<std::string> logging = {
+      "--set", "run.log_every=1", "--set", "run.eval=true", "--set", "sinks.jsonl.enabled=true"};
+  std::vector<std::string> single_sets = logging;
+  single_sets.insert(single_sets.end(), {"--set", "loader.batch_size=32"});
+  auto single = run_single(recipe, dir / "single", single_sets);
+  ASSERT_EQ(single.exit_code, 0) << describe(single);
+  std::vector<std::string> ddp_sets = logging;
+  ddp_sets.insert(ddp_sets.end(),
+                  {"--set", "strategy.plugin=ddp", "--set", "loader.batch_size=16"});
+  auto ddp = run_launch(2, recipe, dir / "ddp", ddp_sets);
+  ASSERT_EQ(ddp.exit_code, 0) << describe(ddp);
+
+  auto close = [](double actual, double expected) {
+    return std::abs(actual - expected) <= 1e-5 + 1.3e-6 * std::abs(expected);
+  };
+  auto expected = of_phase(read_metrics(dir / "single" / "metrics.jsonl"), "train");
+  ASSERT_EQ(expected.size(), 6u);
+  for (const char* file : {"metrics.rank0.jsonl", "metrics.rank1.jsonl"}) {
+    auto train = of_phase(read_metrics(dir / "ddp" / file), "train");
+    ASSERT_EQ(train.size(), expected.size()) << file;
+    for (std::size_t i = 0; i < train.size(); ++i) {
+      EXPECT_TRUE(close(train[i].at("loss"), expected[i].at("loss")))
+          << file << " step " << i + 1 << ": " << train[i].at("loss") << " against "
+          << expected[i].at("loss");
+    }
+    auto eval = of_phase(read_metrics(dir / "ddp" / file), "eval");
+    auto expected_eval = of_phase(read_metrics(dir / "single" / "metrics.jsonl"), "eval");
+    ASSERT_EQ(eval.size(), 1u);
+    ASSERT_EQ(expected_eval.size(), 1u);
+    EXPECT_EQ(eval[0].at("samples"), expected_eval[0].at("samples"));
+    EXPECT_TRUE(close(eval[0].at("loss"), expected_eval[0].at("loss")));
+    EXPECT_TRUE(close(eval[0].at("accuracy"), expected_eval[0].at("accuracy")));
+  }
+  // The losses moved: the comparison is not of one repeated number.
+  EXPECT_NE(expected.front().at("loss"), expected.back().at("loss"));
+}
+
+TEST(DdpParity, ExplicitDataShardTrainsExactlyAsTheDefaultMesh) {
+  TempDir dir;
+  auto recipe = dir.write("recipe.toml", recipe_text("cnn"));
+  const std::vector<std::string> sets = {"--set", "strategy.plugin=ddp", "--set",
+                                         "loader.batch_size=16"};
+  auto plain = run_launch(2, recipe, dir / "plain", sets);
+  ASSERT_EQ(plain.exit_code, 0) << describe(plain);
+  std::vector<std::string> explicit_sets = sets;
+  explicit_sets.insert(explicit_sets.end(), {"--set", "parallel.dp_shard=2"});
+  auto explicit_mesh = run_launch(2, recipe, dir / "explicit", explicit_sets);
+  ASSERT_EQ(explicit_mesh.exit_code, 0) << describe(explicit_mesh);
+  EXPECT_HAS(explicit_mesh.err, ", mesh pp 1 x dp_replicate 1 x dp_shard 2 x tp 1");
+  TensorMap expected = read_tensor_file(dir / "plain" / "final.pt");
+  TensorMap actual = read_tensor_file(dir / "explicit" / "final.pt");
+  ASSERT_FALSE(expected.empty());
+  ASSERT_EQ(expected.size(), actual.size());
+  for (const auto& [name, tensor] : expected) {
+    ASSERT_TRUE(actual.count(name)) << name;
+    EXPECT_TRUE(at::equal(tensor, actual.at(name))) << name;
+  }
+}
+
+TEST(DdpRun, ParallelLayoutThatDoesNotMatchTheWorldIsRefused) {
+  TempDir dir;
+  auto recipe = dir.write("recipe.toml", recipe_text("mlp"));
+  auto result =
+      run_launch(2, recipe, dir / "out",
+                 {"--set", "strategy.plugin=ddp", "--set", "parallel.dp_shard=3"}, {}, 120);
+  ASSERT_FALSE(result.timed_out) << describe(result);
+  EXPECT_NE(result.exit_code, 0);
+  const std::string reason =
+      "trainyard: error: parallel: pp 1 x dp_replicate 1 x dp_shard 3 x tp 1 makes 3 ranks, but "
+      "there are 2\n";
+  // Every rank refuses it before connecting; the launcher may stop the second before it prints.
+  EXPECT_HAS(result.err, "] " + reason);
+  EXPECT_EQ(result.out.find("step"), std::string::npos) << result.out;
+}
+
 TEST(DdpRun, AccumulationSynchronisesOnlyTheLastMicroBatch) {
   // One bucket (the default sizes hold the whole small mlp): one all-reduce per optimizer
   // step, not one per micro-batch.
@@ -352,7 +434,7 @@ TEST(Launch, BindsEachRankToItsOwnCpus) {
     EXPECT_HAS(bound.err, "[rank " + std::to_string(r) + "] trainyard: rank " + std::to_string(r) +
                               " of 2 (local " + std::to_string(r) + " of 2), store");
     EXPECT_HAS(bound.err, "1 threads on cpu, bound to cpus " +
-                              std::to_string(allowed[static_cast<std::size_t>(r)]) + "\n");
+                              std::to_string(allowed[static_cast<std::size_t>(r)]) + ", mesh ");
   }
   auto unbound = run_launch(2, recipe, dir / "unbound",
                             {"--set", "strategy.plugin=ddp", "--set", "loader.batch_size=16",

@@ -216,6 +216,33 @@ TEST(ConfigTest, FailMessageFormat) {
             "recipes/x.toml:1:1: optimizer.momentum is required here");
 }
 
+TEST(ConfigTest, DeclaredRangesAreCheckedWhereTheValueEnters) {
+  OptionSpecs specs = {
+      option("epochs", 1, "passes").at_least(1),
+      option("ratio", 0.5, "a share").at_least(0).at_most(1),
+      option("workers", -1, "threads").at_least(0).or_exactly(-1, "for automatic"),
+      option("mode", "auto", "how").one_of({"auto", "cores", "none"}),
+      option("sizes", std::vector<std::int64_t>{1, 2}, "sizes").at_least(1),
+  };
+  auto error = [&](const std::string& text) {
+    return error_of(
+        [&] { validate_section(section_from("[run]\n" + text, "run", "recipes/x.toml"), specs); });
+  };
+  EXPECT_EQ(error("epochs = 0\n"), "recipes/x.toml:2:10: run.epochs must be >= 1, got 0");
+  EXPECT_EQ(error("ratio = 1.5\n"), "recipes/x.toml:2:9: run.ratio must be >= 0 and <= 1, got 1.5");
+  EXPECT_EQ(error("workers = -2\n"),
+            "recipes/x.toml:2:11: run.workers must be >= 0, or -1 for automatic, got -2");
+  EXPECT_EQ(error("mode = \"sometimes\"\n"),
+            "recipes/x.toml:2:8: run.mode must be auto, cores or none, got \"sometimes\"");
+  EXPECT_EQ(error("sizes = [2, 0]\n"), "recipes/x.toml:2:9: run.sizes must be >= 1, got 0");
+  // In range, the sentinel, a listed choice and the defaults all pass.
+  Config resolved = validate_section(
+      section_from("[run]\nepochs = 1\nratio = 1\nworkers = -1\nmode = \"none\"\n", "run"), specs);
+  EXPECT_EQ(resolved.get_int("workers"), -1);
+  EXPECT_EQ(resolved.get_string("mode"), "none");
+  EXPECT_NO_THROW(validate_section(section_from("[run]\n", "run"), specs));
+}
+
 TEST(ConfigTest, GetPathResolvesAgainstTheRecipeFolder) {
   testing::TempDir dir;
   std::string file = (dir.path() / "sub" / "recipe.toml").string();

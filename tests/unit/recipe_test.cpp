@@ -346,13 +346,55 @@ TEST_F(RecipeTest, RuntimeOptionTablesAreConsistent) {
       EXPECT_TRUE(section.default_plugin.empty()) << section.section;
     }
   }
-  for (const OptionSpecs* specs : {&run_options(), &loader_options(),
-                                   &checkpoint_policy_options(), &sink_common_options()}) {
+  for (const OptionSpecs* specs : {&run_options(), &loader_options(), &checkpoint_policy_options(),
+                                   &sink_common_options(), &comm_options(), &parallel_options()}) {
     for (const auto& spec : *specs) {
       ASSERT_TRUE(spec.default_value.has_value()) << spec.name;
       EXPECT_TRUE(value_matches(*spec.default_value, spec.type)) << spec.name;
+      EXPECT_FALSE(spec.violation(*spec.default_value).has_value()) << spec.name;
     }
   }
+}
+
+TEST_F(RecipeTest, RuntimeRangesAreRefusedWhenResolving) {
+  auto refused = [&](const std::string& section, const std::string& text) {
+    Recipe recipe = write_and_load(std::string(kMinimal) + section + "\n" + text + "\n");
+    return error_of([&] { resolve_recipe(recipe, registry()); });
+  };
+  // The value's own line (the section header is line 7) and column.
+  EXPECT_HAS(refused("[run]", "epochs = 0"), "recipe.toml:8:10: run.epochs must be >= 1, got 0");
+  EXPECT_HAS(refused("[run]", "grad_accumulation = 0"), "run.grad_accumulation must be >= 1");
+  EXPECT_HAS(refused("[run]", "log_every = 0"), "run.log_every must be >= 1");
+  EXPECT_HAS(refused("[run]", "threads = -1"), "run.threads must be >= 0");
+  EXPECT_HAS(refused("[run]", "max_grad_norm = -0.5"), "run.max_grad_norm must be >= 0");
+  EXPECT_HAS(refused("[run]", "peak_tflops = -1.0"), "run.peak_tflops must be >= 0");
+  EXPECT_HAS(refused("[run]", "cpu_binding = \"always\""),
+             "run.cpu_binding must be auto, cores or none, got \"always\"");
+  EXPECT_HAS(refused("[loader]", "batch_size = 0"), "loader.batch_size must be >= 1, got 0");
+  EXPECT_HAS(refused("[loader]", "workers = -2"),
+             "loader.workers must be >= 0, or -1 for automatic, got -2");
+  EXPECT_HAS(refused("[loader]", "prefetch = 0"), "loader.prefetch must be >= 1");
+  EXPECT_HAS(refused("[checkpoint]", "keep = -1"), "checkpoint.keep must be >= 0");
+  EXPECT_HAS(refused("[checkpoint]", "every_steps = -5"), "checkpoint.every_steps must be >= 0");
+  EXPECT_HAS(refused("[checkpoint]", "every_seconds = -1.0"),
+             "checkpoint.every_seconds must be >= 0");
+  EXPECT_HAS(refused("[comm]", "timeout_s = 0"), "comm.timeout_s must be >= 1");
+  EXPECT_HAS(refused("[parallel]", "tp = 0"), "parallel.tp must be >= 1");
+  EXPECT_HAS(refused("[parallel]", "tp = 0"), "or -1 to fill the world, got 0");
+  EXPECT_HAS(refused("[parallel]", "tp = -1"), "only one dimension may fill the world");
+}
+
+TEST_F(RecipeTest, MeshRequestReadsTheParallelSection) {
+  Recipe recipe = write_and_load(std::string(kMinimal) + "[parallel]\ntp = 2\npp = 2\n");
+  MeshRequest request = mesh_request(resolve_recipe(recipe, registry()).section("parallel"));
+  EXPECT_EQ(request.pp, 2);
+  EXPECT_EQ(request.dp_replicate, 1);
+  EXPECT_EQ(request.dp_shard, -1);
+  EXPECT_EQ(request.tp, 2);
+  // The ranges hold for a section that was never resolved, too.
+  Recipe unresolved = write_and_load(std::string(kMinimal) + "[parallel]\ndp_shard = 0\n");
+  EXPECT_HAS(error_of([&] { mesh_request(unresolved.section("parallel")); }),
+             "parallel.dp_shard must be >= 1");
 }
 
 }  // namespace

@@ -103,12 +103,31 @@ enum class OptionType {
 };
 const char* to_string(OptionType type);
 
-// One option a plugin accepts: its name, type, default (none means required) and help text.
+// One option a plugin accepts: its name, type, default (none means required) and help text,
+// and the values it allows, declared once and checked where the value enters (validate_section,
+// so `trainyard validate` refuses them too): numbers, and each item of a number list, within
+// [minimum, maximum] unless equal to `sentinel`; strings, and each item of a string list, among
+// `choices` when there are any.
 struct OptionSpec {
   std::string name;
   OptionType type = OptionType::kString;
   std::optional<Value> default_value;
   std::string help;
+  std::optional<double> minimum;
+  std::optional<double> maximum;
+  std::vector<std::string> choices;
+  // One number allowed outside the range, and what it means ("for automatic").
+  std::optional<std::int64_t> sentinel;
+  std::string sentinel_meaning;
+
+  OptionSpec& at_least(double bound);
+  OptionSpec& at_most(double bound);
+  OptionSpec& one_of(std::vector<std::string> allowed);
+  OptionSpec& or_exactly(std::int64_t value, std::string meaning);
+
+  // The first rule `value` breaks ("must be >= 1, got 0"), or nullopt when it keeps them all.
+  // `value` must have the declared type.
+  std::optional<std::string> violation(const Value& value) const;
 };
 using OptionSpecs = std::vector<OptionSpec>;
 
@@ -161,7 +180,8 @@ class Config {
 
 // Checks a section against the declared options and returns a copy with defaults filled in.
 // Keys in `reserved` (such as "plugin") are owned by the runtime and skipped.
-// Throws Error naming file:line:column for unknown keys, wrong types and missing required keys.
+// Throws Error naming file:line:column for unknown keys, wrong types, values outside their
+// declared range or choices, and missing required keys.
 Config validate_section(const Config& section, const OptionSpecs& specs,
                         const std::vector<std::string>& reserved = {"plugin"});
 

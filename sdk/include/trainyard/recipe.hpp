@@ -51,9 +51,13 @@ const OptionSpecs& sink_common_options();
 const OptionSpecs& comm_options();
 const OptionSpecs& parallel_options();
 
-// The mesh sizes a resolved [parallel] section asks for (checked against the world size when the
-// run starts: MeshLayout::resolve).
+// The mesh sizes a [parallel] section asks for, checked against parallel_options() (and against
+// the world size when the run starts: MeshLayout::resolve).
 MeshRequest mesh_request(const Config& parallel);
+
+// A plugin's own options: `section` without the keys the runtime owns there (`runtime`, such as
+// checkpoint_policy_options()), which the plugin does not declare.
+Config plugin_options(const Config& section, const OptionSpecs& runtime);
 
 // The plugin sections and the plugin each defaults to ("" = the section is required).
 struct PluginSection {

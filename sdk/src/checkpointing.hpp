@@ -1,0 +1,98 @@
+#pragma once
+// The run's checkpoints: the [checkpoint] policy (when to save, how many to keep, where), saving
+// and committing the state of every part that has one, and resuming from a saved state, with
+// the checks that decide whether a state written by another number of ranks can carry on.
+
+#include <chrono>
+#include <cstdint>
+#include <filesystem>
+#include <functional>
+#include <memory>
+#include <optional>
+#include <string>
+
+#include "trainyard/build_context.hpp"
+#include "trainyard/checkpoint_store.hpp"
+#include "trainyard/recipe.hpp"
+#include "trainyard/registry.hpp"
+
+namespace trainyard {
+
+class DeviceBackend;
+class Loader;
+class Precision;
+class Strategy;
+
+struct CheckpointPolicy {
+  std::string backend;  // the checkpoint plugin
+  std::filesystem::path folder;
+  std::int64_t every_steps = 0;  // 0: only at the end
+  double every_seconds = 0;      // 0: never by time
+  bool async = false;
+  bool at_end = true;
+  int keep = 3;  // 0: all
+
+  // The recipe's [checkpoint]; the folder defaults to <output_dir>/checkpoints.
+  static CheckpointPolicy read(const Config& section, const std::filesystem::path& output_dir);
+};
+
+// Where training stands: the next step, and the batch of the epoch it reads first.
+struct TrainingPosition {
+  std::int64_t step = 0;
+  std::int64_t epoch = 0;
+  std::int64_t batch_in_epoch = 0;
+};
+
+// The run's parts whose state a checkpoint holds, and the figures that decide whether a saved
+// data position carries over.
+struct CheckpointedRun {
+  Strategy* strategy = nullptr;
+  Precision* precision = nullptr;
+  DeviceBackend* device = nullptr;
+  Loader* loader = nullptr;
+  std::string recipe_toml;
+  // Samples per optimizer step over every data-parallel rank.
+  std::int64_t global_batch = 0;
+  std::int64_t steps_per_epoch = 0;
+  int world_size = 1;
+};
+
+class Checkpointing {
+ public:
+  // `agreement`: the ranks' agreement on a flag (null in a single process).
+  Checkpointing(const Recipe& recipe, const Registry& registry, const BuildContext& build,
+                const std::filesystem::path& output_dir, CheckpointedRun run,
+                std::function<bool(bool)> agreement);
+
+  const CheckpointPolicy& policy() const { return policy_; }
+
+  // Loads `which` (a folder, or "auto": the newest valid one, nullopt when there is none) into
+  // every part and returns the position to continue from. A state written by another number of
+  // ranks resumes its data position only when the global batch and the steps per epoch are the
+  // same; otherwise, or for a streaming dataset, it is refused with the reason.
+  std::optional<TrainingPosition> resume(const std::string& which,
+                                         const std::function<void(const std::string&)>& log);
+
+  // The clock of `every_seconds` starts with training.
+  void start_clock();
+  // After each optimizer step: commits a background save once it is written (with several
+  // ranks only at a logging boundary, which every rank reaches), then saves when the policy
+  // says so before the last step. Returns whether it saved.
+  bool after_step(const TrainingPosition& position, std::int64_t total_steps, bool log_boundary);
+  // When the run ends: the final state, when the policy keeps one.
+  void at_end(const TrainingPosition& position);
+  void save(const TrainingPosition& position);
+  void commit_pending();
+  const std::optional<std::filesystem::path>& last_checkpoint() const { return last_checkpoint_; }
+
+ private:
+  using Clock = std::chrono::steady_clock;
+  CheckpointPolicy policy_;
+  CheckpointedRun run_;
+  std::function<bool(bool)> agreement_;
+  std::unique_ptr<CheckpointStore> store_;
+  Clock::time_point last_save_ = Clock::now();
+  std::optional<std::filesystem::path> last_checkpoint_;
+};
+
+}  // namespace trainyard

@@ -1,0 +1,29 @@
+#pragma once
+// Which device this rank computes on, and the device plugin that drives it.
+
+#include <c10/core/Device.h>
+
+#include <memory>
+#include <optional>
+
+#include "run_options.hpp"
+#include "trainyard/build_context.hpp"
+#include "trainyard/registry.hpp"
+
+namespace trainyard {
+
+class DeviceBackend;
+
+struct DevicePlacement {
+  std::shared_ptr<DeviceBackend> backend;
+  int index = 0;
+  c10::Device device = c10::Device(c10::kCPU);
+
+  // The device `run.device` names ("auto": cuda when one is available). In a multi-process run
+  // (`local_rank` set) each rank of a machine drives its own GPU. Throws Error, located at
+  // run.device, for an unknown, unavailable or absent device.
+  static DevicePlacement choose(const RunOptions& run, const Registry& registry,
+                                std::optional<int> local_rank, const BuildContext& build);
+};
+
+}  // namespace trainyard

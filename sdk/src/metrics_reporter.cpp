@@ -1,0 +1,125 @@
+#include "metrics_reporter.hpp"
+
+#include <algorithm>
+
+#include "trainyard/device.hpp"
+#include "trainyard/loader.hpp"
+#include "trainyard/precision.hpp"
+#include "trainyard/scheduler.hpp"
+#include "trainyard/strategy.hpp"
+
+namespace trainyard {
+
+MetricsReporter::MetricsReporter(const Recipe& recipe, const Registry& registry,
+                                 const BuildContext& build, PhaseClock& phases, MeterSetup meter,
+                                 double peak_tflops, ReportedRun run,
+                                 std::function<void(const std::string&)> log)
+    : run_(std::move(run)), log_(std::move(log)) {
+  const Config sinks = recipe.section("sinks");
+  for (const auto& [name, value] : sinks.table().entries()) {
+    const Config section(value.table_ptr(), "sinks." + name);
+    if (!section.get_bool("enabled")) continue;
+    sinks_.push_back(registry.create<MetricsSink>(
+        section.get_string("plugin"), plugin_options(section, sink_common_options()), build));
+  }
+  phases.keep_spans(std::any_of(sinks_.begin(), sinks_.end(),
+                                [](const auto& sink) { return sink->wants_phase_spans(); }));
+  if (peak_tflops > 0) {
+    meter.peak_flops = peak_tflops * 1e12;
+  } else if (meter.flops_per_sample > 0) {
+    meter.peak_flops = measure_peak_flops(*run_.placement.backend, run_.placement.index,
+                                          run_.precision->autocast_dtype().has_value());
+  }
+  meter_ = std::make_unique<TrainingMeter>(meter, phases);
+}
+
+void MetricsReporter::begin(const RunInfo& info) {
+  for (auto& sink : sinks_) sink->begin(info);
+}
+
+void MetricsReporter::emit(const MetricRecord& record) {
+  for (auto& sink : sinks_) sink->write(record);
+}
+
+// Memory as the device's allocator (or the process, on the host) sees it, and what the strategy
+// holds in parameters, gradients and optimizer state.
+void MetricsReporter::append_memory_figures(
+    std::vector<std::pair<std::string, double>>& values) const {
+  const DeviceMemory memory = run_.placement.backend->memory(run_.placement.index);
+  values.emplace_back("memory_current_bytes", static_cast<double>(memory.current_bytes));
+  values.emplace_back("memory_peak_bytes", static_cast<double>(memory.peak_bytes));
+  const HeldBytes held = run_.strategy->held_bytes();
+  values.emplace_back("held_parameter_bytes", static_cast<double>(held.parameters));
+  values.emplace_back("held_gradient_bytes", static_cast<double>(held.gradients));
+  values.emplace_back("held_optimizer_bytes", static_cast<double>(held.optimizer_state));
+}
+
+void MetricsReporter::flush_train(std::int64_t step, std::int64_t epoch, double elapsed_s) {
+  if (meter_->interval_empty()) return;
+  IntervalFigures figures = meter_->close_interval();
+  MetricRecord record;
+  record.phase = "train";
+  record.step = step;
+  record.epoch = epoch;
+  record.elapsed_s = elapsed_s;
+  final_train_loss_ = figures.mean_loss;
+  record.values = std::move(figures.values);
+  record.values.emplace_back(
+      "lr", run_.scheduler->learning_rate(step - 1, run_.total_steps, run_.base_lr));
+  const Loader& loader = *run_.loader;
+  record.values.emplace_back(
+      "epoch_progress", static_cast<double>(epoch) + static_cast<double>(loader.position()) /
+                                                         static_cast<double>(std::max<std::int64_t>(
+                                                             1, loader.batches_per_epoch())));
+  for (const auto& metric : run_.precision->metrics()) record.values.push_back(metric);
+  append_memory_figures(record.values);
+  if (!figures.spans.empty()) {
+    for (auto& sink : sinks_) {
+      if (sink->wants_phase_spans()) sink->write_phase_spans(figures.spans);
+    }
+  }
+  emit(record);
+  meter_->restart_clock();
+}
+
+void MetricsReporter::write_eval(std::int64_t step, std::int64_t epoch, double elapsed_s,
+                                 std::vector<std::pair<std::string, double>> values) {
+  MetricRecord record;
+  record.phase = "eval";
+  record.step = step;
+  record.epoch = epoch;
+  record.elapsed_s = elapsed_s;
+  record.values = std::move(values);
+  last_eval_.clear();
+  for (const auto& [name, value] : record.values) last_eval_[name] = value;
+  emit(record);
+}
+
+RunSummary MetricsReporter::finish(RunSummary summary, std::int64_t epoch, double elapsed_s) {
+  summary.final_train_loss = final_train_loss_;
+  summary.eval = last_eval_;
+  MetricRecord record;
+  record.phase = "summary";
+  record.step = summary.steps;
+  record.epoch = epoch;
+  record.elapsed_s = elapsed_s;
+  record.values = {{"steps", static_cast<double>(summary.steps)},
+                   {"wall_s", summary.wall_s},
+                   {"samples_per_s", summary.samples_per_s},
+                   {"final_train_loss", summary.final_train_loss}};
+  for (int index = 0; index < kStepPhaseCount; ++index) {
+    const auto phase = static_cast<StepPhase>(index);
+    record.values.emplace_back(std::string(step_phase_name(phase)) + "_share",
+                               meter_->phase_share(phase));
+  }
+  append_memory_figures(record.values);
+  if (run_.rank == 0) {
+    for (const auto& line : meter_->bottleneck_report()) log_("trainyard: " + line);
+  }
+  for (const auto& [name, value] : summary.eval) record.values.emplace_back("eval_" + name, value);
+  emit(record);
+  for (auto& sink : sinks_) sink->end();
+  return summary;
+}
+
+}  // namespace trainyard

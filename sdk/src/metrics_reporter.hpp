@@ -1,0 +1,73 @@
+#pragma once
+// The run's records to every metric sink: one train record per logging interval (the meter's
+// figures, the loss over the ranks that hold one, the learning rate, progress, precision and
+// memory figures), one per evaluation, and the summary at the end with the bottleneck report.
+
+#include <chrono>
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "device_placement.hpp"
+#include "training_meter.hpp"
+#include "trainyard/build_context.hpp"
+#include "trainyard/engine.hpp"
+#include "trainyard/metrics.hpp"
+#include "trainyard/recipe.hpp"
+#include "trainyard/registry.hpp"
+
+namespace trainyard {
+
+class Loader;
+class LrScheduler;
+class Precision;
+class Strategy;
+
+// What the train and summary records describe besides the step figures.
+struct ReportedRun {
+  std::shared_ptr<Strategy> strategy;
+  std::shared_ptr<Precision> precision;
+  std::shared_ptr<LrScheduler> scheduler;
+  DevicePlacement placement;
+  const Loader* loader = nullptr;
+  double base_lr = 0;
+  std::int64_t total_steps = 0;
+  int rank = 0;
+};
+
+class MetricsReporter {
+ public:
+  // Builds the enabled [sinks.*]; `meter` holds the model's FLOPs and the peak they are a
+  // fraction of (`peak_tflops`, or 0: measured on the device when the model reports its FLOPs).
+  MetricsReporter(const Recipe& recipe, const Registry& registry, const BuildContext& build,
+                  PhaseClock& phases, MeterSetup meter, double peak_tflops, ReportedRun run,
+                  std::function<void(const std::string&)> log);
+
+  TrainingMeter& meter() { return *meter_; }
+  void begin(const RunInfo& info);
+  // The interval's train record, when a step was taken since the last one. Collective in a
+  // multi-process run, so every rank flushes at the same steps.
+  void flush_train(std::int64_t step, std::int64_t epoch, double elapsed_s);
+  void write_eval(std::int64_t step, std::int64_t epoch, double elapsed_s,
+                  std::vector<std::pair<std::string, double>> values);
+  // Adds the last train loss and evaluation to `summary`, writes the summary record (rank 0 logs
+  // the bottleneck report) and ends every sink.
+  RunSummary finish(RunSummary summary, std::int64_t epoch, double elapsed_s);
+
+ private:
+  void emit(const MetricRecord& record);
+  void append_memory_figures(std::vector<std::pair<std::string, double>>& values) const;
+
+  ReportedRun run_;
+  std::function<void(const std::string&)> log_;
+  std::vector<std::shared_ptr<MetricsSink>> sinks_;
+  std::unique_ptr<TrainingMeter> meter_;
+  double final_train_loss_ = 0;
+  std::map<std::string, double> last_eval_;
+};
+
+}  // namespace trainyard
