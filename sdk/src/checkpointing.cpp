@@ -20,16 +20,20 @@ namespace fs = std::filesystem;
 namespace {
 
 constexpr const char* kRngKey = "engine.rng.cpu";
+constexpr const char* kLayoutKey = "engine.layout";
+constexpr const char* kAccumulationKey = "engine.accumulation";
 
 // Refuses a state written by another number of ranks unless this run reads the same samples at
 // every step: the data order follows from the seed and the global batch.
 void check_resharding(const CheckpointState& state, const fs::path& checkpoint,
                       const CheckpointedRun& run) {
   const auto& meta = state.shared.metadata;
-  const std::string saved = meta.at(kSavedWorldSizeKey);
+  auto saved_world = meta.find(kSavedWorldSizeKey);
+  const std::string saved =
+      saved_world != meta.end() ? saved_world->second + " ranks" : "another layout";
   auto refuse = [&](const std::string& why) {
-    throw Error("cannot resume " + checkpoint.string() + " (written by " + saved + " ranks) on " +
-                std::to_string(run.world_size) + ": " + why);
+    throw Error("cannot resume " + checkpoint.string() + " (written by " + saved + ") on " +
+                std::to_string(run.world_size) + " ranks with " + run.layout + ": " + why);
   };
   if (run.loader->streaming()) refuse("a streaming dataset's reader positions are per rank");
   auto recorded = [&](const char* key) {
@@ -90,6 +94,11 @@ std::optional<TrainingPosition> Checkpointing::resume(
     checkpoint = fs::path(which);
   }
   CheckpointState state = store_->load(*checkpoint);
+  auto layout = state.shared.metadata.find(kLayoutKey);
+  const bool other_layout = layout != state.shared.metadata.end() && layout->second != run_.layout;
+  const bool other_world = state.shared.metadata.count(kSavedWorldSizeKey) != 0;
+  // The same ranks under another layout: every saved rank's pieces, for re-slicing.
+  if (other_layout && !other_world) state = store_->load(*checkpoint, /*every_rank=*/true);
   auto number = [&](const char* key) -> std::int64_t {
     auto it = state.shared.metadata.find(key);
     if (it == state.shared.metadata.end()) {
@@ -97,8 +106,8 @@ std::optional<TrainingPosition> Checkpointing::resume(
     }
     return std::stoll(it->second);
   };
-  // Written by another number of ranks: the strategy reshards.
-  const bool resharding = state.shared.metadata.count(kSavedWorldSizeKey) != 0;
+  // Written by another number of ranks or another layout: the strategy reshards.
+  const bool resharding = other_world || other_layout;
   if (resharding) check_resharding(state, *checkpoint, run_);
   run_.strategy->load_state(state);
   run_.precision->load_state(state.shared);
@@ -106,11 +115,19 @@ std::optional<TrainingPosition> Checkpointing::resume(
   position.step = number("engine.step");
   position.epoch = number("engine.epoch");
   position.batch_in_epoch = number("engine.batch_in_epoch");
+  // The position counts this rank's micro-batches: steps taken times the accumulation then.
+  if (auto saved = state.shared.metadata.find(kAccumulationKey);
+      saved != state.shared.metadata.end() && std::stoll(saved->second) != run_.accumulation) {
+    position.batch_in_epoch =
+        position.batch_in_epoch / std::stoll(saved->second) * run_.accumulation;
+  }
   if (resharding) {
-    // Per-rank random streams do not map across rank counts: they restart from the seed.
+    // Per-rank random streams do not map across layouts: they restart from the seed.
     log("resharded " + checkpoint->string() + " from " +
-        state.shared.metadata.at(kSavedWorldSizeKey) + " ranks to " +
-        std::to_string(run_.world_size) + "; per-rank random streams restart from the seed");
+        (other_world ? state.shared.metadata.at(kSavedWorldSizeKey) + " ranks"
+                     : std::string("'") + layout->second + "'") +
+        " to " + std::to_string(run_.world_size) + " ranks with " + run_.layout +
+        "; per-rank random streams restart from the seed");
   } else {
     if (auto rng = state.local.tensors.find(kRngKey); rng != state.local.tensors.end()) {
       auto generator = at::detail::getDefaultCPUGenerator();
@@ -160,6 +177,8 @@ void Checkpointing::save(const TrainingPosition& position) {
   meta["engine.batch_in_epoch"] = std::to_string(position.batch_in_epoch);
   meta["engine.global_batch"] = std::to_string(run_.global_batch);
   meta["engine.steps_per_epoch"] = std::to_string(run_.steps_per_epoch);
+  meta[kAccumulationKey] = std::to_string(run_.accumulation);
+  meta[kLayoutKey] = run_.layout;
   meta["engine.recipe"] = run_.recipe_toml;
   meta["engine.framework_version"] = kFrameworkVersion;
   {

@@ -54,7 +54,11 @@ struct CheckpointedRun {
   // Samples per optimizer step over every data-parallel rank.
   std::int64_t global_batch = 0;
   std::int64_t steps_per_epoch = 0;
+  std::int64_t accumulation = 1;  // micro-batches per optimizer step
   int world_size = 1;
+  // The strategy and mesh ("ddp on pp 1 x dp_replicate 1 x dp_shard 2 x tp 1"): a state written
+  // under another one is re-sliced from every saved rank's pieces.
+  std::string layout;
 };
 
 class Checkpointing {
@@ -68,8 +72,9 @@ class Checkpointing {
 
   // Loads `which` (a folder, or "auto": the newest valid one, nullopt when there is none) into
   // every part and returns the position to continue from. A state written by another number of
-  // ranks resumes its data position only when the global batch and the steps per epoch are the
-  // same; otherwise, or for a streaming dataset, it is refused with the reason.
+  // ranks or under another layout (strategy, mesh) resumes its data position only when the
+  // global batch and the steps per epoch are the same, whatever the ranks and micro-batches it
+  // is split into; otherwise, or for a streaming dataset, it is refused with the reason.
   std::optional<TrainingPosition> resume(const std::string& which,
                                          const std::function<void(const std::string&)>& log);
 

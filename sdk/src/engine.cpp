@@ -108,10 +108,18 @@ Engine::Engine(Recipe recipe, const Registry& registry, RunControls controls)
                                                 s.placement.device, *s.runtime);
   }
   if (s.recipe.has_section("checkpoint")) {
-    CheckpointedRun saved{s.components.strategy.get(), s.components.precision.get(),
-                          s.placement.backend.get(),   &s.data->loader(),
-                          to_toml(*s.recipe.root),     s.global_batch(),
-                          s.data->steps_per_epoch(),   s.runtime->world_size()};
+    CheckpointedRun saved;
+    saved.strategy = s.components.strategy.get();
+    saved.precision = s.components.precision.get();
+    saved.device = s.placement.backend.get();
+    saved.loader = &s.data->loader();
+    saved.recipe_toml = to_toml(*s.recipe.root);
+    saved.global_batch = s.global_batch();
+    saved.steps_per_epoch = s.data->steps_per_epoch();
+    saved.accumulation = s.run.grad_accumulation;
+    saved.world_size = s.runtime->world_size();
+    saved.layout = s.recipe.section("strategy").get_string("plugin") + " on " +
+                   build.mesh->layout().describe();
     s.checkpointing = std::make_unique<Checkpointing>(s.recipe, registry, build, s.run.output_dir,
                                                       std::move(saved), s.runtime->agreement());
   }

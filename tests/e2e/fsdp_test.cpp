@@ -444,7 +444,7 @@ CommandResult run_strategy(const std::string& strategy, int ranks, const fs::pat
 // Checkpoints hold placed pieces of the whole model's tensors, so one written by any strategy
 // on any number of ranks resumes under any other: parameters, AdamW moments and step counters
 // carry over, and the next steps match the uninterrupted run.
-TEST(CrossStrategyCheckpoint, FsdpOnFourRanksResumesOnDdpAndSingleAndBack) {
+TEST(CrossStrategyCheckpoint, ResumesUnderAnyStrategyRanksAndAccumulation) {
   TempDir dir;
   auto recipe = dir.write("recipe.toml", cnn_recipe() + kCheckpointSection);
   auto whole = run_strategy("fsdp", 4, recipe, dir / "whole", {});
@@ -454,12 +454,17 @@ TEST(CrossStrategyCheckpoint, FsdpOnFourRanksResumesOnDdpAndSingleAndBack) {
     int from_ranks;
     std::string to;
     int to_ranks;
+    std::int64_t accumulation = 1;  // of the resumed run, micro-batches of 32 / ranks / it
   };
-  for (const Move& move : {Move{"fsdp", 4, "ddp", 2}, Move{"fsdp", 4, "single", 1},
-                           Move{"ddp", 2, "fsdp", 4}, Move{"single", 1, "fsdp", 4},
-                           Move{"zero1", 2, "fsdp", 4}, Move{"fsdp", 4, "zero1", 2}}) {
+  // The same number of ranks under another strategy reads every rank's pieces; another
+  // accumulation continues at the same step of the epoch.
+  for (const Move& move :
+       {Move{"fsdp", 4, "ddp", 2}, Move{"fsdp", 4, "single", 1}, Move{"ddp", 2, "fsdp", 4},
+        Move{"single", 1, "fsdp", 4}, Move{"zero1", 2, "fsdp", 4}, Move{"fsdp", 4, "zero1", 2},
+        Move{"fsdp", 2, "ddp", 2}, Move{"fsdp", 2, "ddp", 2, 2}}) {
     const std::string name = move.from + std::to_string(move.from_ranks) + "-" + move.to +
-                             std::to_string(move.to_ranks);
+                             std::to_string(move.to_ranks) + "x" +
+                             std::to_string(move.accumulation);
     SCOPED_TRACE(name);
     auto saved = run_strategy(move.from, move.from_ranks, recipe, dir / (name + "-saved"),
                               {"--set", "run.max_steps=3"});
@@ -467,10 +472,13 @@ TEST(CrossStrategyCheckpoint, FsdpOnFourRanksResumesOnDdpAndSingleAndBack) {
     const fs::path checkpoint = dir / (name + "-saved") / "checkpoints" / "step-000000003";
     auto resumed = run_strategy(
         move.to, move.to_ranks, recipe, dir / name,
-        {"--set", "checkpoint.dir=" + (dir / (name + "-checkpoints")).string(), "--resume",
-         checkpoint.string()});
+        {"--set", "checkpoint.dir=" + (dir / (name + "-checkpoints")).string(), "--set",
+         "run.grad_accumulation=" + std::to_string(move.accumulation), "--set",
+         "loader.batch_size=" + std::to_string(32 / move.to_ranks / move.accumulation),
+         "--resume", checkpoint.string()});
     ASSERT_EQ(resumed.exit_code, 0) << describe(resumed);
     EXPECT_HAS(resumed.err, "at step 3");
+    EXPECT_HAS(resumed.err, "resharded");
     expect_same_model(dir / "whole" / "final.pt", dir / name / "final.pt");
   }
 }

@@ -166,8 +166,8 @@ TEST_F(ParallelSectionTest, AWrittenMinusOneTakesOverFillingFromDpShard) {
 }
 
 TEST_F(ParallelSectionTest, BadSizesAreLocatedErrors) {
-  EXPECT_HAS(error_resolving("[parallel]\ntp = 0\n"),
-             "recipe.toml:8:6: parallel.tp must be >= 1, or -1 to fill the world, got 0");
+  EXPECT_HAS(error_resolving("[parallel]\ntp = 0\n"), "recipe.toml:8:6: parallel.tp must be >= 1");
+  EXPECT_HAS(error_resolving("[parallel]\ntp = 0\n"), "or -1 to fill the world, got 0");
   EXPECT_HAS(error_resolving("[parallel]\npp = -1\ndp_shard = -1\n"),
              "recipe.toml:9:12: parallel.dp_shard is -1, but so is parallel.pp; only one "
              "dimension may fill the world");

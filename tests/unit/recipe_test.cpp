@@ -381,7 +381,7 @@ TEST_F(RecipeTest, RuntimeRangesAreRefusedWhenResolving) {
   EXPECT_HAS(refused("[comm]", "timeout_s = 0"), "comm.timeout_s must be >= 1");
   EXPECT_HAS(refused("[parallel]", "tp = 0"), "parallel.tp must be >= 1");
   EXPECT_HAS(refused("[parallel]", "tp = 0"), "or -1 to fill the world, got 0");
-  EXPECT_HAS(refused("[parallel]", "tp = -1"), "only one dimension may fill the world");
+  EXPECT_HAS(refused("[parallel]", "tp = -1\npp = -1"), "only one dimension may fill the world");
 }
 
 TEST_F(RecipeTest, MeshRequestReadsTheParallelSection) {

@@ -71,9 +71,16 @@ TEST(GradientAccumulation, OneOptimizerStepPerKMicroBatches) {
   }
   CheckpointState state;
   harness.strategy->save_state(state);
-  auto it = state.shared.tensors.find("optimizer.param.0.step");
-  ASSERT_NE(it, state.shared.tensors.end());
-  EXPECT_EQ(it->second.item<std::int64_t>(), 3) << "AdamW counted micro-batches, not steps";
+  int counters = 0;
+  for (const auto& [name, value] : state.shared.tensors) {
+    if (name.rfind("optimizer.", 0) != 0 || name.size() < 5 ||
+        name.compare(name.size() - 5, 5, ".step") != 0) {
+      continue;
+    }
+    ++counters;
+    EXPECT_EQ(value.item<std::int64_t>(), 3) << name << ": AdamW counted micro-batches, not steps";
+  }
+  EXPECT_GT(counters, 0) << "no optimizer step counter saved";
 }
 
 // Gradients recovered from one SGD step with lr 1: before - after.
