@@ -90,6 +90,13 @@ std::shared_ptr<const StreamSource> Dataset::stream_split(const std::string&) co
 }
 
 TensorMap Model::eval_sums(const torch::Tensor&, const Batch&) { return {}; }
+bool Model::builds_stages() const { return false; }
+std::vector<std::string> Model::block_names() {
+  std::vector<std::string> names;
+  for (const auto& block : blocks()) names.push_back(block.name);
+  return names;
+}
+std::vector<TiedParameter> Model::tied_parameters() { return {}; }
 
 torch::Tensor run_blocks(Model& model, const std::vector<Block>& blocks, const Batch& batch) {
   torch::Tensor x = model.input(batch);

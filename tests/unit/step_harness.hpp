@@ -114,9 +114,11 @@ struct StepHarness {
     context.build = build;
     const Config model_section = options_section("model", options.model_options);
     const std::string model = options.model;
-    // Parameters are drawn from the global generator: ranks running as threads draw one model
-    // at a time, each right after seeding it, so every run starts from the same parameters
-    // whatever the threads' interleaving.
+    // The bundled models draw each parameter from its own stream, but a test's own model
+    // (model_factory) draws from the global generator, and the bundled ones save and restore
+    // it: ranks running as threads build one model at a time, each right after seeding it, so
+    // every run starts from the same parameters and random streams whatever the threads'
+    // interleaving.
     const auto seed = static_cast<std::uint64_t>(options.seed);
     context.make_model = [model, model_section, seed, factory = options.model_factory,
                           built = built_model_](const BuildContext& context) {

@@ -15,9 +15,18 @@
 namespace trainyard {
 namespace {
 
+std::vector<std::string> cnn_block_names(std::size_t stages) {
+  std::vector<std::string> names;
+  for (std::size_t i = 0; i < stages; ++i) names.push_back("stage" + std::to_string(i));
+  names.push_back("head");
+  return names;
+}
+
 class Cnn final : public SequentialClassifier {
  public:
-  Cnn(const Config& options, const BuildContext& context) : SequentialClassifier("Cnn") {
+  Cnn(const Config& options, const BuildContext& context)
+      : SequentialClassifier("cnn", context,
+                             cnn_block_names(options.get_int_list("channels").size())) {
     auto channels = options.get_int_list("channels");
     std::int64_t hidden = options.get_int("hidden");
     double dropout = options.get_float("dropout");
@@ -33,27 +42,32 @@ class Cnn final : public SequentialClassifier {
     for (std::size_t i = 0; i < channels.size(); ++i) {
       if (channels[i] < 1) options.fail("channels", "must be positive");
       if (height < 2 || width < 2) options.fail("channels", "has more stages than the image allows");
-      torch::nn::Sequential stage;
-      stage->push_back(torch::nn::Conv2d(
-          torch::nn::Conv2dOptions(in, channels[i], 3).padding(1).bias(!batch_norm)));
-      if (batch_norm) stage->push_back(torch::nn::BatchNorm2d(channels[i]));
-      stage->push_back(torch::nn::ReLU());
-      stage->push_back(torch::nn::MaxPool2d(2));
-      add_block("stage" + std::to_string(i), stage,
-                static_cast<double>(height * width * channels[i] * in * 9));
-      in = channels[i];
+      const std::int64_t out = channels[i];
+      add_block("stage" + std::to_string(i), static_cast<double>(height * width * out * in * 9),
+                [&] {
+                  torch::nn::Sequential stage;
+                  stage->push_back(torch::nn::Conv2d(
+                      torch::nn::Conv2dOptions(in, out, 3).padding(1).bias(!batch_norm)));
+                  if (batch_norm) stage->push_back(torch::nn::BatchNorm2d(out));
+                  stage->push_back(torch::nn::ReLU());
+                  stage->push_back(torch::nn::MaxPool2d(2));
+                  return stage;
+                });
+      in = out;
       height /= 2;
       width /= 2;
     }
     const std::int64_t features = in * height * width;
-    torch::nn::Sequential head;
-    head->push_back(torch::nn::Flatten());
-    head->push_back(torch::nn::Linear(features, hidden));
-    head->push_back(torch::nn::ReLU());
-    if (dropout > 0) head->push_back(torch::nn::Dropout(dropout));
-    head->push_back(torch::nn::Linear(hidden, context.data.num_classes));
-    add_block("head", head,
-              static_cast<double>(features * hidden + hidden * context.data.num_classes));
+    const std::int64_t classes = context.data.num_classes;
+    add_block("head", static_cast<double>(features * hidden + hidden * classes), [&] {
+      torch::nn::Sequential head;
+      head->push_back(torch::nn::Flatten());
+      head->push_back(torch::nn::Linear(features, hidden));
+      head->push_back(torch::nn::ReLU());
+      if (dropout > 0) head->push_back(torch::nn::Dropout(dropout));
+      head->push_back(torch::nn::Linear(hidden, classes));
+      return head;
+    });
   }
 };
 

@@ -7,10 +7,14 @@
 //   "layerI"  [B, T, d] -> [B, T, d], for I in 0 .. n_layers - 1
 //   "head"    [B, T, d] -> logits [B, T, vocab]
 // The token embedding's weight is the output head's weight too, so it appears in both the first
-// and the last block (the tie the Model contract allows); module() holds it once.
+// and the last block (the tie the Model contract allows); module() holds it once. A stage that
+// holds the head but not the embedding holds its own copy, "head_token_weight", drawn from the
+// same stream as "embed.token.weight" (so equal to it), which the pipeline keeps in sync.
+//
+// Every parameter is drawn from its own stream (parameter_init.hpp) under its name in the whole
+// model, so any stage holds exactly the values of the same blocks of the whole model.
 
 #include <ATen/ATen.h>
-#include <torch/nn/init.h>
 #include <torch/nn/module.h>
 #include <torch/nn/modules/dropout.h>
 #include <torch/nn/modules/embedding.h>
@@ -18,10 +22,13 @@
 #include <torch/nn/modules/normalization.h>
 
 #include <cmath>
+#include <optional>
 
+#include "trainyard/block_selection.hpp"
 #include "trainyard/error.hpp"
-#include "trainyard/plugin.hpp"
 #include "trainyard/model.hpp"
+#include "trainyard/parameter_init.hpp"
+#include "trainyard/plugin.hpp"
 
 namespace trainyard {
 namespace {
@@ -35,23 +42,32 @@ struct GptShape {
   double dropout = 0;
 };
 
-// Weights as GPT-2 initialises them: N(0, 0.02), biases zero.
-void init_linear(torch::nn::Linear& linear, double std) {
-  torch::NoGradGuard no_grad;
-  torch::nn::init::normal_(linear->weight, 0.0, std);
-  if (linear->bias.defined()) torch::nn::init::zeros_(linear->bias);
+constexpr double kWeightStd = 0.02;
+const char* const kTokenWeight = "embed.token.weight";
+const char* const kHeadCopyOfTokenWeight = "head_token_weight";
+
+// Weights as GPT-2 initialises them: N(0, std), biases zero. `name` is the layer's name in the
+// whole model.
+void init_linear(const ParameterInit& init, torch::nn::Linear& linear, const std::string& name,
+                 double std) {
+  init.normal(linear->weight, name + ".weight", 0.0, std);
+  if (linear->bias.defined()) init.fill(linear->bias, 0.0);
+}
+
+void init_layer_norm(const ParameterInit& init, torch::nn::LayerNorm& norm) {
+  init.fill(norm->weight, 1.0);
+  init.fill(norm->bias, 0.0);
 }
 
 class EmbedBlock : public torch::nn::Module {
  public:
-  explicit EmbedBlock(const GptShape& shape)
+  EmbedBlock(const GptShape& shape, const ParameterInit& init)
       : token(register_module("token", torch::nn::Embedding(shape.vocab, shape.d_model))),
         position(register_module("position", torch::nn::Embedding(shape.seq_len, shape.d_model))),
         dropout(register_module("dropout", torch::nn::Dropout(shape.dropout))),
         seq_len_(shape.seq_len) {
-    torch::NoGradGuard no_grad;
-    torch::nn::init::normal_(token->weight, 0.0, 0.02);
-    torch::nn::init::normal_(position->weight, 0.0, 0.02);
+    init.normal(token->weight, kTokenWeight, 0.0, kWeightStd);
+    init.normal(position->weight, "embed.position.weight", 0.0, kWeightStd);
   }
 
   torch::Tensor forward(const torch::Tensor& ids) {
@@ -79,13 +95,15 @@ class EmbedBlock : public torch::nn::Module {
 
 class TransformerLayer : public torch::nn::Module {
  public:
-  explicit TransformerLayer(const GptShape& shape)
-      : attention_norm(register_module("attention_norm",
-                                       torch::nn::LayerNorm(torch::nn::LayerNormOptions({shape.d_model})))),
+  // `name` is the layer's name in the whole model ("layerI").
+  TransformerLayer(const GptShape& shape, const ParameterInit& init, const std::string& name)
+      : attention_norm(register_module(
+            "attention_norm", torch::nn::LayerNorm(torch::nn::LayerNormOptions({shape.d_model})))),
         qkv(register_module("qkv", torch::nn::Linear(shape.d_model, 3 * shape.d_model))),
-        attention_out(register_module("attention_out", torch::nn::Linear(shape.d_model, shape.d_model))),
-        mlp_norm(register_module("mlp_norm",
-                                 torch::nn::LayerNorm(torch::nn::LayerNormOptions({shape.d_model})))),
+        attention_out(
+            register_module("attention_out", torch::nn::Linear(shape.d_model, shape.d_model))),
+        mlp_norm(register_module(
+            "mlp_norm", torch::nn::LayerNorm(torch::nn::LayerNormOptions({shape.d_model})))),
         mlp_in(register_module("mlp_in", torch::nn::Linear(shape.d_model, 4 * shape.d_model))),
         mlp_out(register_module("mlp_out", torch::nn::Linear(4 * shape.d_model, shape.d_model))),
         dropout(register_module("dropout", torch::nn::Dropout(shape.dropout))),
@@ -93,11 +111,13 @@ class TransformerLayer : public torch::nn::Module {
         dropout_p_(shape.dropout) {
     // Residual projections scaled down with depth, so the residual stream's variance stays
     // bounded (GPT-2).
-    const double residual_std = 0.02 / std::sqrt(2.0 * static_cast<double>(shape.n_layers));
-    init_linear(qkv, 0.02);
-    init_linear(attention_out, residual_std);
-    init_linear(mlp_in, 0.02);
-    init_linear(mlp_out, residual_std);
+    const double residual_std = kWeightStd / std::sqrt(2.0 * static_cast<double>(shape.n_layers));
+    init_layer_norm(init, attention_norm);
+    init_linear(init, qkv, name + ".qkv", kWeightStd);
+    init_linear(init, attention_out, name + ".attention_out", residual_std);
+    init_layer_norm(init, mlp_norm);
+    init_linear(init, mlp_in, name + ".mlp_in", kWeightStd);
+    init_linear(init, mlp_out, name + ".mlp_out", residual_std);
   }
 
   torch::Tensor forward(const torch::Tensor& x) {
@@ -128,7 +148,8 @@ class TransformerLayer : public torch::nn::Module {
   double dropout_p_;
 };
 
-// The final LayerNorm and the output projection, whose weight is the token embedding's.
+// The final LayerNorm and the output projection, whose weight is the token embedding's (or, on
+// a stage without the embedding, a copy of it).
 class HeadBlock : public torch::nn::Module {
  public:
   HeadBlock(torch::nn::LayerNorm norm, const torch::Tensor& token_weight)
@@ -144,7 +165,7 @@ class HeadBlock : public torch::nn::Module {
 class Gpt final : public Model {
  public:
   Gpt(const Config& options, const BuildContext& context)
-      : root_(std::make_shared<torch::nn::Module>("Gpt")) {
+      : root_(std::make_shared<torch::nn::Module>("gpt")) {
     const DatasetInfo& data = context.data;
     if (data.vocab_size < 1 || data.sequence_length < 1) {
       throw Error("model 'gpt' needs a language-modelling dataset (one reporting vocab_size and "
@@ -170,31 +191,74 @@ class Gpt final : public Model {
     }
     if (shape_.dropout < 0 || shape_.dropout >= 1) options.fail("dropout", "must be in [0, 1)");
 
-    auto embed = std::make_shared<EmbedBlock>(shape_);
-    root_->register_module("embed", embed);
-    blocks_.push_back(Block{"embed", embed, [embed](const torch::Tensor& x) { return embed->forward(x); }});
+    block_names_.push_back("embed");
     for (std::int64_t i = 0; i < shape_.n_layers; ++i) {
-      const std::string name = "layer" + std::to_string(i);
-      auto layer = std::make_shared<TransformerLayer>(shape_);
-      root_->register_module(name, layer);
-      blocks_.push_back(Block{name, layer, [layer](const torch::Tensor& x) { return layer->forward(x); }});
+      block_names_.push_back("layer" + std::to_string(i));
     }
+    block_names_.push_back("head");
+    selection_.emplace(context.blocks, static_cast<std::int64_t>(block_names_.size()), "gpt");
+
+    const ParameterInit init(context.seed);
+    // torch::nn modules draw a default initialization from the global generator as they are
+    // constructed, which the per-parameter streams replace: the guard undoes those draws.
+    GlobalGeneratorGuard keep_global_stream;
+    std::shared_ptr<EmbedBlock> embed;
+    if (selection_->holds_first()) {
+      embed = std::make_shared<EmbedBlock>(shape_, init);
+      root_->register_module("embed", embed);
+      blocks_.push_back(
+          Block{"embed", embed, [embed](const torch::Tensor& x) { return embed->forward(x); }});
+    }
+    for (std::int64_t i = 0; i < shape_.n_layers; ++i) {
+      if (!selection_->holds(i + 1)) continue;
+      const std::string name = "layer" + std::to_string(i);
+      auto layer = std::make_shared<TransformerLayer>(shape_, init, name);
+      root_->register_module(name, layer);
+      blocks_.push_back(
+          Block{name, layer, [layer](const torch::Tensor& x) { return layer->forward(x); }});
+    }
+    if (!selection_->holds_last()) return;
     // The head module is not registered under root_: root_ already holds the final norm (below)
-    // and the tied weight (in "embed"), and listing them twice would make optimizers step them
-    // twice.
+    // and the tied weight (in "embed", or as the head's copy), and listing them twice would make
+    // optimizers step them twice.
     auto norm = torch::nn::LayerNorm(torch::nn::LayerNormOptions({shape_.d_model}));
+    init_layer_norm(init, norm);
     root_->register_module("final_norm", norm);
-    auto head = std::make_shared<HeadBlock>(norm, embed->token->weight);
+    torch::Tensor token_weight;
+    if (embed) {
+      token_weight = embed->token->weight;
+    } else {
+      token_weight = torch::empty({shape_.vocab, shape_.d_model});
+      init.normal(token_weight, kTokenWeight, 0.0, kWeightStd);
+      root_->register_parameter(kHeadCopyOfTokenWeight, token_weight);
+    }
+    auto head = std::make_shared<HeadBlock>(norm, token_weight);
     blocks_.push_back(Block{"head", head, [head](const torch::Tensor& x) { return head->forward(x); }});
   }
 
   torch::nn::Module& module() override { return *root_; }
   std::vector<Block> blocks() override { return blocks_; }
-  torch::Tensor input(const Batch& batch) override { return batch.at("input"); }
+  torch::Tensor input(const Batch& batch) override {
+    selection_->require_first("input()");
+    return batch.at("input");
+  }
+  bool builds_stages() const override { return true; }
+  std::vector<std::string> block_names() override { return block_names_; }
+
+  std::vector<TiedParameter> tied_parameters() override {
+    TiedParameter tie{kTokenWeight, {"embed", "head"}, {}};
+    if (selection_->holds_first()) {
+      tie.held_as = kTokenWeight;
+    } else if (selection_->holds_last()) {
+      tie.held_as = kHeadCopyOfTokenWeight;
+    }
+    return {tie};
+  }
 
   // Mean cross-entropy over every position of every sequence (all sequences have the same
   // length, so this is also the mean over the batch of per-sequence means).
   torch::Tensor loss(const torch::Tensor& logits, const Batch& batch) override {
+    selection_->require_last("loss()");
     const torch::Tensor& target = batch.at("target");
     return at::cross_entropy_loss(logits.reshape({-1, logits.size(-1)}).to(at::kFloat),
                                   target.reshape({-1}));
@@ -203,25 +267,33 @@ class Gpt final : public Model {
   // {"accuracy": sum over sequences of the fraction of next tokens predicted}: the engine divides
   // by the sequence count, giving the mean next-token accuracy.
   TensorMap eval_sums(const torch::Tensor& logits, const Batch& batch) override {
+    selection_->require_last("eval_sums()");
     torch::Tensor correct = logits.argmax(-1).eq(batch.at("target")).to(at::kFloat);
     return {{"accuracy", correct.mean(-1).sum()}};
   }
 
   // Per token, forward plus backward: 6 N for the matrix multiplies (2 FLOPs per multiply-add,
-  // backward twice forward), N = n_layers * 12 d^2 (qkv 3d^2, attention output d^2, MLP 8d^2)
-  // + vocab * d (the output head); plus 12 * n_layers * d * T for attention's scores and
+  // backward twice forward), N = 12 d^2 per layer (qkv 3d^2, attention output d^2, MLP 8d^2)
+  // + vocab * d (the output head); plus 12 * d * T per layer for attention's scores and
   // weighted sum over the T positions (PaLM, appendix B). Embedding lookups, norms and biases are
-  // left out. Per sample: T times that.
+  // left out. Per sample: T times that, over the blocks this build holds.
   double flops_per_sample() const override {
     const double d = static_cast<double>(shape_.d_model);
-    const double layers = static_cast<double>(shape_.n_layers);
     const double length = static_cast<double>(shape_.seq_len);
-    const double matmul_params = layers * 12.0 * d * d + static_cast<double>(shape_.vocab) * d;
+    double layers = 0;
+    for (std::int64_t i = 0; i < shape_.n_layers; ++i) {
+      if (selection_->holds(i + 1)) layers += 1;
+    }
+    double matmul_params = layers * 12.0 * d * d;
+    if (selection_->holds_last()) matmul_params += static_cast<double>(shape_.vocab) * d;
     return length * (6.0 * matmul_params + 12.0 * layers * d * length);
   }
 
  private:
   GptShape shape_;
+  std::vector<std::string> block_names_;
+  // Set once the options are checked, before anything is built.
+  std::optional<BlockSelection> selection_;
   std::shared_ptr<torch::nn::Module> root_;
   std::vector<Block> blocks_;
 };

@@ -11,9 +11,18 @@
 namespace trainyard {
 namespace {
 
+std::vector<std::string> mlp_block_names(std::size_t hidden_layers) {
+  std::vector<std::string> names;
+  for (std::size_t i = 0; i < hidden_layers; ++i) names.push_back("hidden" + std::to_string(i));
+  names.push_back("head");
+  return names;
+}
+
 class Mlp final : public SequentialClassifier {
  public:
-  Mlp(const Config& options, const BuildContext& context) : SequentialClassifier("Mlp") {
+  Mlp(const Config& options, const BuildContext& context)
+      : SequentialClassifier("mlp", context,
+                             mlp_block_names(options.get_int_list("hidden").size())) {
     auto hidden = options.get_int_list("hidden");
     double dropout = options.get_float("dropout");
     if (dropout < 0 || dropout >= 1) options.fail("dropout", "must be in [0, 1)");
@@ -25,18 +34,24 @@ class Mlp final : public SequentialClassifier {
     std::int64_t width = features;
     for (std::size_t i = 0; i < hidden.size(); ++i) {
       if (hidden[i] < 1) options.fail("hidden", "must have positive widths");
-      torch::nn::Sequential layer;
-      if (i == 0) layer->push_back(torch::nn::Flatten());
-      layer->push_back(torch::nn::Linear(width, hidden[i]));
-      layer->push_back(torch::nn::ReLU());
-      if (dropout > 0) layer->push_back(torch::nn::Dropout(dropout));
-      add_block("hidden" + std::to_string(i), layer, static_cast<double>(width * hidden[i]));
-      width = hidden[i];
+      const std::int64_t out = hidden[i];
+      add_block("hidden" + std::to_string(i), static_cast<double>(width * out), [&] {
+        torch::nn::Sequential layer;
+        if (i == 0) layer->push_back(torch::nn::Flatten());
+        layer->push_back(torch::nn::Linear(width, out));
+        layer->push_back(torch::nn::ReLU());
+        if (dropout > 0) layer->push_back(torch::nn::Dropout(dropout));
+        return layer;
+      });
+      width = out;
     }
-    torch::nn::Sequential head;
-    if (hidden.empty()) head->push_back(torch::nn::Flatten());
-    head->push_back(torch::nn::Linear(width, context.data.num_classes));
-    add_block("head", head, static_cast<double>(width * context.data.num_classes));
+    const std::int64_t classes = context.data.num_classes;
+    add_block("head", static_cast<double>(width * classes), [&] {
+      torch::nn::Sequential head;
+      if (hidden.empty()) head->push_back(torch::nn::Flatten());
+      head->push_back(torch::nn::Linear(width, classes));
+      return head;
+    });
   }
 };
 

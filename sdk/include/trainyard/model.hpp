@@ -22,6 +22,17 @@ struct Block {
   std::function<torch::Tensor(const torch::Tensor&)> forward;
 };
 
+// A parameter several blocks share (a tied embedding and output head). The whole model holds
+// one tensor; a stage holding some of those blocks but not the one that owns it holds a copy of
+// its own, initialised to the same values (as Megatron-LM's word embeddings for the head). A
+// pipeline must keep the copies equal: all-reduce their gradients between the stages that hold
+// them before every optimizer step.
+struct TiedParameter {
+  std::string name;                 // in the whole model's module()
+  std::vector<std::string> blocks;  // the blocks that use it, in forward order
+  std::string held_as;              // its name in this build's module(); empty if not held
+};
+
 // A model plugin. Contract:
 // - module() owns every parameter and buffer; each belongs to exactly one block's module,
 //   except parameters tied between blocks (a shared embedding and output head), which appear
@@ -30,6 +41,17 @@ struct Block {
 // - forward(batch) == last block(... first block(input(batch))).
 // - loss() returns a scalar mean over the batch; eval_sums() returns per-batch sums (such as
 //   "correct") that the engine adds up and divides by the sample count.
+// Stage builds (pipeline parallelism), for models whose builds_stages() is true:
+// - With BuildContext::blocks set, the model creates only those blocks' modules, parameters and
+//   buffers (an empty range creates none); blocks() returns only them, and module() and each
+//   block's module name them as the whole model does. Tied parameters are the exception above.
+// - Every parameter and buffer holds exactly the values the whole model built with the same
+//   BuildContext::seed holds (per-parameter streams, parameter_init.hpp), and building draws
+//   nothing from the global generator.
+// - input(batch) needs the first block, loss() and eval_sums() the last; a stage without it
+//   throws Error. Running a stage's blocks on the previous stage's output continues the whole
+//   model's forward exactly.
+// - block_names() and tied_parameters() describe the whole model on any stage.
 class Model : public Component {
  public:
   static constexpr const char* kKind = "model";
@@ -38,8 +60,19 @@ class Model : public Component {
   virtual torch::Tensor input(const Batch& batch) = 0;
   virtual torch::Tensor loss(const torch::Tensor& output, const Batch& batch) = 0;
   virtual TensorMap eval_sums(const torch::Tensor& output, const Batch& batch);
-  // Forward + backward FLOPs of one sample, for throughput as a fraction of peak.
+  // Forward + backward FLOPs of one sample through the blocks this build holds (the whole
+  // model's unless it is a stage), for throughput as a fraction of peak.
   virtual double flops_per_sample() const = 0;
+
+  // Whether the model honours BuildContext::blocks. A model that does not always builds whole,
+  // and a pipeline must refuse it. Default: false.
+  virtual bool builds_stages() const;
+  // The names of all the whole model's blocks, in forward order, known from the options alone:
+  // how a pipeline learns the block count before it splits (build an empty range to allocate
+  // nothing). Default: the names of blocks(), right for models that always build whole.
+  virtual std::vector<std::string> block_names();
+  // The parameters several blocks share (see TiedParameter). Default: none.
+  virtual std::vector<TiedParameter> tied_parameters();
 };
 
 // Runs `blocks` in order on the model's input: the plain forward pass strategies build on.

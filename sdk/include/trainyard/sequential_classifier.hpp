@@ -1,44 +1,83 @@
 #pragma once
 // A base for classification models built from torch::nn::Sequential blocks: logits [B, C]
-// against the batch's "target", accuracy as the evaluation sum.
+// against the batch's "target", accuracy as the evaluation sum. It builds stages: a derived
+// model names all its blocks up front, then adds them in order, and only the blocks of the
+// stage are constructed, each initialised per parameter (LibTorch's defaults, drawn from the
+// parameters' own streams).
 
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
 
+#include "trainyard/block_selection.hpp"
+#include "trainyard/build_context.hpp"
 #include "trainyard/classification.hpp"
+#include "trainyard/error.hpp"
 #include "trainyard/model.hpp"
+#include "trainyard/parameter_init.hpp"
 #include "trainyard/sequential_block.hpp"
 
 namespace trainyard {
 
 class SequentialClassifier : public Model {
  public:
-  explicit SequentialClassifier(const std::string& name)
-      : root_(std::make_shared<torch::nn::Module>(name)) {}
+  // `model` names the plugin in errors; `block_names` are all the whole model's blocks in
+  // forward order; `context` says which of them to build (BuildContext::blocks) and the seed.
+  SequentialClassifier(const std::string& model, const BuildContext& context,
+                       std::vector<std::string> block_names)
+      : root_(std::make_shared<torch::nn::Module>(model)),
+        block_names_(std::move(block_names)),
+        selection_(context.blocks, static_cast<std::int64_t>(block_names_.size()), model),
+        init_(context.seed) {}
 
   torch::nn::Module& module() override { return *root_; }
   std::vector<Block> blocks() override { return blocks_; }
-  torch::Tensor input(const Batch& batch) override { return batch.at("input"); }
+  torch::Tensor input(const Batch& batch) override {
+    selection_.require_first("input()");
+    return batch.at("input");
+  }
   torch::Tensor loss(const torch::Tensor& output, const Batch& batch) override {
+    selection_.require_last("loss()");
     return classification_loss(output, batch);
   }
   TensorMap eval_sums(const torch::Tensor& output, const Batch& batch) override {
+    selection_.require_last("eval_sums()");
     return classification_sums(output, batch);
   }
   // 2 FLOPs per multiply-add, forward plus twice that for backward.
   double flops_per_sample() const override { return 6.0 * multiply_adds_; }
+  bool builds_stages() const override { return true; }
+  std::vector<std::string> block_names() override { return block_names_; }
 
  protected:
-  // Appends a block; `multiply_adds` is its forward cost per sample.
-  void add_block(const std::string& name, torch::nn::Sequential layers, double multiply_adds) {
+  // Adds the next block in forward order; `multiply_adds` is its forward cost per sample.
+  // `make_layers` runs only when the build holds the block.
+  void add_block(const std::string& name, double multiply_adds,
+                 const std::function<torch::nn::Sequential()>& make_layers) {
+    const auto index = added_++;
+    if (index >= static_cast<std::int64_t>(block_names_.size()) || block_names_[index] != name) {
+      throw Error("model '" + root_->name() + "' adds block '" + name +
+                  "', which is not the next of the block names it declared");
+    }
+    if (!selection_.holds(index)) return;
+    torch::nn::Sequential layers{nullptr};
+    {
+      GlobalGeneratorGuard keep_global_stream;
+      layers = make_layers();
+    }
+    init_.initialize_defaults(*layers, name);
     blocks_.push_back(sequential_block(*root_, name, std::move(layers)));
     multiply_adds_ += multiply_adds;
   }
 
  private:
   std::shared_ptr<torch::nn::Module> root_;
+  std::vector<std::string> block_names_;
+  BlockSelection selection_;
+  ParameterInit init_;
   std::vector<Block> blocks_;
+  std::int64_t added_ = 0;
   double multiply_adds_ = 0;
 };
 

@@ -1,11 +1,13 @@
 // Model conformance: blocks own every parameter and are stable, the forward pass through the
-// blocks gives logits, the loss is a finite scalar with gradients for every parameter, and
-// construction is seeded.
+// blocks gives logits, the loss is a finite scalar with gradients for every parameter,
+// construction is seeded, and a model that builds stages builds each one equal to the same slice
+// of the whole model.
 
 #include <ATen/ATen.h>
 #include <torch/nn/module.h>
 #include <torch/utils.h>
 
+#include <optional>
 #include <set>
 
 #include "conformance.hpp"
@@ -39,9 +41,8 @@ class ModelConformance : public ::testing::TestWithParam<std::string> {
       torch::manual_seed(seed);
       try {
         language_ = language;
-        return conformance::registry().create<Model>(
-            GetParam(), conformance::section("model"),
-            language ? language_model_context() : conformance::classification_context());
+        return conformance::registry().create<Model>(GetParam(), conformance::section("model"),
+                                                     context(seed));
       } catch (const Error& error) {
         message = error.what();
         if (message.find("need") == std::string::npos) throw;
@@ -49,6 +50,20 @@ class ModelConformance : public ::testing::TestWithParam<std::string> {
     }
     skipped_ = "needs another kind of data: " + message;
     return nullptr;
+  }
+
+  // The blocks `range` of the model, for the kind of data build() found it takes.
+  std::shared_ptr<Model> build_stage(std::uint64_t seed, const BlockRange& range) const {
+    BuildContext stage_context = context(seed);
+    stage_context.blocks = range;
+    return conformance::registry().create<Model>(GetParam(), conformance::section("model"),
+                                                 stage_context);
+  }
+
+  BuildContext context(std::uint64_t seed) const {
+    BuildContext out = language_ ? language_model_context() : conformance::classification_context();
+    out.seed = seed;
+    return out;
   }
 
   Batch batch() const {
@@ -203,6 +218,141 @@ TEST_P(ModelConformance, SameSeedGivesSameInitialParameters) {
     const torch::Tensor* other = second_buffers.find(item.key());
     ASSERT_NE(other, nullptr) << item.key();
     EXPECT_TRUE(at::equal(item.value(), *other)) << "buffer '" << item.key() << "' differs";
+  }
+}
+
+std::vector<std::string> names_of(const std::vector<Block>& blocks) {
+  std::vector<std::string> names;
+  for (const auto& block : blocks) names.push_back(block.name);
+  return names;
+}
+
+using NamedTensors = torch::OrderedDict<std::string, torch::Tensor>;
+
+// A block's parameters and buffers as they are now.
+struct BlockState {
+  NamedTensors parameters;
+  NamedTensors buffers;
+};
+
+BlockState snapshot(const Block& block) {
+  BlockState state;
+  for (const auto& item : block.module->named_parameters(true)) {
+    state.parameters.insert(item.key(), item.value().detach().clone());
+  }
+  for (const auto& item : block.module->named_buffers(true)) {
+    state.buffers.insert(item.key(), item.value().clone());
+  }
+  return state;
+}
+
+// Every parameter and buffer of `stage`'s block equals, bitwise and under the same name, the one
+// of the whole model's block.
+void expect_block_equals(const Block& stage, const BlockState& whole, const std::string& label) {
+  auto expect_same = [&](const NamedTensors& got, const NamedTensors& want,
+                         const std::string& what) {
+    EXPECT_EQ(got.keys(), want.keys()) << label << ": " << what << " names of " << stage.name;
+    for (const auto& item : want) {
+      const torch::Tensor* other = got.find(item.key());
+      if (!other) continue;
+      EXPECT_TRUE(item.value().sizes() == other->sizes() && at::equal(item.value(), *other))
+          << label << ": " << what << " '" << stage.name << "." << item.key()
+          << "' differs from the whole model's";
+    }
+  };
+  expect_same(stage.module->named_parameters(true), whole.parameters, "parameter");
+  expect_same(stage.module->named_buffers(true), whole.buffers, "buffer");
+}
+
+TEST_P(ModelConformance, StageEqualsTheSliceOfTheWholeModel) {
+  constexpr std::uint64_t kSeed = 5;
+  BUILD_OR_SKIP(whole, kSeed);
+  const std::vector<std::string> names = names_of(whole->blocks());
+  ASSERT_EQ(whole->block_names(), names)
+      << "block_names() must name the blocks of the whole model, in forward order";
+  if (!whole->builds_stages()) {
+    GTEST_SKIP() << "builds_stages() is false: the model always builds whole, and a pipeline "
+                    "refuses it";
+  }
+  const auto count = static_cast<std::int64_t>(names.size());
+  // As built: a forward in training mode moves BatchNorm's running statistics.
+  std::map<std::string, BlockState> whole_blocks;
+  for (const auto& block : whole->blocks()) whole_blocks.emplace(block.name, snapshot(block));
+  NamedTensors whole_parameters;
+  for (const auto& item : whole->module().named_parameters(true)) {
+    whole_parameters.insert(item.key(), item.value().detach().clone());
+  }
+  torch::manual_seed(3);
+  const Batch b = batch();
+  const torch::Tensor expected = run_blocks(*whole, whole->blocks(), b);
+
+  // Each split into two stages, then the split into one stage per block.
+  std::vector<std::vector<BlockRange>> splits;
+  for (std::int64_t cut = 1; cut < count; ++cut) splits.push_back({{0, cut}, {cut, -1}});
+  std::vector<BlockRange> singletons;
+  for (std::int64_t i = 0; i < count; ++i) singletons.push_back({i, i + 1});
+  splits.push_back(singletons);
+
+  for (const auto& split : splits) {
+    torch::Tensor x;
+    for (const BlockRange& range : split) {
+      const std::int64_t end = range.end == -1 ? count : range.end;
+      const std::string label = "stage [" + std::to_string(range.begin) + ", " +
+                                std::to_string(end) + ") of " + std::to_string(count);
+      auto stage = build_stage(kSeed, range);
+      ASSERT_TRUE(stage) << label;
+      ASSERT_EQ(stage->block_names(), names) << label;
+      const auto blocks = stage->blocks();
+      ASSERT_EQ(names_of(blocks),
+                std::vector<std::string>(names.begin() + range.begin, names.begin() + end))
+          << label << " must hold exactly its blocks";
+      for (const auto& block : blocks)
+        expect_block_equals(block, whole_blocks.at(block.name), label);
+
+      // module() names what it holds as the whole model does; a tied parameter held as a copy
+      // equals the original.
+      std::map<std::string, std::string> copies;
+      for (const auto& tie : stage->tied_parameters()) {
+        if (!tie.held_as.empty()) copies[tie.held_as] = tie.name;
+      }
+      for (const auto& item : stage->module().named_parameters(true)) {
+        const auto copy = copies.find(item.key());
+        const std::string name = copy == copies.end() ? item.key() : copy->second;
+        const torch::Tensor* original = whole_parameters.find(name);
+        ASSERT_NE(original, nullptr)
+            << label << ": '" << item.key() << "' is not in the whole model";
+        EXPECT_TRUE(at::equal(item.value(), *original)) << label << ": '" << item.key() << "'";
+      }
+
+      if (range.begin == 0) {
+        x = stage->input(b);
+      } else {
+        EXPECT_THROW(stage->input(b), Error) << label << ": input() needs the first block";
+      }
+      for (const auto& block : blocks) x = block.forward(x);
+      if (end == count) {
+        EXPECT_EQ(stage->loss(x, b).item<double>(), whole->loss(expected, b).item<double>())
+            << label;
+      } else {
+        EXPECT_THROW(stage->loss(x, b), Error) << label << ": loss() needs the last block";
+      }
+    }
+    EXPECT_TRUE(at::equal(x, expected)) << "chaining the stages' forwards must equal the whole "
+                                           "model's forward exactly";
+  }
+
+  // An empty range builds nothing and still names every block.
+  auto empty = build_stage(kSeed, BlockRange{1, 1});
+  EXPECT_EQ(empty->module().parameters(true).size(), 0u);
+  EXPECT_TRUE(empty->blocks().empty());
+  EXPECT_EQ(empty->block_names(), names);
+  // A range beyond the last block is an Error naming the block count.
+  try {
+    build_stage(kSeed, BlockRange{0, count + 1});
+    ADD_FAILURE() << "a range past the last block must be refused";
+  } catch (const Error& error) {
+    EXPECT_NE(std::string(error.what()).find(std::to_string(count) + " blocks"), std::string::npos)
+        << error.what();
   }
 }
 
