@@ -371,7 +371,8 @@ CheckpointState CheckpointStore::load(const fs::path& checkpoint, bool every_ran
   CheckpointState state;
   state.shared = backend_->read(checkpoint / ("shared" + backend_->extension()));
   if (manifest.world_size == peers_.world_size) {
-    state.local = backend_->read(checkpoint / (rank_file_stem(peers_.rank) + backend_->extension()));
+    state.local =
+        backend_->read(checkpoint / (rank_file_stem(peers_.rank) + backend_->extension()));
     if (!every_rank) return state;
   } else {
     // Written by another number of ranks: every rank's own entries, for the caller to reshard.

@@ -63,8 +63,8 @@ MeshLayout::MeshLayout() = default;
 
 MeshLayout MeshLayout::resolve(const MeshRequest& request, int world_size) {
   if (world_size < 1) throw Error("the world size must be >= 1, got " + std::to_string(world_size));
-  const std::array<int, kMeshAxisCount> asked = {request.pp, request.dp_replicate,
-                                                 request.dp_shard, request.tp};
+  const std::array<int, kMeshAxisCount> asked = {request.pp, request.dp_replicate, request.dp_shard,
+                                                 request.tp};
   int fill = -1;
   long long product = 1;
   for (int axis = 0; axis < kMeshAxisCount; ++axis) {
@@ -87,8 +87,9 @@ MeshLayout MeshLayout::resolve(const MeshRequest& request, int world_size) {
   auto describe_asked = [&] {
     std::string text;
     for (int axis = 0; axis < kMeshAxisCount; ++axis) {
-      text += (axis ? " x " : "") + std::string(mesh_axis_name(kAxes[static_cast<std::size_t>(axis)])) +
-              " " + std::to_string(asked[static_cast<std::size_t>(axis)]);
+      text += (axis ? " x " : "") +
+              std::string(mesh_axis_name(kAxes[static_cast<std::size_t>(axis)])) + " " +
+              std::to_string(asked[static_cast<std::size_t>(axis)]);
     }
     return text;
   };

@@ -73,11 +73,14 @@ HeldLayout flat_shard_layout(const std::vector<std::string>& names,
     const std::int64_t from = std::max(begin, start);
     const std::int64_t to = std::min(begin + count, start + size);
     if (from < to && to - from == size) {
-      layout.push_back(
-          ParameterPiece{names[i], from - begin, size, TensorPlacement::whole(shapes[i]), shapes[i]});
+      layout.push_back(ParameterPiece{names[i], from - begin, size,
+                                      TensorPlacement::whole(shapes[i]), shapes[i]});
     } else if (from < to) {
-      layout.push_back(ParameterPiece{names[i], from - begin, to - from,
-                                      TensorPlacement::flat(shapes[i], from - start), {to - from}});
+      layout.push_back(ParameterPiece{names[i],
+                                      from - begin,
+                                      to - from,
+                                      TensorPlacement::flat(shapes[i], from - start),
+                                      {to - from}});
     }
     start += size;
   }
@@ -162,7 +165,8 @@ void save_optimizer_pieces(const Optimizer& plugin, const torch::optim::Optimize
                            const std::vector<HeldLayout>& layouts, StateDict& pieces,
                            StateDict& whole, const std::string& replicas) {
   std::vector<std::int64_t> numels;
-  for (const auto& tensor : held_tensors(optimizer, layouts.size())) numels.push_back(tensor.numel());
+  for (const auto& tensor : held_tensors(optimizer, layouts.size()))
+    numels.push_back(tensor.numel());
   put_optimizer_pieces(optimizer_fields(plugin, optimizer), numels, layouts, pieces, whole,
                        replicas);
 }
@@ -180,8 +184,7 @@ void load_optimizer_pieces(const Optimizer& plugin, torch::optim::Optimizer& opt
       const std::string field = name.substr(first.size());
       if (field.find('.') != std::string::npos) continue;  // another parameter's longer name
       const std::vector<std::int64_t> shape = state.global_shape(name);
-      const bool per_element =
-          !shape.empty() && shape == layout.front().placement.global_shape;
+      const bool per_element = !shape.empty() && shape == layout.front().placement.global_shape;
       const std::string key =
           std::string(kPluginPrefix) + "param." + std::to_string(index) + "." + field;
       if (!per_element) {
@@ -218,7 +221,8 @@ void save_whole_module_state(const torch::nn::Module& module, const Optimizer& p
   for (const auto& item : module.named_buffers(true)) {
     shared.tensors[kModelPrefix + item.key()] = item.value().detach().clone();
   }
-  if (optimizer) save_optimizer_pieces(plugin, *optimizer, whole_layouts_of(module), shared, shared);
+  if (optimizer)
+    save_optimizer_pieces(plugin, *optimizer, whole_layouts_of(module), shared, shared);
 }
 
 void load_whole_module_state(torch::nn::Module& module, const Optimizer& plugin,

@@ -134,7 +134,8 @@ void check_fits(const std::string& name, const at::Tensor& piece,
     refuse("dimensions differ");
   }
   for (std::size_t d = 0; d < global.size(); ++d) {
-    if (placement.offsets[d] < 0 || placement.offsets[d] + piece.size(static_cast<long>(d)) > global[d]) {
+    if (placement.offsets[d] < 0 ||
+        placement.offsets[d] + piece.size(static_cast<long>(d)) > global[d]) {
       refuse("dimension " + std::to_string(d) + " overruns");
     }
   }

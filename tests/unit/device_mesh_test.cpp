@@ -7,8 +7,6 @@
 #include "test_support.hpp"
 #include "trainyard/device_mesh.hpp"
 #include "trainyard/error.hpp"
-#include "trainyard/recipe.hpp"
-#include "trainyard/registry.hpp"
 
 namespace trainyard {
 namespace {
@@ -27,7 +25,8 @@ std::string error_of(const MeshRequest& request, int world_size) {
 // Megatron-LM's example (parallel_state.initialize_model_parallel): 16 ranks, tensor parallel 2,
 // pipeline parallel 4, hence data parallel 2.
 TEST(DeviceMesh, MegatronsSixteenRankExample) {
-  const MeshLayout mesh = MeshLayout::resolve({.pp = 4, .dp_replicate = 1, .dp_shard = -1, .tp = 2}, 16);
+  const MeshLayout mesh =
+      MeshLayout::resolve({.pp = 4, .dp_replicate = 1, .dp_shard = -1, .tp = 2}, 16);
   EXPECT_EQ(mesh.size(MeshGroup::kData), 2);
   EXPECT_EQ(mesh.groups(MeshGroup::kTensor),
             (Groups{{0, 1}, {2, 3}, {4, 5}, {6, 7}, {8, 9}, {10, 11}, {12, 13}, {14, 15}}));
@@ -38,7 +37,8 @@ TEST(DeviceMesh, MegatronsSixteenRankExample) {
 }
 
 TEST(DeviceMesh, CoordinatesPutTensorInnermostAndPipelineOutermost) {
-  const MeshLayout mesh = MeshLayout::resolve({.pp = 2, .dp_replicate = 2, .dp_shard = 2, .tp = 2}, 16);
+  const MeshLayout mesh =
+      MeshLayout::resolve({.pp = 2, .dp_replicate = 2, .dp_shard = 2, .tp = 2}, 16);
   for (int rank = 0; rank < 16; ++rank) {
     const MeshCoordinates place = mesh.coordinates(rank);
     EXPECT_EQ(place[MeshAxis::kTensor], rank % 2);
@@ -58,7 +58,8 @@ TEST(DeviceMesh, CoordinatesPutTensorInnermostAndPipelineOutermost) {
 }
 
 TEST(DeviceMesh, EveryKindOfGroupCoversTheWorldOnceWithRanksInGroupOrder) {
-  const MeshLayout mesh = MeshLayout::resolve({.pp = 3, .dp_replicate = 2, .dp_shard = 2, .tp = 2}, 24);
+  const MeshLayout mesh =
+      MeshLayout::resolve({.pp = 3, .dp_replicate = 2, .dp_shard = 2, .tp = 2}, 24);
   for (MeshGroup kind : {MeshGroup::kPipeline, MeshGroup::kData, MeshGroup::kDataReplicate,
                          MeshGroup::kDataShard, MeshGroup::kTensor}) {
     std::multiset<int> seen;
@@ -105,77 +106,6 @@ TEST(DeviceMesh, InvalidLayoutsAreRefusedWithTheReason) {
   EXPECT_HAS(error_of({.pp = 1, .dp_replicate = 1, .dp_shard = 1, .tp = 1}, 0),
              "world size must be >= 1");
   EXPECT_THROW(MeshLayout::resolve(MeshRequest{}, 2).coordinates(2), Error);
-}
-
-// The [parallel] section: defaults, what it asks for, and located errors before any run starts.
-class ParallelSectionTest : public ::testing::Test {
- protected:
-  static void SetUpTestSuite() {
-    registry_ = new Registry();
-    testing::load_bundled_plugins(*registry_);
-  }
-  static void TearDownTestSuite() {
-    delete registry_;
-    registry_ = nullptr;
-  }
-
-  Recipe resolve(const std::string& parallel) {
-    const std::string text =
-        "[dataset]\nplugin = \"synthetic\"\n[model]\nplugin = \"mlp\"\n"
-        "[optimizer]\nplugin = \"sgd\"\n" +
-        parallel;
-    return resolve_recipe(load_recipe(dir_.write("recipe.toml", text)), *registry_);
-  }
-  std::string error_resolving(const std::string& parallel) {
-    try {
-      resolve(parallel);
-    } catch (const Error& error) {
-      return error.what();
-    }
-    return "";
-  }
-
-  testing::TempDir dir_;
-  static Registry* registry_;
-};
-Registry* ParallelSectionTest::registry_ = nullptr;
-
-TEST_F(ParallelSectionTest, AbsentSectionIsDataParallelOverEveryRank) {
-  const MeshRequest request = mesh_request(resolve("").section("parallel"));
-  EXPECT_EQ(request.pp, 1);
-  EXPECT_EQ(request.dp_replicate, 1);
-  EXPECT_EQ(request.dp_shard, -1);
-  EXPECT_EQ(request.tp, 1);
-}
-
-TEST_F(ParallelSectionTest, WrittenSizesAreRead) {
-  const MeshRequest request =
-      mesh_request(resolve("[parallel]\npp = 2\ntp = 4\ndp_shard = 1\ndp_replicate = -1\n")
-                       .section("parallel"));
-  EXPECT_EQ(request.pp, 2);
-  EXPECT_EQ(request.tp, 4);
-  EXPECT_EQ(request.dp_shard, 1);
-  EXPECT_EQ(request.dp_replicate, -1);
-}
-
-TEST_F(ParallelSectionTest, AWrittenMinusOneTakesOverFillingFromDpShard) {
-  const MeshRequest request = mesh_request(resolve("[parallel]\npp = -1\n").section("parallel"));
-  EXPECT_EQ(request.pp, -1);
-  EXPECT_EQ(request.dp_shard, 1);
-  EXPECT_EQ(MeshLayout::resolve(request, 4).size(MeshAxis::kPipeline), 4);
-}
-
-TEST_F(ParallelSectionTest, BadSizesAreLocatedErrors) {
-  EXPECT_HAS(error_resolving("[parallel]\ntp = 0\n"), "recipe.toml:8:6: parallel.tp must be >= 1");
-  EXPECT_HAS(error_resolving("[parallel]\ntp = 0\n"), "or -1 to fill the world, got 0");
-  EXPECT_HAS(error_resolving("[parallel]\npp = -1\ndp_shard = -1\n"),
-             "recipe.toml:9:12: parallel.dp_shard is -1, but so is parallel.pp; only one "
-             "dimension may fill the world");
-  EXPECT_HAS(error_resolving("[parallel]\ntp = -1\npp = -1\n"),
-             "parallel.tp is -1, but so is parallel.pp");
-  EXPECT_HAS(error_resolving("[parallel]\ncp = 2\n"), "parallel");
-  EXPECT_HAS(error_resolving("[parallel]\ncp = 2\n"), "cp");
-  EXPECT_HAS(error_resolving("[parallel]\ntp = \"two\"\n"), "parallel.tp");
 }
 
 }  // namespace

@@ -84,8 +84,10 @@ struct Shards {
 
 // Each saved rank's entries as the checkpoint store hands them over for resharding.
 void add_saved_rank(CheckpointState& state, int rank, const StateDict& own) {
-  for (const auto& [name, tensor] : own.tensors) state.local.tensors[saved_rank_key(rank, name)] = tensor;
-  for (const auto& [key, text] : own.metadata) state.local.metadata[saved_rank_key(rank, key)] = text;
+  for (const auto& [name, tensor] : own.tensors)
+    state.local.tensors[saved_rank_key(rank, name)] = tensor;
+  for (const auto& [key, text] : own.metadata)
+    state.local.metadata[saved_rank_key(rank, key)] = text;
 }
 
 TEST(ParameterPieces, FlatShardLayoutSplitsAtParameterBoundaries) {

@@ -52,7 +52,8 @@ TEST(PlacedState, BoxesFromEverySavedRankAssembleTheWholeTensor) {
     StateDict own;
     put_piece(own, "model.w", weight.narrow(0, 2 * rank, 2).clone(),
               TensorPlacement::box({4, 6}, {2 * rank, 0}));
-    for (auto& [name, tensor] : own.tensors) state.local.tensors[saved_rank_key(rank, name)] = tensor;
+    for (auto& [name, tensor] : own.tensors)
+      state.local.tensors[saved_rank_key(rank, name)] = tensor;
     for (auto& [key, text] : own.metadata) state.local.metadata[saved_rank_key(rank, key)] = text;
   }
   state.shared.tensors["model.b"] = numbered({6});

@@ -49,6 +49,18 @@ class RecipeTest : public ::testing::Test {
   Recipe write_and_load(const std::string& text, const std::vector<std::string>& overrides = {}) {
     return load_recipe(dir_.write("recipe.toml", text), overrides);
   }
+  // The minimal recipe with a [parallel] section (or none), resolved.
+  Recipe resolve_parallel(const std::string& parallel) {
+    return resolve_recipe(write_and_load(std::string(kMinimal) + parallel), registry());
+  }
+  std::string error_resolving_parallel(const std::string& parallel) {
+    try {
+      resolve_parallel(parallel);
+    } catch (const Error& error) {
+      return error.what();
+    }
+    return "";
+  }
 
   TempDir dir_;
   static Registry* registry_;
@@ -395,6 +407,46 @@ TEST_F(RecipeTest, MeshRequestReadsTheParallelSection) {
   Recipe unresolved = write_and_load(std::string(kMinimal) + "[parallel]\ndp_shard = 0\n");
   EXPECT_HAS(error_of([&] { mesh_request(unresolved.section("parallel")); }),
              "parallel.dp_shard must be >= 1");
+}
+
+TEST_F(RecipeTest, ParallelAbsentSectionIsDataParallelOverEveryRank) {
+  const MeshRequest request = mesh_request(resolve_parallel("").section("parallel"));
+  EXPECT_EQ(request.pp, 1);
+  EXPECT_EQ(request.dp_replicate, 1);
+  EXPECT_EQ(request.dp_shard, -1);
+  EXPECT_EQ(request.tp, 1);
+}
+
+TEST_F(RecipeTest, ParallelWrittenSizesAreRead) {
+  const MeshRequest request =
+      mesh_request(resolve_parallel("[parallel]\npp = 2\ntp = 4\ndp_shard = 1\ndp_replicate = -1\n")
+                       .section("parallel"));
+  EXPECT_EQ(request.pp, 2);
+  EXPECT_EQ(request.tp, 4);
+  EXPECT_EQ(request.dp_shard, 1);
+  EXPECT_EQ(request.dp_replicate, -1);
+}
+
+TEST_F(RecipeTest, ParallelAWrittenMinusOneTakesOverFillingFromDpShard) {
+  const MeshRequest request =
+      mesh_request(resolve_parallel("[parallel]\npp = -1\n").section("parallel"));
+  EXPECT_EQ(request.pp, -1);
+  EXPECT_EQ(request.dp_shard, 1);
+  EXPECT_EQ(MeshLayout::resolve(request, 4).size(MeshAxis::kPipeline), 4);
+}
+
+TEST_F(RecipeTest, ParallelBadSizesAreLocatedErrors) {
+  EXPECT_HAS(error_resolving_parallel("[parallel]\ntp = 0\n"),
+             "recipe.toml:8:6: parallel.tp must be >= 1");
+  EXPECT_HAS(error_resolving_parallel("[parallel]\ntp = 0\n"), "or -1 to fill the world, got 0");
+  EXPECT_HAS(error_resolving_parallel("[parallel]\npp = -1\ndp_shard = -1\n"),
+             "recipe.toml:9:12: parallel.dp_shard is -1, but so is parallel.pp; only one "
+             "dimension may fill the world");
+  EXPECT_HAS(error_resolving_parallel("[parallel]\ntp = -1\npp = -1\n"),
+             "parallel.tp is -1, but so is parallel.pp");
+  EXPECT_HAS(error_resolving_parallel("[parallel]\ncp = 2\n"), "parallel");
+  EXPECT_HAS(error_resolving_parallel("[parallel]\ncp = 2\n"), "cp");
+  EXPECT_HAS(error_resolving_parallel("[parallel]\ntp = \"two\"\n"), "parallel.tp");
 }
 
 }  // namespace
