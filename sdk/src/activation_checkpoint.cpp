@@ -43,7 +43,9 @@ struct AutocastState {
 constexpr c10::DeviceType kAutocastDevices[] = {c10::DeviceType::CPU, c10::DeviceType::CUDA};
 
 struct Recompute : torch::CustomClassHolder {
-  std::function<at::Tensor(const at::Tensor&)> forward;
+  std::function<Activations(const Activations&)> forward;
+  std::vector<std::string> input_names;   // of the bundle's tensors, in the order passed
+  std::vector<std::string> output_names;  // in the order returned
   at::Tensor cpu_rng_state;
   std::optional<c10::Device> device;  // a non-CPU device whose generator the forward may draw from
   at::Tensor device_rng_state;
@@ -119,23 +121,34 @@ class RestoredAutocast {
   AutocastState previous_[std::size(kAutocastDevices)];
 };
 
+// The bundle of `tensors` under `names`, in order.
+Activations bundle(const std::vector<std::string>& names, const torch::autograd::variable_list& tensors) {
+  Activations activations;
+  for (std::size_t i = 0; i < names.size(); ++i) activations.tensors.emplace(names[i], tensors[i]);
+  return activations;
+}
+
 class CheckpointFunction : public torch::autograd::Function<CheckpointFunction> {
  public:
-  static at::Tensor forward(torch::autograd::AutogradContext* context, const at::Tensor& input,
-                            at::TensorList parameters, c10::intrusive_ptr<Recompute> recompute) {
+  static torch::autograd::variable_list forward(torch::autograd::AutogradContext* context,
+                                                at::TensorList inputs,
+                                                at::TensorList parameters,
+                                                c10::intrusive_ptr<Recompute> recompute) {
     recompute->cpu_rng_state = rng_state(generator_of(c10::Device(c10::kCPU)));
-    if (input.is_cuda()) {
+    for (const auto& input : inputs) {
+      if (!input.is_cuda()) continue;
       recompute->device = input.device();
       recompute->device_rng_state = rng_state(generator_of(input.device()));
+      break;
     }
     for (std::size_t i = 0; i < std::size(kAutocastDevices); ++i) {
       recompute->autocast[i] = {at::autocast::is_autocast_enabled(kAutocastDevices[i]),
                                 at::autocast::get_autocast_dtype(kAutocastDevices[i])};
     }
-    std::vector<at::Tensor> saved = {input};
+    std::vector<at::Tensor> saved = inputs.vec();
     saved.insert(saved.end(), parameters.begin(), parameters.end());
     context->save_for_backward(saved);
-    at::Tensor output;
+    Activations output;
     {
       // Casts made here carry no graph: keep them out of autocast's weight cache, where a later
       // grad-enabled use would pick them up and lose the weights' gradients.
@@ -143,15 +156,21 @@ class CheckpointFunction : public torch::autograd::Function<CheckpointFunction> 
       at::autocast::set_autocast_cache_enabled(false);
       at::NoGradGuard no_grad;
       try {
-        output = recompute->forward(input);
+        output = recompute->forward(bundle(recompute->input_names, inputs.vec()));
       } catch (...) {
         at::autocast::set_autocast_cache_enabled(cache_enabled);
         throw;
       }
       at::autocast::set_autocast_cache_enabled(cache_enabled);
     }
+    torch::autograd::variable_list outputs;
+    recompute->output_names.clear();
+    for (auto& [name, tensor] : output.tensors) {
+      recompute->output_names.push_back(name);
+      outputs.push_back(tensor);
+    }
     context->saved_data["recompute"] = c10::IValue::make_capsule(std::move(recompute));
-    return output;
+    return outputs;
   }
 
   static torch::autograd::variable_list backward(torch::autograd::AutogradContext* context,
@@ -159,33 +178,46 @@ class CheckpointFunction : public torch::autograd::Function<CheckpointFunction> 
     auto recompute = c10::static_intrusive_pointer_cast<Recompute>(
         context->saved_data.at("recompute").toCapsule());
     torch::autograd::variable_list saved = context->get_saved_variables();
-    const at::Tensor& input = saved.front();
+    const std::size_t input_count = recompute->input_names.size();
 
-    at::Tensor detached = input.detach();
-    detached.requires_grad_(input.requires_grad());
-    at::Tensor output;
+    torch::autograd::variable_list detached;
+    for (std::size_t i = 0; i < input_count; ++i) {
+      detached.push_back(saved[i].detach());
+      detached.back().requires_grad_(saved[i].requires_grad());
+    }
+    Activations output;
     {
       ForkedRng rng(*recompute);
       RestoredAutocast autocast(*recompute);
       at::AutoGradMode grad_mode(true);
-      output = recompute->forward(detached);
+      output = recompute->forward(bundle(recompute->input_names, detached));
     }
 
     // Differentiate with respect to whatever requires grad; the rest gets no gradient.
     std::vector<std::size_t> positions;
     torch::autograd::variable_list targets;
     for (std::size_t i = 0; i < saved.size(); ++i) {
-      const at::Tensor& target = i == 0 ? detached : saved[i];
+      const at::Tensor& target = i < input_count ? detached[i] : saved[i];
       if (target.requires_grad()) {
         positions.push_back(i);
         targets.push_back(target);
       }
     }
-    // One gradient per input of apply(): the input, each parameter, and the recompute capsule.
+    // From every recomputed output that requires grad and whose gradient arrived.
+    torch::autograd::variable_list roots;
+    torch::autograd::variable_list root_gradients;
+    for (std::size_t i = 0; i < recompute->output_names.size(); ++i) {
+      auto it = output.tensors.find(recompute->output_names[i]);
+      if (it == output.tensors.end() || !it->second.requires_grad()) continue;
+      if (i >= grad_outputs.size() || !grad_outputs[i].defined()) continue;
+      roots.push_back(it->second);
+      root_gradients.push_back(grad_outputs[i]);
+    }
+    // One gradient per input of apply(): each input tensor, each parameter, and the capsule.
     torch::autograd::variable_list gradients(saved.size() + 1);
-    if (targets.empty() || !output.requires_grad()) return gradients;
+    if (targets.empty() || roots.empty()) return gradients;
     torch::autograd::variable_list computed =
-        torch::autograd::grad({output}, targets, {grad_outputs.at(0)}, /*retain_graph=*/false,
+        torch::autograd::grad(roots, targets, root_gradients, /*retain_graph=*/false,
                               /*create_graph=*/false, /*allow_unused=*/true);
     for (std::size_t k = 0; k < positions.size(); ++k) gradients[positions[k]] = computed[k];
     return gradients;
@@ -280,7 +312,7 @@ std::vector<Block> with_activation_checkpointing(std::vector<Block> blocks,
     if (!selection.selects(i, blocks[i].name)) continue;
     auto forward = blocks[i].forward;
     auto module = blocks[i].module;
-    blocks[i].forward = [forward, module](const at::Tensor& x) {
+    blocks[i].forward = [forward, module](const Activations& x) {
       // Read at call time: a strategy may move or replace the parameters after wrapping.
       return checkpointed_call(forward, x, module ? module->parameters(true)
                                                   : std::vector<at::Tensor>{});
@@ -289,16 +321,31 @@ std::vector<Block> with_activation_checkpointing(std::vector<Block> blocks,
   return blocks;
 }
 
-at::Tensor checkpointed_call(const std::function<at::Tensor(const at::Tensor&)>& forward,
-                             const at::Tensor& input, const std::vector<at::Tensor>& parameters) {
-  bool needs_graph = at::GradMode::is_enabled() && input.requires_grad();
+Activations checkpointed_call(const std::function<Activations(const Activations&)>& forward,
+                              const Activations& input, const std::vector<at::Tensor>& parameters) {
+  bool needs_graph = false;
   if (at::GradMode::is_enabled()) {
+    for (const auto& [name, tensor] : input.tensors) {
+      needs_graph = needs_graph || (tensor.defined() && tensor.requires_grad());
+    }
     for (const auto& parameter : parameters) needs_graph = needs_graph || parameter.requires_grad();
   }
   if (!needs_graph) return forward(input);
   auto recompute = c10::make_intrusive<Recompute>();
   recompute->forward = forward;
-  return CheckpointFunction::apply(input, at::TensorList(parameters), std::move(recompute));
+  torch::autograd::variable_list inputs;
+  for (const auto& [name, tensor] : input.tensors) {
+    recompute->input_names.push_back(name);
+    inputs.push_back(tensor);
+  }
+  Recompute& names = *recompute;
+  torch::autograd::variable_list outputs =
+      CheckpointFunction::apply(at::TensorList(inputs), at::TensorList(parameters), recompute);
+  Activations output;
+  for (std::size_t i = 0; i < outputs.size(); ++i) {
+    output.tensors.emplace(names.output_names[i], outputs[i]);
+  }
+  return output;
 }
 
 }  // namespace trainyard

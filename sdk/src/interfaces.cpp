@@ -99,9 +99,26 @@ std::vector<std::string> Model::block_names() {
 std::vector<TiedParameter> Model::tied_parameters() { return {}; }
 
 torch::Tensor run_blocks(Model& model, const std::vector<Block>& blocks, const Batch& batch) {
-  torch::Tensor x = model.input(batch);
+  Activations x(model.input(batch));
   for (const auto& block : blocks) x = block.forward(x);
-  return x;
+  return x.hidden();
+}
+
+const torch::Tensor& Activations::hidden() const {
+  auto it = tensors.find(kHidden);
+  if (it == tensors.end()) {
+    std::string names;
+    for (const auto& [name, tensor] : tensors) names += (names.empty() ? "" : ", ") + name;
+    throw Error("a block's activations have no '" + std::string(kHidden) + "' tensor (they have: " +
+                (names.empty() ? std::string("none") : names) + ")");
+  }
+  return it->second;
+}
+
+Activations Activations::with_hidden(torch::Tensor hidden) const {
+  Activations out = *this;
+  out.tensors[kHidden] = std::move(hidden);
+  return out;
 }
 
 std::filesystem::path per_rank_file(const RunInfo& run, const std::string& stem,

@@ -76,7 +76,7 @@ struct ShardedUnits::State {
     for (std::size_t k = 0; k < blocks.size(); ++k) {
       Block block = blocks[k];
       auto inner = block.forward;
-      block.forward = [this, k, inner](const at::Tensor& x) { return run_block(k, inner, x); };
+      block.forward = [this, k, inner](const Activations& x) { return run_block(k, inner, x); };
       wrapped.push_back(std::move(block));
     }
   }
@@ -183,8 +183,8 @@ struct ShardedUnits::State {
 
   Unit& unit_at(int u) { return units[static_cast<std::size_t>(u)]; }
 
-  at::Tensor run_block(std::size_t k, const std::function<at::Tensor(const at::Tensor&)>& inner,
-                       const at::Tensor& x) {
+  Activations run_block(std::size_t k, const std::function<Activations(const Activations&)>& inner,
+                        const Activations& x) {
     const bool training = at::GradMode::is_enabled();
     if (root_unit >= 0) gather(unit_at(root_unit));
     const int u = unit_of_block[k];
@@ -194,7 +194,7 @@ struct ShardedUnits::State {
       const int next = next_unit_after(k);
       if (next >= 0) start_gather(unit_at(next));
     }
-    at::Tensor y = inner(x);
+    Activations y = inner(x);
     if (u < 0 || options.sharding == UnitSharding::kNone) return y;
     Unit& unit = unit_at(u);
     if (!training) {
@@ -203,8 +203,17 @@ struct ShardedUnits::State {
     }
     // Full sharding frees the parameters until backward; the last unit's backward comes next.
     if (options.sharding == UnitSharding::kFull && u != last_block_unit()) release(unit);
-    if (y.requires_grad()) {
-      y.register_hook([this, k, u](const at::Tensor&) { before_backward(k, u); });
+    // The first gradient to reach any of the block's outputs means its backward is next.
+    auto started = std::make_shared<bool>(false);
+    for (auto& [name, tensor] : y.tensors) {
+      if (!tensor.defined() || !tensor.requires_grad()) continue;
+      // A tensor passed on unchanged belongs to an earlier block's backward.
+      auto input = x.tensors.find(name);
+      if (input != x.tensors.end() && input->second.is_same(tensor)) continue;
+      tensor.register_hook([this, k, u, started](const at::Tensor&) {
+        if (std::exchange(*started, true)) return;
+        before_backward(k, u);
+      });
     }
     return y;
   }

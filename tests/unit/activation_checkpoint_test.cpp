@@ -154,22 +154,69 @@ TEST(ActivationCheckpointing, GradientsIdenticalWithDropoutOnCuda) {
   }
 }
 
+// Blocks pass a bundle: the first adds a gate that the third reads, the second passes it on
+// without knowing it. Recomputing any of them gives the gradients of the plain run, the gate's
+// included.
+TEST(ActivationCheckpointing, BundlesOfNamedTensorsFlowThroughRecomputedBlocks) {
+  at::manual_seed(6);
+  auto first = std::make_shared<torch::nn::LinearImpl>(6, 6);
+  auto second = std::make_shared<torch::nn::LinearImpl>(6, 6);
+  auto third = std::make_shared<torch::nn::LinearImpl>(6, 6);
+  std::vector<Block> plain = {
+      {"first", first,
+       [first](const Activations& x) {
+         Activations out = x.with_hidden(first->forward(x.hidden()).tanh());
+         out.tensors["gate"] = at::sigmoid(x.hidden().sum(1, /*keepdim=*/true));
+         return out;
+       }},
+      {"second", second,
+       [second](const Activations& x) { return x.with_hidden(second->forward(x.hidden()).relu()); }},
+      {"third", third,
+       [third](const Activations& x) {
+         return x.with_hidden(third->forward(x.hidden()) * x.tensors.at("gate"));
+       }},
+  };
+  const torch::Tensor input = at::randn({5, 6});
+  auto gradients = [&](const std::vector<Block>& blocks) {
+    for (auto* layer : {first.get(), second.get(), third.get()}) layer->zero_grad(true);
+    torch::Tensor leaf = input.clone().requires_grad_(true);
+    Activations x(leaf);
+    for (const auto& block : blocks) x = block.forward(x);
+    EXPECT_EQ(x.tensors.size(), 2u) << "the gate travels to the end";
+    x.hidden().pow(2).sum().backward();
+    return std::vector<torch::Tensor>{first->weight.grad().clone(), second->weight.grad().clone(),
+                                      third->weight.grad().clone(), leaf.grad().clone()};
+  };
+  const auto expected = gradients(plain);
+  for (const std::string selection : {"all", "blocks:first", "blocks:second", "blocks:third"}) {
+    const auto actual =
+        gradients(with_activation_checkpointing(plain, ActivationCheckpointing::parse(selection)));
+    for (std::size_t i = 0; i < expected.size(); ++i) {
+      EXPECT_TRUE(at::allclose(actual[i], expected[i], 1.3e-6, 1e-5))
+          << selection << " gradient " << i;
+    }
+  }
+}
+
 TEST(ActivationCheckpointing, ParametersSharedBetweenBlocksGetBothContributions) {
   at::manual_seed(4);
   auto shared = std::make_shared<torch::nn::LinearImpl>(6, 6);
   auto own = std::make_shared<torch::nn::LinearImpl>(6, 6);
   std::vector<Block> plain = {
-      {"first", shared, [shared](const torch::Tensor& x) { return shared->forward(x).tanh(); }},
-      {"second", own, [own](const torch::Tensor& x) { return own->forward(x).relu(); }},
-      {"tied", shared, [shared](const torch::Tensor& x) { return shared->forward(x) * 2; }},
+      {"first", shared,
+       [shared](const Activations& x) { return Activations(shared->forward(x.hidden()).tanh()); }},
+      {"second", own,
+       [own](const Activations& x) { return Activations(own->forward(x.hidden()).relu()); }},
+      {"tied", shared,
+       [shared](const Activations& x) { return Activations(shared->forward(x.hidden()) * 2); }},
   };
   torch::Tensor input = at::randn({5, 6});
   auto gradients = [&](const std::vector<Block>& blocks) {
     shared->zero_grad(true);
     own->zero_grad(true);
-    torch::Tensor x = input;
+    Activations x(input);
     for (const auto& block : blocks) x = block.forward(x);
-    x.pow(2).sum().backward();
+    x.hidden().pow(2).sum().backward();
     return std::vector<torch::Tensor>{shared->weight.grad().clone(), shared->bias.grad().clone(),
                                       own->weight.grad().clone()};
   };
@@ -306,17 +353,18 @@ TEST(ActivationCheckpointing, UniformWideBlocksHaveALowerPeak) {
     auto block = std::make_shared<torch::nn::Module>();
     block->register_module("up", up);
     block->register_module("down", down);
-    plain.push_back({"ffn" + std::to_string(i), block, [up, down](const torch::Tensor& x) {
-                       return x + down->forward(at::gelu(up->forward(x)));
+    plain.push_back({"ffn" + std::to_string(i), block, [up, down](const Activations& x) {
+                       return x.with_hidden(x.hidden() +
+                                            down->forward(at::gelu(up->forward(x.hidden()))));
                      }});
   }
   torch::Tensor input = at::randn({256, width});
   auto footprint = [&](const std::string& selection) {
     auto blocks = with_activation_checkpointing(plain, ActivationCheckpointing::parse(selection));
     return measure(*root, [&] {
-      torch::Tensor x = input;
+      Activations x(input);
       for (const auto& block : blocks) x = block.forward(x);
-      return x.pow(2).mean();
+      return x.hidden().pow(2).mean();
     });
   };
   Footprint none = footprint("none");

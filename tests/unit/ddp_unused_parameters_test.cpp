@@ -31,7 +31,8 @@ class GatedModel : public Model {
 
   torch::nn::Module& module() override { return *root_; }
   std::vector<Block> blocks() override {
-    return {{"all", root_, [this](const torch::Tensor& x) { return forward(x); }}};
+    return {{"all", root_,
+             [this](const Activations& x) { return x.with_hidden(forward(x.hidden())); }}};
   }
   torch::Tensor input(const Batch& batch) override { return batch.at("input"); }
   torch::Tensor loss(const torch::Tensor& output, const Batch& batch) override {

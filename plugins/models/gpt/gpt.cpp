@@ -207,7 +207,8 @@ class Gpt final : public Model {
       embed = std::make_shared<EmbedBlock>(shape_, init);
       root_->register_module("embed", embed);
       blocks_.push_back(
-          Block{"embed", embed, [embed](const torch::Tensor& x) { return embed->forward(x); }});
+          Block{"embed", embed,
+                [embed](const Activations& x) { return x.with_hidden(embed->forward(x.hidden())); }});
     }
     for (std::int64_t i = 0; i < shape_.n_layers; ++i) {
       if (!selection_->holds(i + 1)) continue;
@@ -215,7 +216,8 @@ class Gpt final : public Model {
       auto layer = std::make_shared<TransformerLayer>(shape_, init, name);
       root_->register_module(name, layer);
       blocks_.push_back(
-          Block{name, layer, [layer](const torch::Tensor& x) { return layer->forward(x); }});
+          Block{name, layer,
+                [layer](const Activations& x) { return x.with_hidden(layer->forward(x.hidden())); }});
     }
     if (!selection_->holds_last()) return;
     // The head module is not registered under root_: root_ already holds the final norm (below)
@@ -233,7 +235,9 @@ class Gpt final : public Model {
       root_->register_parameter(kHeadCopyOfTokenWeight, token_weight);
     }
     auto head = std::make_shared<HeadBlock>(norm, token_weight);
-    blocks_.push_back(Block{"head", head, [head](const torch::Tensor& x) { return head->forward(x); }});
+    blocks_.push_back(Block{"head", head, [head](const Activations& x) {
+      return x.with_hidden(head->forward(x.hidden()));
+    }});
   }
 
   torch::nn::Module& module() override { return *root_; }

@@ -94,7 +94,11 @@ class Ddp final : public Strategy {
     broadcast_coalesced(state);
     if (options_.sync_batchnorm) {
       for (auto& block : blocks_) {
-        if (auto forward = sync_batch_norm_forward(block, group_)) block.forward = *forward;
+        if (auto forward = sync_batch_norm_forward(block, group_)) {
+          block.forward = [forward = *forward](const Activations& x) {
+            return x.with_hidden(forward(x.hidden()));
+          };
+        }
       }
     }
     // Recomputed blocks run their (possibly synchronised) forward again in backward, in the same

@@ -10,6 +10,8 @@
 
 #include <ATen/core/Tensor.h>
 
+#include "trainyard/activations.hpp"
+
 namespace trainyard {
 
 struct Block;
@@ -37,13 +39,14 @@ struct ActivationCheckpointing {
 std::vector<Block> with_activation_checkpointing(std::vector<Block> blocks,
                                                  const ActivationCheckpointing& selection);
 
-// Runs `forward(input)` without storing its intermediate activations for backward: only `input`
-// (and the RNG and autocast state of the call) is kept; backward restores that state, recomputes
-// the forward with grad enabled and backpropagates through it. `parameters` are the tensors the
-// forward reads besides its input (the block's parameters): their gradients flow through the
-// outer graph, so gradient hooks (DDP's reducer) and parameters shared between blocks behave as
-// without checkpointing. Without grad mode, or when nothing requires grad, it is a plain call.
-at::Tensor checkpointed_call(const std::function<at::Tensor(const at::Tensor&)>& forward,
-                             const at::Tensor& input, const std::vector<at::Tensor>& parameters);
+// Runs `forward(input)` without storing its intermediate activations for backward: only the
+// input bundle (and the RNG and autocast state of the call) is kept; backward restores that
+// state, recomputes the forward with grad enabled and backpropagates through it from every output
+// tensor whose gradient arrived. `parameters` are the tensors the forward reads besides its
+// inputs (the block's parameters): their gradients flow through the outer graph, so gradient
+// hooks (DDP's reducer) and parameters shared between blocks behave as without checkpointing.
+// Without grad mode, or when nothing requires grad, it is a plain call.
+Activations checkpointed_call(const std::function<Activations(const Activations&)>& forward,
+                              const Activations& input, const std::vector<at::Tensor>& parameters);
 
 }  // namespace trainyard

@@ -7,19 +7,21 @@
 #include <string>
 #include <vector>
 
+#include "trainyard/activations.hpp"
 #include "trainyard/batch.hpp"
 #include "trainyard/component.hpp"
 
 namespace trainyard {
 
-// One block of a model in forward order. Activations flow from block to block as one tensor,
-// which is what lets a pipeline cut between any two blocks and a strategy run a block under
-// activation checkpointing or gather its parameters just before it runs.
+// One block of a model in forward order. Activations flow from block to block as a bundle of
+// named tensors (activations.hpp), which is what lets a pipeline cut between any two blocks and
+// a strategy run a block under activation checkpointing or gather its parameters just before it
+// runs.
 struct Block {
   std::string name;
   // Owns the block's parameters (shared with the model, never copied).
   std::shared_ptr<torch::nn::Module> module;
-  std::function<torch::Tensor(const torch::Tensor&)> forward;
+  std::function<Activations(const Activations&)> forward;
 };
 
 // A parameter several blocks share (a tied embedding and output head). The whole model holds

@@ -14,7 +14,9 @@ inline Block sequential_block(torch::nn::Module& root, const std::string& name,
                               torch::nn::Sequential layers) {
   root.register_module(name, layers);
   auto module = layers.ptr();
-  return Block{name, module, [module](const torch::Tensor& x) { return module->forward(x); }};
+  return Block{name, module, [module](const Activations& x) {
+                 return x.with_hidden(module->forward(x.hidden()));
+               }};
 }
 
 }  // namespace trainyard

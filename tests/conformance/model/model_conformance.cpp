@@ -294,7 +294,7 @@ TEST_P(ModelConformance, StageEqualsTheSliceOfTheWholeModel) {
   splits.push_back(singletons);
 
   for (const auto& split : splits) {
-    torch::Tensor x;
+    Activations x;
     for (const BlockRange& range : split) {
       const std::int64_t end = range.end == -1 ? count : range.end;
       const std::string label = "stage [" + std::to_string(range.begin) + ", " +
@@ -325,19 +325,21 @@ TEST_P(ModelConformance, StageEqualsTheSliceOfTheWholeModel) {
       }
 
       if (range.begin == 0) {
-        x = stage->input(b);
+        x = Activations(stage->input(b));
       } else {
         EXPECT_THROW(stage->input(b), Error) << label << ": input() needs the first block";
       }
       for (const auto& block : blocks) x = block.forward(x);
       if (end == count) {
-        EXPECT_EQ(stage->loss(x, b).item<double>(), whole->loss(expected, b).item<double>())
+        EXPECT_EQ(stage->loss(x.hidden(), b).item<double>(),
+                  whole->loss(expected, b).item<double>())
             << label;
       } else {
-        EXPECT_THROW(stage->loss(x, b), Error) << label << ": loss() needs the last block";
+        EXPECT_THROW(stage->loss(x.hidden(), b), Error)
+            << label << ": loss() needs the last block";
       }
     }
-    EXPECT_TRUE(at::equal(x, expected)) << "chaining the stages' forwards must equal the whole "
+    EXPECT_TRUE(at::equal(x.hidden(), expected)) << "chaining the stages' forwards must equal the whole "
                                            "model's forward exactly";
   }
 
