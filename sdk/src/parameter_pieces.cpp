@@ -150,7 +150,9 @@ void put_optimizer_pieces(const OptimizerFields& fields,
       for (const ParameterPiece& piece : layouts[index]) {
         const std::string name = kOptimizerPrefix + piece.name + "." + field;
         if (!per_element) {
-          whole.tensors[name] = value.clone();
+          TensorPlacement placement = TensorPlacement::whole(value.sizes().vec());
+          placement.replicas = replicas;
+          put_piece(whole, name, value.clone(), placement);
           continue;
         }
         TensorPlacement placement = piece.placement;
@@ -214,15 +216,18 @@ std::vector<HeldLayout> whole_layouts_of(const torch::nn::Module& module) {
 }  // namespace
 
 void save_whole_module_state(const torch::nn::Module& module, const Optimizer& plugin,
-                             const torch::optim::Optimizer* optimizer, StateDict& shared) {
-  for (const auto& item : module.named_parameters(true)) {
-    shared.tensors[kModelPrefix + item.key()] = item.value().detach().clone();
+                             const torch::optim::Optimizer* optimizer, StateDict& shared,
+                             const std::string& replicas) {
+  auto put_whole = [&](const std::string& name, const at::Tensor& tensor) {
+    TensorPlacement placement = TensorPlacement::whole(tensor.sizes().vec());
+    placement.replicas = replicas;
+    put_piece(shared, kModelPrefix + name, tensor.detach().clone(), placement);
+  };
+  for (const auto& item : module.named_parameters(true)) put_whole(item.key(), item.value());
+  for (const auto& item : module.named_buffers(true)) put_whole(item.key(), item.value());
+  if (optimizer) {
+    save_optimizer_pieces(plugin, *optimizer, whole_layouts_of(module), shared, shared, replicas);
   }
-  for (const auto& item : module.named_buffers(true)) {
-    shared.tensors[kModelPrefix + item.key()] = item.value().detach().clone();
-  }
-  if (optimizer)
-    save_optimizer_pieces(plugin, *optimizer, whole_layouts_of(module), shared, shared);
 }
 
 void load_whole_module_state(torch::nn::Module& module, const Optimizer& plugin,

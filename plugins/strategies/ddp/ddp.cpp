@@ -186,7 +186,9 @@ class Ddp final : public Strategy {
   // a placed piece of the whole model's, so any strategy on any layout can resume from it.
   void save_state(CheckpointState& out) const override {
     mark_pieces_format(out.shared);
-    save_whole_module_state(model_->module(), *context_.optimizer, optimizer_.get(), out.shared);
+    // Every data-parallel rank holds the same copy; rank 0 writes it.
+    save_whole_module_state(model_->module(), *context_.optimizer, optimizer_.get(), out.shared,
+                            mesh_group_name(MeshGroup::kData));
     if (zero1_) {
       save_optimizer_pieces(*context_.optimizer, zero1_->optimizer(), {zero1_layout()}, out.local,
                             out.local);

@@ -188,8 +188,12 @@ class Fsdp final : public Strategy {
   // strategy on any layout.
   void save_state(CheckpointState& out) const override {
     mark_pieces_format(out.shared);
+    // Buffers and gathered state are the same on every rank of the shard group; rank 0 writes.
+    const std::string replicas = mesh_group_name(MeshGroup::kDataShard);
     for (std::size_t i = 0; i < buffers_.size(); ++i) {
-      out.shared.tensors["model." + buffer_names_[i]] = buffers_[i].detach().clone();
+      TensorPlacement placement = TensorPlacement::whole(buffers_[i].sizes().vec());
+      placement.replicas = replicas;
+      put_piece(out.shared, "model." + buffer_names_[i], buffers_[i].detach().clone(), placement);
     }
     out.shared.metadata["fsdp.state_dict"] = options_.full_state_dict ? "full" : "sharded";
     if (!options_.full_state_dict && units_->shard_ranks() > 1) {
@@ -207,14 +211,14 @@ class Fsdp final : public Strategy {
       const at::Tensor whole = units_->gather_copy(u);
       layouts.push_back(unit_layout(u, 0, whole.numel()));
       numels.push_back(whole.numel());
-      put_held_pieces(out.shared, "model.", whole, layouts.back());
+      put_held_pieces(out.shared, "model.", whole, layouts.back(), replicas);
       for (auto& [field, value] : fields[u]) {
         if (value.dim() > 0 && value.numel() == units_->layout(u).shard_numel) {
           value = units_->gather_copy(u, value);
         }
       }
     }
-    put_optimizer_pieces(fields, numels, layouts, out.shared, out.shared);
+    put_optimizer_pieces(fields, numels, layouts, out.shared, out.shared, replicas);
   }
 
   // Whatever layout wrote the checkpoint: this rank's shards are cut from the whole parameters'

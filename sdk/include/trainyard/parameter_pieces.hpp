@@ -81,9 +81,11 @@ void load_optimizer_pieces(const Optimizer& plugin, torch::optim::Optimizer& opt
                            const std::vector<HeldLayout>& layouts, const PlacedState& state);
 
 // A module held whole on this rank, `optimizer` (when given) stepping module.parameters() in
-// order: its parameters, buffers and optimizer state as whole tensors in `shared`.
+// order: its parameters, buffers and optimizer state as whole tensors in `shared`, each placed
+// with `replicas`, the mesh group whose ranks hold the same copy (one of them writes it).
 void save_whole_module_state(const torch::nn::Module& module, const Optimizer& plugin,
-                             const torch::optim::Optimizer* optimizer, StateDict& shared);
+                             const torch::optim::Optimizer* optimizer, StateDict& shared,
+                             const std::string& replicas = {});
 // Loads the parameters and buffers (and the optimizer state, when given) from the pieces any
 // layout wrote. Throws Error naming an entry that is missing or has another shape.
 void load_whole_module_state(torch::nn::Module& module, const Optimizer& plugin,
