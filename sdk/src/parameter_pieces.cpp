@@ -1,6 +1,7 @@
 #include "trainyard/parameter_pieces.hpp"
 
 #include <ATen/ATen.h>
+#include <c10/util/accumulate.h>
 
 #include <map>
 #include <set>
@@ -16,12 +17,6 @@ constexpr const char* kModelPrefix = "model.";
 constexpr const char* kOptimizerPrefix = "optimizer.";
 // The prefix the plugin's own entries are made under while they are re-keyed by parameter.
 constexpr const char* kPluginPrefix = "held.";
-
-std::int64_t element_count(const std::vector<std::int64_t>& shape) {
-  std::int64_t count = 1;
-  for (std::int64_t size : shape) count *= size;
-  return count;
-}
 
 // The optimizer's parameters in order: the held tensors the layouts describe.
 std::vector<at::Tensor> held_tensors(const torch::optim::Optimizer& optimizer,
@@ -52,15 +47,16 @@ std::pair<std::size_t, std::string> split_plugin_key(const std::string& key) {
 }  // namespace
 
 HeldLayout whole_parameter_layout(const std::string& name, const std::vector<std::int64_t>& shape) {
-  return {ParameterPiece{name, 0, element_count(shape), TensorPlacement::whole(shape), shape}};
+  return {
+      ParameterPiece{name, 0, c10::multiply_integers(shape), TensorPlacement::whole(shape), shape}};
 }
 
 HeldLayout parameter_box_layout(const std::string& name,
                                 const std::vector<std::int64_t>& global_shape,
                                 const std::vector<std::int64_t>& offsets,
                                 const std::vector<std::int64_t>& shape) {
-  return {ParameterPiece{name, 0, element_count(shape), TensorPlacement::box(global_shape, offsets),
-                         shape}};
+  return {ParameterPiece{name, 0, c10::multiply_integers(shape),
+                         TensorPlacement::box(global_shape, offsets), shape}};
 }
 
 HeldLayout flat_shard_layout(const std::vector<std::string>& names,
@@ -69,7 +65,7 @@ HeldLayout flat_shard_layout(const std::vector<std::string>& names,
   HeldLayout layout;
   std::int64_t start = 0;  // of the current parameter in the flat buffer
   for (std::size_t i = 0; i < names.size(); ++i) {
-    const std::int64_t size = element_count(shapes[i]);
+    const std::int64_t size = c10::multiply_integers(shapes[i]);
     const std::int64_t from = std::max(begin, start);
     const std::int64_t to = std::min(begin + count, start + size);
     if (from < to && to - from == size) {

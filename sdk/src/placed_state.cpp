@@ -1,6 +1,7 @@
 #include "trainyard/placed_state.hpp"
 
 #include <ATen/ATen.h>
+#include <c10/util/accumulate.h>
 
 #include <sstream>
 
@@ -33,12 +34,6 @@ std::vector<std::int64_t> split_numbers(const std::string& text, const std::stri
     }
   }
   return values;
-}
-
-std::int64_t element_count(const std::vector<std::int64_t>& shape) {
-  std::int64_t count = 1;
-  for (std::int64_t size : shape) count *= size;
-  return count;
 }
 
 // A saved rank's entry ("rank-00003/model.w") names the same tensor as the plain entry.
@@ -126,7 +121,7 @@ void check_fits(const std::string& name, const at::Tensor& piece,
   };
   if (placement.flat_offset >= 0) {
     // A flat shard may run past the end into padding, which is never stored as data.
-    if (placement.flat_offset > element_count(global)) refuse("it starts past the end");
+    if (placement.flat_offset > c10::multiply_integers(global)) refuse("it starts past the end");
     return;
   }
   if (placement.offsets.size() != global.size() ||
@@ -193,31 +188,33 @@ PlacedState::Assembled PlacedState::assemble(const std::string& name) const {
   Assembled out;
   out.shape = pieces.front().placement.global_shape;
   const at::ScalarType dtype = pieces.front().tensor.scalar_type();
-  const std::int64_t count = element_count(out.shape);
+  const std::int64_t count = c10::multiply_integers(out.shape);
   out.values = at::zeros({count}, at::TensorOptions(dtype));
   out.covered = at::zeros({count}, at::TensorOptions(at::kBool));
-  at::Tensor index = at::arange(count, at::TensorOptions(at::kLong)).view(out.shape);
   for (const Piece& piece : pieces) {
     if (piece.placement.global_shape != out.shape || piece.tensor.scalar_type() != dtype) {
       throw Error("checkpoint tensor '" + name + "': its pieces disagree on its shape or dtype");
     }
-    at::Tensor data = piece.tensor.detach().to(at::kCPU).contiguous().flatten();
-    at::Tensor positions;
+    const at::Tensor data = piece.tensor.detach().to(at::kCPU);
+    // The piece's region of the whole tensor, as views into the assembled values and coverage.
+    at::Tensor values = out.values;
+    at::Tensor covered = out.covered;
     if (piece.placement.flat_offset >= 0) {
       const std::int64_t begin = piece.placement.flat_offset;
       const std::int64_t stored = std::min<std::int64_t>(data.numel(), count - begin);
-      data = data.narrow(0, 0, stored);
-      positions = at::arange(begin, begin + stored, at::TensorOptions(at::kLong));
-    } else {
-      at::Tensor region = index;
-      for (std::size_t d = 0; d < out.shape.size(); ++d) {
-        region = region.narrow(static_cast<long>(d), piece.placement.offsets[d],
-                               piece.tensor.size(static_cast<long>(d)));
-      }
-      positions = region.flatten();
+      values.narrow(0, begin, stored).copy_(data.reshape({-1}).narrow(0, 0, stored));
+      covered.narrow(0, begin, stored).fill_(true);
+      continue;
     }
-    out.values.index_put_({positions}, data);
-    out.covered.index_put_({positions}, true);
+    values = values.view(out.shape);
+    covered = covered.view(out.shape);
+    for (std::size_t d = 0; d < out.shape.size(); ++d) {
+      const auto dim = static_cast<long>(d);
+      values = values.narrow(dim, piece.placement.offsets[d], data.size(dim));
+      covered = covered.narrow(dim, piece.placement.offsets[d], data.size(dim));
+    }
+    values.copy_(data);
+    covered.fill_(true);
   }
   return out;
 }
