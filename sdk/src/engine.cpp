@@ -76,6 +76,7 @@ Engine::Engine(Recipe recipe, const Registry& registry, RunControls controls)
   BuildContext build;
   build.seed = s.run.seed;
   build.recipe_dir = s.recipe.path.parent_path();
+  build.output_dir = s.run.output_dir;
   s.placement = DevicePlacement::choose(s.run, registry, s.runtime->local_rank(), build);
   build.device = s.placement.device;
   s.runtime->connect(s.recipe, registry, s.placement.device, build, s.logger());
@@ -120,6 +121,9 @@ Engine::Engine(Recipe recipe, const Registry& registry, RunControls controls)
     saved.world_size = s.runtime->world_size();
     saved.layout = s.recipe.section("strategy").get_string("plugin") + " on " +
                    build.mesh->layout().describe();
+    if (const std::string cut = s.strategy().describe_layout(); !cut.empty()) {
+      saved.layout += ", " + cut;
+    }
     s.checkpointing = std::make_unique<Checkpointing>(s.recipe, registry, build, s.run.output_dir,
                                                       std::move(saved), s.runtime->agreement());
   }

@@ -90,6 +90,8 @@ std::shared_ptr<const StreamSource> Dataset::stream_split(const std::string&) co
 }
 
 TensorMap Model::eval_sums(const torch::Tensor&, const Batch&) { return {}; }
+LossReduction Model::loss_reduction() const { return LossReduction::kMean; }
+double Model::loss_terms(const Batch& batch) const { return static_cast<double>(batch.size); }
 bool Model::builds_stages() const { return false; }
 std::vector<std::string> Model::block_names() {
   std::vector<std::string> names;

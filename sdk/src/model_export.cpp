@@ -9,19 +9,27 @@
 namespace trainyard {
 
 void export_final_model(const Strategy& strategy, int rank, const std::filesystem::path& file) {
+  // Collective: every rank takes part in gathering the state, rank 0 writes it.
+  TensorMap model = strategy.full_model_state();
+  if (rank != 0) return;
+  write_tensor_file(file, model);
+}
+
+TensorMap Strategy::full_model_state() const {
   // Buffers (and, for replicated strategies, the parameters too) come from the strategy's saved
   // state, which may gather as well (a consolidated save): every rank calls both.
-  TensorMap parameters = strategy.full_parameters();
+  TensorMap parameters = full_parameters();
   CheckpointState state;
-  strategy.save_state(state);
-  if (rank != 0) return;
+  save_state(state);
   TensorMap model;
   const std::string prefix = "model.";
   for (const auto& [name, tensor] : state.shared.tensors) {
     if (name.rfind(prefix, 0) == 0) model[name.substr(prefix.size())] = tensor;
   }
   for (auto& [name, tensor] : parameters) model[name] = tensor;
-  write_tensor_file(file, model);
+  return model;
 }
+
+std::string Strategy::describe_layout() const { return {}; }
 
 }  // namespace trainyard

@@ -39,6 +39,9 @@ struct BuildContext {
   DatasetInfo data;
   // Relative paths in a recipe resolve against the folder of the recipe that wrote them.
   std::filesystem::path recipe_dir;
+  // The run's output folder, where components may write files of their own (a pipeline's
+  // measured timeline). Empty outside a run.
+  std::filesystem::path output_dir;
   // Null in a single-process run.
   std::shared_ptr<Communicator> communicator;
   // Where this rank sits in the run's parallel layout, with the group of each dimension

@@ -35,14 +35,24 @@ struct TiedParameter {
   std::string held_as;              // its name in this build's module(); empty if not held
 };
 
+// How loss() reduces over a batch's terms (samples, or the tokens that count): what lets a
+// strategy that splits a batch (pipeline micro-batches) recombine the parts' losses into exactly
+// the whole batch's. Data-parallel strategies average the ranks' losses as PyTorch's DDP does,
+// which is the global mean when every rank holds equally many terms.
+enum class LossReduction {
+  kMean,  // the mean over the batch's terms: parts weigh by their share of the terms
+  kSum,   // the sum over the batch's terms: parts add up
+};
+
 // A model plugin. Contract:
 // - module() owns every parameter and buffer; each belongs to exactly one block's module,
 //   except parameters tied between blocks (a shared embedding and output head), which appear
 //   in both.
 // - blocks() returns the same blocks, in forward order, on every call.
 // - forward(batch) == last block(... first block(input(batch))).
-// - loss() returns a scalar mean over the batch; eval_sums() returns per-batch sums (such as
-//   "correct") that the engine adds up and divides by the sample count.
+// - loss() returns a scalar reduced over the batch as loss_reduction() says (by default the mean
+//   over its samples); eval_sums() returns per-batch sums (such as "correct") that the engine
+//   adds up and divides by the sample count.
 // Stage builds (pipeline parallelism), for models whose builds_stages() is true:
 // - With BuildContext::blocks set, the model creates only those blocks' modules, parameters and
 //   buffers (an empty range creates none); blocks() returns only them, and module() and each
@@ -62,6 +72,12 @@ class Model : public Component {
   virtual torch::Tensor input(const Batch& batch) = 0;
   virtual torch::Tensor loss(const torch::Tensor& output, const Batch& batch) = 0;
   virtual TensorMap eval_sums(const torch::Tensor& output, const Batch& batch);
+  // Default: kMean.
+  virtual LossReduction loss_reduction() const;
+  // How many terms loss() reduces over for `batch`: its samples by default; a per-token loss
+  // counts the tokens it scores (those whose target is not ignored). Read on the host, so a
+  // model that counts tokens pays one device sync per part.
+  virtual double loss_terms(const Batch& batch) const;
   // Forward + backward FLOPs of one sample through the blocks this build holds (the whole
   // model's unless it is a stage), for throughput as a fraction of peak.
   virtual double flops_per_sample() const = 0;

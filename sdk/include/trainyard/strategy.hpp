@@ -106,6 +106,14 @@ class Strategy : public Component {
   // Full parameters by name, as a single-device model would hold them (gathered if sharded, in
   // which case it is collective: every rank calls it).
   virtual TensorMap full_parameters() const = 0;
+  // The whole model's parameters and buffers by name, as a single-device model's state dict:
+  // what the engine exports as the final model. Collective like full_parameters. Default: the
+  // parameters, and the buffers this strategy saves whole in its shared state ("model.<name>").
+  virtual TensorMap full_model_state() const;
+  // What of this strategy's layout a checkpoint depends on beyond the strategy's name and the
+  // mesh (such as how a pipeline cuts the model into stages): a checkpoint saved under another
+  // description is read from every saved rank's files. Default: empty.
+  virtual std::string describe_layout() const;
   // What this rank holds now in parameters, gradients and optimizer state (measured from the
   // tensors themselves, not estimated).
   virtual HeldBytes held_bytes() const = 0;
