@@ -22,11 +22,13 @@ namespace {
 constexpr const char* kRngKey = "engine.rng.cpu";
 constexpr const char* kLayoutKey = "engine.layout";
 constexpr const char* kAccumulationKey = "engine.accumulation";
+constexpr const char* kMeshKey = "engine.mesh";
 
 // Refuses a state written by another number of ranks unless this run reads the same samples at
 // every step: the data order follows from the seed and the global batch.
+// `same_places`: the same ranks on the same mesh, each reading what it read when saving.
 void check_resharding(const CheckpointState& state, const fs::path& checkpoint,
-                      const CheckpointedRun& run) {
+                      const CheckpointedRun& run, bool same_places) {
   const auto& meta = state.shared.metadata;
   auto saved_world = meta.find(kSavedWorldSizeKey);
   const std::string saved =
@@ -35,7 +37,7 @@ void check_resharding(const CheckpointState& state, const fs::path& checkpoint,
     throw Error("cannot resume " + checkpoint.string() + " (written by " + saved + ") on " +
                 std::to_string(run.world_size) + " ranks with " + run.layout + ": " + why);
   };
-  if (run.loader->streaming()) refuse("a streaming dataset's reader positions are per rank");
+  if (run.loader->streaming() && !same_places) refuse("a streaming dataset's reader positions are per rank");
   auto recorded = [&](const char* key) {
     auto it = meta.find(key);
     return it == meta.end() ? std::string("unrecorded") : it->second;
@@ -108,7 +110,10 @@ std::optional<TrainingPosition> Checkpointing::resume(
   };
   // Written by another number of ranks or another layout: the strategy reshards.
   const bool resharding = other_world || other_layout;
-  if (resharding) check_resharding(state, *checkpoint, run_);
+  auto saved_mesh = state.shared.metadata.find(kMeshKey);
+  const bool same_places = !other_world && saved_mesh != state.shared.metadata.end() &&
+                           saved_mesh->second == run_.mesh;
+  if (resharding) check_resharding(state, *checkpoint, run_, same_places);
   run_.strategy->load_state(state);
   run_.precision->load_state(state.shared);
   TrainingPosition position;
@@ -179,6 +184,7 @@ void Checkpointing::save(const TrainingPosition& position) {
   meta["engine.steps_per_epoch"] = std::to_string(run_.steps_per_epoch);
   meta[kAccumulationKey] = std::to_string(run_.accumulation);
   meta[kLayoutKey] = run_.layout;
+  meta[kMeshKey] = run_.mesh;
   meta["engine.recipe"] = run_.recipe_toml;
   meta["engine.framework_version"] = kFrameworkVersion;
   {

@@ -59,6 +59,10 @@ struct CheckpointedRun {
   // The strategy and mesh ("ddp on pp 1 x dp_replicate 1 x dp_shard 2 x tp 1"): a state written
   // under another one is re-sliced from every saved rank's pieces.
   std::string layout;
+  // The mesh alone ("pp 2 x dp_replicate 1 x dp_shard 1 x tp 1"): on the same ranks and mesh,
+  // every rank keeps its data-parallel place, so even a streaming dataset's per-rank reader
+  // positions carry over when only the strategy's layout (a pipeline's cut) changed.
+  std::string mesh;
 };
 
 class Checkpointing {
@@ -74,7 +78,8 @@ class Checkpointing {
   // every part and returns the position to continue from. A state written by another number of
   // ranks or under another layout (strategy, mesh) resumes its data position only when the
   // global batch and the steps per epoch are the same, whatever the ranks and micro-batches it
-  // is split into; otherwise, or for a streaming dataset, it is refused with the reason.
+  // is split into; otherwise, or for a streaming dataset read from other data-parallel places,
+  // it is refused with the reason.
   std::optional<TrainingPosition> resume(const std::string& which,
                                          const std::function<void(const std::string&)>& log);
 

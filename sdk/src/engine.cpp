@@ -119,8 +119,8 @@ Engine::Engine(Recipe recipe, const Registry& registry, RunControls controls)
     saved.steps_per_epoch = s.data->steps_per_epoch();
     saved.accumulation = s.run.grad_accumulation;
     saved.world_size = s.runtime->world_size();
-    saved.layout = s.recipe.section("strategy").get_string("plugin") + " on " +
-                   build.mesh->layout().describe();
+    saved.mesh = build.mesh->layout().describe();
+    saved.layout = s.recipe.section("strategy").get_string("plugin") + " on " + saved.mesh;
     if (const std::string cut = s.strategy().describe_layout(); !cut.empty()) {
       saved.layout += ", " + cut;
     }

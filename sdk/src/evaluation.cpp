@@ -6,6 +6,7 @@
 #include <optional>
 
 #include "training_data.hpp"
+#include "trainyard/communicator.hpp"
 #include "trainyard/dataset.hpp"
 #include "trainyard/strategy.hpp"
 
@@ -21,6 +22,37 @@ Evaluation::Evaluation(std::shared_ptr<Dataset> dataset, std::string split, Load
       strategy_(strategy),
       device_(device),
       runtime_(runtime) {}
+
+namespace {
+constexpr const char* kSumNamesKey = "trainyard/eval_sum_names";
+}  // namespace
+
+// The names go through the store, once per run: every rank holding a loss sets the same value,
+// the others wait for it.
+void Evaluation::publish_sum_names(const TensorMap& sums) {
+  if (sum_names_published_) return;
+  std::string joined;
+  for (const auto& [name, value] : sums) joined += name + "\n";
+  runtime_.communicator()->store()->set(kSumNamesKey,
+                                        std::vector<std::uint8_t>(joined.begin(), joined.end()));
+  sum_names_published_ = true;
+}
+
+std::vector<std::string> Evaluation::sum_names_from_holders() {
+  if (sum_names_.empty()) {
+    const std::vector<std::uint8_t> bytes = runtime_.communicator()->store()->get(kSumNamesKey);
+    std::string name;
+    for (std::uint8_t byte : bytes) {
+      if (byte == '\n') {
+        sum_names_.push_back(name);
+        name.clear();
+      } else {
+        name.push_back(static_cast<char>(byte));
+      }
+    }
+  }
+  return sum_names_;
+}
 
 std::vector<std::pair<std::string, double>> Evaluation::run() {
   LoaderOptions options = options_;
@@ -70,6 +102,12 @@ std::vector<std::pair<std::string, double>> Evaluation::run() {
   const auto named = static_cast<std::size_t>(
       runtime_.multi_process() ? runtime_.max(static_cast<std::int64_t>(sums.size()))
                                : static_cast<std::int64_t>(sums.size()));
+  if (named > 0 && sums.empty()) {
+    // Its names too (a pipeline's first stage reports them in its metrics like the last).
+    for (const std::string& name : sum_names_from_holders()) sums.emplace(name, at::zeros({}));
+  } else if (named > 0 && runtime_.multi_process()) {
+    publish_sum_names(sums);
+  }
   const std::size_t width = named + 3;  // loss, sums, samples, holders
   const DataParallelPlace place = runtime_.data_parallel_place();
   std::vector<double> slices(width * static_cast<std::size_t>(place.size), 0.0);

@@ -37,6 +37,12 @@ class Evaluation {
   Strategy& strategy_;
   c10::Device device_;
   const DistributedRuntime& runtime_;
+  // The names of the model's evaluation sums, for ranks that hold no loss (pipeline stages
+  // before the last), learnt from the ranks that do.
+  void publish_sum_names(const TensorMap& sums);
+  std::vector<std::string> sum_names_from_holders();
+  bool sum_names_published_ = false;
+  std::vector<std::string> sum_names_;
 };
 
 }  // namespace trainyard

@@ -1,0 +1,87 @@
+#include "parity_runs.hpp"
+
+#include <ATen/ATen.h>
+#include <gtest/gtest.h>
+
+#include <cmath>
+
+#include "metrics_file.hpp"
+#include "trainyard/distributed.hpp"
+
+namespace trainyard::testing {
+
+namespace fs = std::filesystem;
+
+namespace {
+
+std::vector<std::string> run_arguments(const fs::path& recipe, const fs::path& out,
+                                       const std::vector<std::string>& extra) {
+  std::vector<std::string> args = {recipe.string(),
+                                   "--set",
+                                   "run.threads=1",
+                                   "--set",
+                                   "run.output_dir=" + out.string(),
+                                   "--set",
+                                   "run.final_model_file=" + (out / "final.pt").string()};
+  args.insert(args.end(), extra.begin(), extra.end());
+  return args;
+}
+
+}  // namespace
+
+CommandResult run_one_process(const fs::path& recipe, const fs::path& out,
+                              const std::vector<std::string>& extra,
+                              const std::vector<std::string>& env, int timeout_s) {
+  std::vector<std::string> argv = {host_binary().string(), "run"};
+  for (auto& arg : run_arguments(recipe, out, extra)) argv.push_back(arg);
+  return run_command(argv, source_dir(), timeout_s, env);
+}
+
+CommandResult run_launched(int ranks, const fs::path& recipe, const fs::path& out,
+                           const std::vector<std::string>& extra,
+                           const std::vector<std::string>& env, int timeout_s) {
+  std::vector<std::string> argv = {host_binary().string(), "launch", "--nproc-per-node",
+                                   std::to_string(ranks)};
+  for (auto& arg : run_arguments(recipe, out, extra)) argv.push_back(arg);
+  return run_command(argv, source_dir(), timeout_s, env);
+}
+
+std::vector<double> logged_train_losses(const fs::path& out) {
+  const fs::path file =
+      fs::exists(out / "metrics.jsonl") ? out / "metrics.jsonl" : out / "metrics.rank0.jsonl";
+  std::vector<double> losses;
+  for (const auto& line : of_phase(read_metrics(file), "train")) losses.push_back(line.at("loss"));
+  return losses;
+}
+
+void expect_same_model_within(const fs::path& expected_file, const fs::path& actual_file,
+                              double rtol, double atol) {
+  TensorMap expected = read_tensor_file(expected_file);
+  TensorMap actual = read_tensor_file(actual_file);
+  ASSERT_EQ(expected.size(), actual.size()) << actual_file;
+  ASSERT_FALSE(expected.empty());
+  for (const auto& [name, tensor] : expected) {
+    auto it = actual.find(name);
+    ASSERT_NE(it, actual.end()) << actual_file << ": " << name;
+    at::Tensor a = it->second.to(at::kDouble);
+    at::Tensor e = tensor.to(at::kDouble);
+    ASSERT_EQ(a.sizes(), e.sizes()) << name;
+    const double worst = ((a - e).abs() - (atol + rtol * e.abs())).max().item<double>();
+    EXPECT_TRUE(at::allclose(a, e, rtol, atol))
+        << actual_file << " " << name << ": worst excess over the tolerance " << worst;
+  }
+}
+
+void expect_same_losses_within(const fs::path& expected, const fs::path& actual, double rtol,
+                               double atol) {
+  const std::vector<double> e = logged_train_losses(expected);
+  const std::vector<double> a = logged_train_losses(actual);
+  ASSERT_EQ(e.size(), a.size()) << actual;
+  ASSERT_FALSE(e.empty());
+  for (std::size_t i = 0; i < e.size(); ++i) {
+    EXPECT_LE(std::abs(a[i] - e[i]), atol + rtol * std::abs(e[i]))
+        << actual << " step " << i + 1 << ": loss " << a[i] << " against " << e[i];
+  }
+}
+
+}  // namespace trainyard::testing
