@@ -26,6 +26,7 @@
 #include "compare_report.hpp"
 #include "trainyard/error.hpp"
 #include "trainyard/json.hpp"
+#include "trainyard/pipeline_timeline.hpp"
 #include "trainyard/recipe.hpp"
 
 namespace po = boost::program_options;
@@ -41,8 +42,8 @@ Runs every variant (each recipe times the cartesian product of the --vary lists)
 another with the same seed and data, then prints a side-by-side table (step time and its
 phases, throughput, peak memory, final loss, eval metric, largest loss difference from the first
 variant) and writes DIR/table.txt and DIR/report.html (loss curves, step time, throughput and
-memory bars; self-contained). A variant that fails, or runs past --timeout, is reported with
-its error; the others still run. Exit status 1 only when every variant failed.
+memory bars, pipeline schedules; self-contained). A variant that fails, or runs past --timeout,
+is reported with its error; the others still run. Exit status 1 only when every variant failed.
 )";
 
 // Seconds a variant stopped at its --timeout gets between SIGTERM and SIGKILL: longer than the
@@ -473,6 +474,7 @@ int command_compare(const std::vector<std::string>& args) {
     // A file from an earlier compare must not pass for this run's.
     std::error_code ignored;
     fs::remove(metrics, ignored);
+    for (const auto& file : measured_timeline_files(dir)) fs::remove(file, ignored);
 
     // Later --set values win: the logging interval for --steps, the shared overrides, then the
     // seed and steps every variant shares, then the variant's own choices, then where it writes.
@@ -532,6 +534,11 @@ int command_compare(const std::vector<std::string>& args) {
       } catch (const Error&) {
       }
     }
+    try {
+      result.pipeline = pipeline_variant(load_recipe(variant.recipe, sets), dir, nproc);
+    } catch (const Error&) {
+      // A recipe that does not load is already the variant's error.
+    }
     char seconds[32];
     std::snprintf(seconds, sizeof seconds, "%.1f", result.wall_s);
     std::cout << (result.succeeded ? ": ok" : ": FAILED") << " (" << seconds << " s)\n";
@@ -550,7 +557,8 @@ int command_compare(const std::vector<std::string>& args) {
   write_file(report_dir / "table.txt", table);
   write_file(report_dir / "report.html", render_html(report));
   std::cout << "\n"
-            << table << "\ntable: " << (report_dir / "table.txt").string()
+            << table << format_pipeline_idle_shares(results)
+            << "\ntable: " << (report_dir / "table.txt").string()
             << "\nreport: " << (report_dir / "report.html").string() << std::endl;
 
   const bool any_succeeded = std::any_of(results.begin(), results.end(),

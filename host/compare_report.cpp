@@ -6,6 +6,11 @@
 #include <limits>
 #include <sstream>
 
+#include "trainyard/device_mesh.hpp"
+#include "trainyard/error.hpp"
+#include "trainyard/pipeline_schedule.hpp"
+#include "trainyard/recipe.hpp"
+
 namespace trainyard {
 namespace {
 
@@ -348,13 +353,315 @@ std::string bar_chart(const std::string& id, const std::vector<VariantResult>& v
   return svg.str();
 }
 
+// Pipeline timelines: one row per pp rank, one box per compute action, idle time left blank.
+
+// Schedules larger than this many compute actions are described, not drawn.
+constexpr std::int64_t kMaxDrawnActions = 4096;
+
+std::string percent(double share) { return fixed(100 * share, 1) + "%"; }
+
+const char* compute_colour(PipelineActionKind kind) {
+  switch (kind) {
+    case PipelineActionKind::kForward:
+      return "#4e79a7";
+    case PipelineActionKind::kBackward:
+      return "#e15759";
+    case PipelineActionKind::kBackwardInput:
+      return "#f28e2b";
+    case PipelineActionKind::kBackwardWeight:
+      return "#59a14f";
+    default:
+      return "#bab0ac";
+  }
+}
+
+// As `trainyard schedule` writes them: F3, B3, I3, W3, and 2F3 for stage 2 when ranks hold
+// several stages.
+std::string box_label(const PipelineAction& action, int virtual_stages) {
+  const char* letters[] = {"F", "B", "I", "W"};
+  std::string text = letters[static_cast<int>(action.kind)] + std::to_string(action.micro_batch);
+  return virtual_stages > 1 ? std::to_string(action.stage) + text : text;
+}
+
+struct TimelineBox {
+  PipelineAction action;
+  double start = 0;
+  double end = 0;
+};
+
+// What one timeline SVG shows; times in the drawing's unit (time units or microseconds).
+struct TimelineDrawing {
+  std::string kind;  // "simulated" or "measured"
+  int virtual_stages = 1;
+  std::vector<std::vector<TimelineBox>> rows;  // per pp rank, compute actions only
+  std::vector<std::string> notes;              // per pp rank, at the row's right
+  double span = 1;                             // the time axis runs from 0 to here
+  bool microseconds = false;
+};
+
+std::string timeline_svg(const TimelineDrawing& drawing, std::size_t variant_number) {
+  const double plot_left = 80, plot_right = 900, note_left = 912, row = 28, box = 20;
+  const double top = 30;
+  const double axis_y = top + row * static_cast<double>(drawing.rows.size()) + 4;
+  const double height = axis_y + 40;
+  const double span = drawing.span > 0 ? drawing.span : 1;
+  // Measured axes read in milliseconds once the step is long enough for them.
+  const bool in_ms = drawing.microseconds && span >= 2000;
+  const double per_label_unit = in_ms ? 1000 : 1;
+  auto x_of = [&](double t) { return plot_left + t / span * (plot_right - plot_left); };
+
+  std::ostringstream svg;
+  svg << "<svg class=\"pipeline-timeline\" data-timeline=\"" << drawing.kind << "\" data-variant=\""
+      << variant_number << "\" xmlns=\"http://www.w3.org/2000/svg\" width=\"1100\" height=\""
+      << height << "\" viewBox=\"0 0 1100 " << height << "\">\n"
+      << "<rect width=\"100%\" height=\"100%\" fill=\"#ffffff\"/>\n";
+  // The legend names the kinds this drawing has, in schedule order.
+  double legend_x = plot_left;
+  for (auto kind : {PipelineActionKind::kForward, PipelineActionKind::kBackward,
+                    PipelineActionKind::kBackwardInput, PipelineActionKind::kBackwardWeight}) {
+    const bool present = std::any_of(drawing.rows.begin(), drawing.rows.end(), [&](const auto& r) {
+      return std::any_of(r.begin(), r.end(),
+                         [&](const TimelineBox& b) { return b.action.kind == kind; });
+    });
+    if (!present) continue;
+    svg << "<rect class=\"pipeline-legend\" x=\"" << legend_x << "\" y=\"8\" width=\"14\" "
+        << "height=\"12\" fill=\"" << compute_colour(kind) << "\"/><text x=\"" << legend_x + 18
+        << "\" y=\"18\">" << action_kind_name(kind) << "</text>\n";
+    legend_x += 130;
+  }
+  for (std::size_t rank = 0; rank < drawing.rows.size(); ++rank) {
+    const double y = top + row * static_cast<double>(rank);
+    svg << "<g class=\"pipeline-rank\" data-rank=\"" << rank << "\">\n<text x=\"6\" y=\""
+        << y + box / 2 + 4 << "\">rank " << rank << "</text>\n<line x1=\"" << plot_left
+        << "\" y1=\"" << y + box + 0.5 << "\" x2=\"" << plot_right << "\" y2=\"" << y + box + 0.5
+        << "\" stroke=\"#e0e0e0\"/>\n";
+    for (const TimelineBox& b : drawing.rows[rank]) {
+      const double x = x_of(b.start), width = x_of(b.end) - x;
+      svg << "<rect class=\"pipeline-action\" data-rank=\"" << rank << "\" data-kind=\""
+          << action_kind_name(b.action.kind) << "\" data-stage=\"" << b.action.stage
+          << "\" data-micro-batch=\"" << b.action.micro_batch << "\" x=\"" << fixed(x, 2)
+          << "\" y=\"" << y << "\" width=\"" << fixed(width, 2) << "\" height=\"" << box
+          << "\" fill=\"" << compute_colour(b.action.kind)
+          << "\" stroke=\"#ffffff\" stroke-width=\"0.5\"><title>" << to_string(b.action) << ": "
+          << significant(b.start, 7) << " to " << significant(b.end, 7)
+          << (drawing.microseconds ? " us" : " time units") << "</title></rect>\n";
+      // A label only where it fits; the box's title always names it.
+      const std::string label = box_label(b.action, drawing.virtual_stages);
+      if (width >= 7.0 * static_cast<double>(label.size()) + 2) {
+        svg << "<text class=\"pipeline-label\" x=\"" << fixed(x + width / 2, 2) << "\" y=\""
+            << y + box / 2 + 4 << "\" text-anchor=\"middle\" fill=\"#ffffff\">" << label
+            << "</text>\n";
+      }
+    }
+    svg << "<text class=\"pipeline-idle\" data-rank=\"" << rank << "\" x=\"" << note_left
+        << "\" y=\"" << y + box / 2 + 4 << "\">" << html_escape(drawing.notes[rank])
+        << "</text>\n</g>\n";
+  }
+  svg << "<g class=\"axes\" fill=\"#333333\">\n<line x1=\"" << plot_left << "\" y1=\"" << axis_y
+      << "\" x2=\"" << plot_right << "\" y2=\"" << axis_y << "\" stroke=\"#888888\"/>\n";
+  for (double tick : ticks(0, span / per_label_unit, 10)) {
+    const double x = x_of(tick * per_label_unit);
+    svg << "<line x1=\"" << fixed(x, 2) << "\" y1=\"" << axis_y << "\" x2=\"" << fixed(x, 2)
+        << "\" y2=\"" << axis_y + 5 << "\" stroke=\"#888888\"/><text x=\"" << fixed(x, 2)
+        << "\" y=\"" << axis_y + 18 << "\" text-anchor=\"middle\">" << significant(tick, 6)
+        << "</text>\n";
+  }
+  svg << "<text x=\"" << (plot_left + plot_right) / 2 << "\" y=\"" << axis_y + 34
+      << "\" text-anchor=\"middle\">"
+      << (drawing.microseconds ? (in_ms ? "ms since the ranks left the step's barrier"
+                                        : "us since the ranks left the step's barrier")
+                               : "time units")
+      << "</text>\n</g>\n</svg>\n";
+  return svg.str();
+}
+
+std::string shape_text(const std::string& schedule, int ranks, int micro_batches,
+                       int virtual_stages) {
+  std::string text = html_escape(schedule) + ", " + std::to_string(ranks) +
+                     (ranks == 1 ? " rank, " : " ranks, ") + std::to_string(micro_batches) +
+                     (micro_batches == 1 ? " micro-batch" : " micro-batches");
+  if (virtual_stages > 1) text += ", " + std::to_string(virtual_stages) + " stages per rank";
+  return text;
+}
+
+std::string formula_text(const IdleShareFormula& formula) {
+  return formula.formula + (formula.upper_bound ? " at most " : " = ") + percent(formula.value);
+}
+
+// Each kind's mean measured duration in whole microseconds (at least 1), as the costs the
+// formula weighs (zero bubble's depends on F, I and W); `text` names the kinds measured.
+struct MeasuredCosts {
+  PipelineCosts costs;
+  std::string text;  // "F=300 B=731 us"
+};
+
+MeasuredCosts measured_costs(const MeasuredPipelineTimeline& timeline) {
+  double sum[4] = {0, 0, 0, 0};
+  int count[4] = {0, 0, 0, 0};
+  for (const auto& actions : timeline.rank_actions) {
+    for (const auto& measured : actions) {
+      if (!is_compute(measured.action.kind)) continue;
+      const auto k = static_cast<std::size_t>(measured.action.kind);
+      sum[k] += measured.end_us - measured.start_us;
+      ++count[k];
+    }
+  }
+  MeasuredCosts out;
+  const char* letters[] = {"F", "B", "I", "W"};
+  auto mean = [&](PipelineActionKind kind) -> std::optional<int> {
+    const auto k = static_cast<std::size_t>(kind);
+    if (count[k] == 0) return std::nullopt;
+    const int value = std::max(1, static_cast<int>(std::lround(sum[k] / count[k])));
+    out.text +=
+        (out.text.empty() ? "" : " ") + std::string(letters[k]) + "=" + std::to_string(value);
+    return value;
+  };
+  out.costs.forward = mean(PipelineActionKind::kForward).value_or(1);
+  out.costs.backward = mean(PipelineActionKind::kBackward);
+  out.costs.backward_input = mean(PipelineActionKind::kBackwardInput).value_or(1);
+  out.costs.backward_weight = mean(PipelineActionKind::kBackwardWeight).value_or(1);
+  if (!out.text.empty()) out.text += " us";
+  return out;
+}
+
+// The formula for the measured shape and costs; nullopt when the schedule does not build.
+std::optional<IdleShareFormula> measured_formula(const MeasuredPipelineTimeline& timeline) {
+  try {
+    const PipelineSchedule schedule = build_pipeline_schedule(
+        timeline.schedule, {timeline.ranks, timeline.micro_batches, timeline.virtual_stages});
+    return idle_share_formula(schedule, measured_costs(timeline).costs);
+  } catch (const Error&) {
+    return std::nullopt;
+  }
+}
+
+std::string simulated_part(const PipelineVariant& p, std::size_t number) {
+  std::ostringstream html;
+  if (!p.settings_error.empty()) {
+    html << "<p class=\"error\">The pipeline settings do not read: "
+         << html_escape(p.settings_error) << "</p>\n";
+    return html.str();
+  }
+  const std::int64_t actions = 2LL * p.ranks * p.virtual_stages * p.micro_batches;
+  if (actions > kMaxDrawnActions) {
+    html << "<p>Simulated: " << shape_text(p.schedule, p.ranks, p.micro_batches, p.virtual_stages)
+         << ": too many actions to draw (" << actions << ").</p>\n";
+    return html.str();
+  }
+  try {
+    const PipelineSchedule schedule =
+        build_pipeline_schedule(p.schedule, {p.ranks, p.micro_batches, p.virtual_stages});
+    validate_schedule(schedule);
+    const PipelineSimulation simulation = simulate_schedule(schedule);
+    TimelineDrawing drawing;
+    drawing.kind = "simulated";
+    drawing.virtual_stages = p.virtual_stages;
+    drawing.span = simulation.makespan;
+    for (const RankSimulation& rank : simulation.ranks) {
+      std::vector<TimelineBox> boxes;
+      for (const TimedAction& timed : rank.actions) {
+        if (!is_compute(timed.action.kind)) continue;
+        boxes.push_back(
+            {timed.action, static_cast<double>(timed.start), static_cast<double>(timed.end)});
+      }
+      drawing.rows.push_back(std::move(boxes));
+      drawing.notes.push_back("idle " + percent(rank.idle_share()));
+    }
+    const PipelineCosts& costs = simulation.costs;
+    html << "<p>Simulated: " << shape_text(p.schedule, p.ranks, p.micro_batches, p.virtual_stages)
+         << "; costs F=" << costs.forward << " B=" << costs.full_backward()
+         << " I=" << costs.backward_input << " W=" << costs.backward_weight
+         << " time units, makespan " << simulation.makespan << ".</p>\n"
+         << timeline_svg(drawing, number) << "<p class=\"pipeline-formula\">Idle share per rank: ";
+    for (std::size_t rank = 0; rank < simulation.ranks.size(); ++rank) {
+      html << (rank ? ", " : "") << "rank " << rank << " "
+           << percent(simulation.ranks[rank].idle_share());
+    }
+    html << "; mean " << percent(simulation.mean_idle_share()) << "; formula "
+         << html_escape(formula_text(idle_share_formula(schedule, costs))) << ".</p>\n";
+  } catch (const Error& error) {
+    html << "<p class=\"error\">Simulated: "
+         << shape_text(p.schedule, p.ranks, p.micro_batches, p.virtual_stages)
+         << ": the schedule does not build: " << html_escape(error.what()) << "</p>\n";
+  }
+  return html.str();
+}
+
+std::string measured_part(const PipelineVariant& p, const VariantResult& v, std::size_t number) {
+  std::ostringstream html;
+  if (!p.measured_error.empty()) {
+    html << "<p class=\"error\">Measured: the timeline does not read: "
+         << html_escape(p.measured_error) << "</p>\n";
+    return html.str();
+  }
+  if (!p.measured) {
+    html << "<p>Measured: the run recorded no pipeline timeline in " << html_escape(v.folder)
+         << ".</p>\n";
+    return html.str();
+  }
+  const MeasuredPipelineTimeline& m = *p.measured;
+  const std::vector<double> shares = measured_idle_shares(m);
+  TimelineDrawing drawing;
+  drawing.kind = "measured";
+  drawing.virtual_stages = m.virtual_stages;
+  drawing.microseconds = true;
+  drawing.span = 0;
+  for (std::size_t rank = 0; rank < m.rank_actions.size(); ++rank) {
+    std::vector<TimelineBox> boxes;
+    for (const MeasuredAction& measured : m.rank_actions[rank]) {
+      drawing.span = std::max(drawing.span, measured.end_us);
+      if (!is_compute(measured.action.kind)) continue;
+      boxes.push_back({measured.action, measured.start_us, measured.end_us});
+    }
+    drawing.rows.push_back(std::move(boxes));
+    drawing.notes.push_back("idle " + percent(shares[rank]));
+  }
+  html << "<p>Measured: step " << m.step << ", "
+       << shape_text(m.schedule, m.ranks, m.micro_batches, m.virtual_stages)
+       << "; drawn to scale, sends and receives (waits) left blank.</p>\n"
+       << timeline_svg(drawing, number) << "<p class=\"pipeline-formula\">Measured idle share "
+       << "(1 - compute time / makespan of the compute actions): ";
+  double mean = 0;
+  for (std::size_t rank = 0; rank < shares.size(); ++rank) {
+    html << (rank ? ", " : "") << "rank " << rank << " " << percent(shares[rank]);
+    mean += shares[rank] / static_cast<double>(shares.size());
+  }
+  html << "; mean " << percent(mean);
+  if (auto formula = measured_formula(m)) {
+    html << "; formula " << html_escape(formula_text(*formula)) << " (mean costs "
+         << measured_costs(m).text << ")";
+  }
+  html << ".</p>\n";
+  return html.str();
+}
+
+std::string pipeline_sections(const std::vector<VariantResult>& variants) {
+  const bool any = std::any_of(variants.begin(), variants.end(),
+                               [](const VariantResult& v) { return v.pipeline.has_value(); });
+  if (!any) return "";
+  std::ostringstream html;
+  html << "<h2>Pipeline schedules</h2>\n<p>One row per pipeline rank, one box per compute action "
+          "(forward, backward, or its input and weight halves), labelled with its micro-batch "
+          "(after its stage when ranks hold several: 2F3); gaps are idle time.</p>\n";
+  for (std::size_t i = 0; i < variants.size(); ++i) {
+    const VariantResult& v = variants[i];
+    if (!v.pipeline) continue;
+    html << "<section class=\"pipeline\" id=\"pipeline-variant-" << i + 1 << "\">\n<h3>" << i + 1
+         << ". " << html_escape(v.label) << "</h3>\n"
+         << simulated_part(*v.pipeline, i + 1) << measured_part(*v.pipeline, v, i + 1)
+         << "</section>\n";
+  }
+  return html.str();
+}
+
 const char* kStyle = R"(body{font-family:sans-serif;margin:16px 24px;color:#222;background:#fff}
 h1{font-size:20px;margin:0 0 4px}h2{font-size:16px;margin:22px 0 6px}
 pre{background:#f4f4f4;padding:6px 8px;white-space:pre-wrap;font-size:12px;margin:4px 0}
 svg text{font-family:sans-serif;font-size:12px}
 table{border-collapse:collapse;font-size:13px}
 td,th{border:1px solid #ccc;padding:3px 7px;white-space:nowrap}td.error{white-space:normal}
-td.num{text-align:right}tr.failed td{background:#fdecea}td.error{color:#b00020})";
+td.num{text-align:right}tr.failed td{background:#fdecea}td.error{color:#b00020}
+h3{font-size:14px;margin:16px 0 4px}p.error{color:#b00020})";
 
 }  // namespace
 
@@ -432,6 +739,69 @@ std::string format_table(const std::vector<VariantResult>& variants) {
   return out.str();
 }
 
+std::optional<PipelineVariant> pipeline_variant(const Recipe& recipe,
+                                                const std::filesystem::path& output_dir,
+                                                int world_size) {
+  const Value* strategy = recipe.root ? recipe.root->find("strategy") : nullptr;
+  if (!strategy || strategy->type() != ValueType::kTable) return std::nullopt;
+  const Value* plugin = strategy->as_table().find("plugin");
+  if (!plugin || plugin->type() != ValueType::kString || plugin->as_string() != "pipeline") {
+    return std::nullopt;
+  }
+  PipelineVariant out;
+  try {
+    const Config options(strategy->table_ptr(), "strategy");
+    // The numbers are the schedule builders' to check; this only keeps them within an int.
+    auto count = [&](const char* key, int fallback) {
+      if (!options.has(key)) return fallback;
+      const std::int64_t value = options.get_int(key);
+      if (value < 1 || value > (1 << 20)) options.fail(key, "must be in [1, 1048576]");
+      return static_cast<int>(value);
+    };
+    if (options.has("schedule")) out.schedule = options.get_string("schedule");
+    out.micro_batches = count("micro_batches", out.micro_batches);
+    out.virtual_stages = count("virtual_stages", out.virtual_stages);
+    if (const Value* parallel = recipe.root->find("parallel");
+        parallel && parallel->type() == ValueType::kTable) {
+      const MeshRequest request = mesh_request(Config(parallel->table_ptr(), "parallel"));
+      out.ranks = request.pp != -1
+                      ? request.pp
+                      : MeshLayout::resolve(request, world_size).size(MeshAxis::kPipeline);
+    }
+  } catch (const Error& error) {
+    out.settings_error = error.what();
+  }
+  try {
+    out.measured = read_measured_timeline(output_dir);
+  } catch (const Error& error) {
+    out.measured_error = error.what();
+  }
+  return out;
+}
+
+std::string format_pipeline_idle_shares(const std::vector<VariantResult>& variants) {
+  std::ostringstream out;
+  for (std::size_t i = 0; i < variants.size(); ++i) {
+    const VariantResult& v = variants[i];
+    if (!v.pipeline) continue;
+    const std::string name = std::to_string(i + 1) + ". " + v.label;
+    if (!v.pipeline->measured_error.empty()) {
+      out << name << ": pipeline timeline: " << v.pipeline->measured_error << "\n";
+      continue;
+    }
+    if (!v.pipeline->measured) continue;
+    const MeasuredPipelineTimeline& m = *v.pipeline->measured;
+    const auto formula = measured_formula(m);
+    const std::vector<double> shares = measured_idle_shares(m);
+    for (std::size_t rank = 0; rank < shares.size(); ++rank) {
+      out << name << ": pipeline rank " << rank << " idle " << percent(shares[rank])
+          << " measured (" << m.schedule << ", step " << m.step << "), formula "
+          << (formula ? formula_text(*formula) : "unknown for this schedule") << "\n";
+    }
+  }
+  return out.str();
+}
+
 std::string render_html(const CompareReport& report) {
   const auto& variants = report.variants;
   std::ostringstream html;
@@ -485,6 +855,7 @@ std::string render_html(const CompareReport& report) {
   } else {
     html << "<p>No variant recorded memory_peak_bytes.</p>\n";
   }
+  html << pipeline_sections(variants);
 
   html << "<h2>Variants</h2>\n<table id=\"variant-list\">\n"
           "<tr><th>#</th><th>variant</th><th>output</th><th>wall s</th><th>result</th></tr>\n";

@@ -4,13 +4,18 @@
 // fetched at view time).
 
 #include <cstdint>
+#include <filesystem>
 #include <map>
 #include <optional>
 #include <string>
 #include <utility>
 #include <vector>
 
+#include "trainyard/pipeline_timeline.hpp"
+
 namespace trainyard {
+
+struct Recipe;
 
 // Per-step train metrics whose mean over the run's steady intervals the table shows; the phase
 // keys add up to step_time_ms (data_wait_ms first). Absent keys are left out of the table.
@@ -20,6 +25,25 @@ struct LossPoint {
   std::int64_t step = 0;
   double loss = 0;
 };
+
+// A variant whose strategy plugin is "pipeline": the schedule its recipe asks for, and the
+// timeline its run measured.
+struct PipelineVariant {
+  std::string schedule = "1f1b";  // strategy.schedule
+  int ranks = 1;                  // parallel.pp
+  int micro_batches = 4;          // strategy.micro_batches
+  int virtual_stages = 1;         // strategy.virtual_stages
+  std::string settings_error;     // why the settings above do not read (one line); else empty
+  std::optional<MeasuredPipelineTimeline> measured;
+  std::string measured_error;  // why the run's timeline files do not read (one line); else empty
+};
+
+// The pipeline settings of `recipe` when its strategy plugin is "pipeline", the defaults above
+// for absent keys (a parallel.pp of -1 takes what the other dimensions leave of `world_size`),
+// and the measured timeline in the run's `output_dir`; nullopt for any other strategy.
+std::optional<PipelineVariant> pipeline_variant(const Recipe& recipe,
+                                                const std::filesystem::path& output_dir,
+                                                int world_size);
 
 struct VariantResult {
   std::string label;   // what distinguishes it: "precision.plugin=bf16 strategy.plugin=ddp"
@@ -44,6 +68,8 @@ struct VariantResult {
   std::optional<double> divergence;
   std::int64_t divergence_step = 0;
   bool reference = false;
+
+  std::optional<PipelineVariant> pipeline;  // set when its strategy plugin is "pipeline"
 };
 
 struct CompareReport {
@@ -58,7 +84,13 @@ void compute_divergences(std::vector<VariantResult>& variants);
 // The side-by-side table, one row per variant, columns only for values some variant has.
 std::string format_table(const std::vector<VariantResult>& variants);
 
-// The whole HTML page.
+// For the terminal: per pipeline variant with a measured timeline, one line per pp rank with its
+// measured idle share and the formula's, and one line per variant whose timeline files do not
+// read. Empty when there are none.
+std::string format_pipeline_idle_shares(const std::vector<VariantResult>& variants);
+
+// The whole HTML page. Pipeline variants get a section drawing their simulated schedule and,
+// when their run recorded one, the measured timeline.
 std::string render_html(const CompareReport& report);
 
 // Stroke colour of the variant at `index` in the report's curves (also its bars' hue).

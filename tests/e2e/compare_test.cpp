@@ -14,12 +14,18 @@
 #include <fstream>
 #include <map>
 #include <regex>
+#include <set>
 #include <sstream>
 #include <string>
+#include <tuple>
 #include <vector>
 
+#include "compare_report.hpp"
 #include "metrics_file.hpp"
 #include "test_support.hpp"
+#include "trainyard/pipeline_schedule.hpp"
+#include "trainyard/pipeline_timeline.hpp"
+#include "trainyard/recipe.hpp"
 
 namespace trainyard::testing {
 namespace {
@@ -330,6 +336,286 @@ TEST(CompareTest, SeveralRecipesAreVariantsNamedByTheirFiles) {
   EXPECT_HAS(table, "2  fashion_mnist_cnn.toml model.plugin=no_model_z  FAILED");
   EXPECT_TRUE(fs::exists(dir / "cmp" / "2-fashion_mnist_cnn-no_model_z" / "output.log"));
   EXPECT_HAS(read_text(dir / "cmp" / "report.html"), "fashion_mnist_mlp_vs_fashion_mnist_cnn");
+}
+
+struct TimelineBox {
+  int rank = 0;
+  std::string kind;
+  int stage = 0;
+  int micro_batch = 0;
+  double x = 0, width = 0;
+};
+
+// What one pipeline timeline SVG of the report draws.
+struct DrawnTimeline {
+  int count = 0;  // SVGs of this variant and kind in the page (1 when drawn)
+  std::set<int> rows;
+  std::vector<TimelineBox> boxes;
+  std::vector<std::string> labels;
+  std::map<int, std::string> idle;  // rank: the note at the row's right
+};
+
+DrawnTimeline timeline_of(const std::string& html, int variant, const std::string& kind) {
+  const std::string open = "<svg class=\"pipeline-timeline\" data-timeline=\"" + kind +
+                           "\" data-variant=\"" + std::to_string(variant) + "\"";
+  DrawnTimeline out;
+  for (auto at = html.find(open); at != std::string::npos; at = html.find(open, at + 1)) {
+    ++out.count;
+  }
+  const auto begin = html.find(open);
+  if (begin == std::string::npos) return out;
+  const std::string svg = html.substr(begin, html.find("</svg>", begin) - begin);
+  static const std::regex row(R"re(<g class="pipeline-rank" data-rank="(\d+)">)re");
+  static const std::regex box(
+      R"re(<rect class="pipeline-action" data-rank="(\d+)" data-kind="(\w+)" data-stage="(\d+)" data-micro-batch="(\d+)" x="([-0-9.]+)" y="[-0-9.]+" width="([-0-9.]+)")re");
+  static const std::regex label(R"re(<text class="pipeline-label"[^>]*>([^<]*)</text>)re");
+  static const std::regex idle(
+      R"re(<text class="pipeline-idle" data-rank="(\d+)"[^>]*>([^<]*)<)re");
+  for (auto it = std::sregex_iterator(svg.begin(), svg.end(), row); it != std::sregex_iterator();
+       ++it) {
+    out.rows.insert(std::stoi((*it)[1]));
+  }
+  for (auto it = std::sregex_iterator(svg.begin(), svg.end(), box); it != std::sregex_iterator();
+       ++it) {
+    out.boxes.push_back({std::stoi((*it)[1]), (*it)[2], std::stoi((*it)[3]), std::stoi((*it)[4]),
+                         std::stod((*it)[5]), std::stod((*it)[6])});
+  }
+  for (auto it = std::sregex_iterator(svg.begin(), svg.end(), label); it != std::sregex_iterator();
+       ++it) {
+    out.labels.push_back((*it)[1]);
+  }
+  for (auto it = std::sregex_iterator(svg.begin(), svg.end(), idle); it != std::sregex_iterator();
+       ++it) {
+    out.idle[std::stoi((*it)[1])] = (*it)[2];
+  }
+  return out;
+}
+
+std::size_t boxes_on(const DrawnTimeline& timeline, int rank) {
+  return static_cast<std::size_t>(
+      std::count_if(timeline.boxes.begin(), timeline.boxes.end(),
+                    [&](const TimelineBox& b) { return b.rank == rank; }));
+}
+
+std::string percent1(double share) {
+  char text[32];
+  std::snprintf(text, sizeof text, "%.1f%%", 100 * share);
+  return text;
+}
+
+// A measured 1F1B step over 2 ranks and 4 micro-batches, written as a 2-process run does: the
+// schedule simulated with forwards of 3 and backwards of 7 units, 100 us each, rank 1 starting
+// 12.5 us late and rank 0's last backward 250 us longer. Communication takes no time.
+std::vector<RankTimeline> write_measured_one_f_one_b(const fs::path& run_dir) {
+  const PipelineSchedule schedule = build_pipeline_schedule("1f1b", {2, 4, 1});
+  PipelineCosts costs;
+  costs.forward = 3;
+  costs.backward = 7;
+  const PipelineSimulation simulation = simulate_schedule(schedule, costs);
+  std::vector<RankTimeline> ranks;
+  for (int rank = 0; rank < 2; ++rank) {
+    RankTimeline t;
+    t.schedule = "1f1b";
+    t.ranks = 2;
+    t.micro_batches = 4;
+    t.step = 3;
+    t.rank = rank;
+    t.pp_rank = rank;
+    for (const auto& timed : simulation.ranks[static_cast<std::size_t>(rank)].actions) {
+      const double shift = rank == 1 ? 12.5 : 0;
+      t.actions.push_back({timed.action, timed.start * 100 + shift, timed.end * 100 + shift});
+    }
+    if (rank == 0) t.actions.back().end_us += 250;
+    write_measured_timeline(measured_timeline_file(run_dir, rank, 2), t);
+    ranks.push_back(std::move(t));
+  }
+  return ranks;
+}
+
+TEST(CompareReportTest, PipelineVariantsDrawTheirSimulatedAndMeasuredSchedules) {
+  TempDir dir;
+  const fs::path pipeline_recipe = dir.write("pipe.toml", R"(name = "pipe"
+[parallel]
+pp = 2
+[strategy]
+plugin = "pipeline"
+schedule = "1f1b"
+micro_batches = 4
+)");
+  const fs::path interleaved_recipe = dir.write("interleaved.toml", R"(name = "interleaved"
+[parallel]
+pp = -1
+[strategy]
+plugin = "pipeline"
+schedule = "interleaved_1f1b"
+virtual_stages = 2
+)");
+  const fs::path ddp_recipe =
+      dir.write("ddp.toml", "name = \"ddp\"\n[strategy]\nplugin = \"ddp\"\n");
+  const fs::path bad_recipe = dir.write(
+      "bad.toml", "[parallel]\npp = 2\n[strategy]\nplugin = \"pipeline\"\nschedule = \"x<y>\"\n");
+
+  // Variant 1 measured its step; variant 2 (ddp) has a timeline file that is not its strategy's;
+  // variant 3 (2 ranks from -1 on a world of 2) measured nothing; variant 4's file is broken.
+  const std::vector<RankTimeline> measured = write_measured_one_f_one_b(dir / "1-pipe");
+  write_measured_one_f_one_b(dir / "2-ddp");
+  fs::create_directories(dir / "3-interleaved");
+  const fs::path broken = dir.write("4-bad/pipeline_timeline.json", "{\"schedule\":");
+
+  CompareReport report;
+  report.title = "pipelines";
+  const std::vector<std::tuple<std::string, fs::path, std::string>> variants = {
+      {"strategy.plugin=pipeline", pipeline_recipe, "1-pipe"},
+      {"strategy.plugin=ddp", ddp_recipe, "2-ddp"},
+      {"interleaved <b>&amp", interleaved_recipe, "3-interleaved"},
+      {"bad schedule", bad_recipe, "4-bad"}};
+  for (const auto& [label, recipe, folder] : variants) {
+    VariantResult v;
+    v.label = label;
+    v.folder = folder;
+    v.succeeded = true;
+    v.pipeline = pipeline_variant(load_recipe(recipe), dir / folder, 2);
+    report.variants.push_back(std::move(v));
+  }
+  ASSERT_TRUE(report.variants[0].pipeline.has_value());
+  EXPECT_FALSE(report.variants[1].pipeline.has_value()) << "ddp is no pipeline";
+  ASSERT_TRUE(report.variants[2].pipeline.has_value());
+  EXPECT_EQ(report.variants[2].pipeline->ranks, 2) << "pp = -1 fills the world of 2";
+  EXPECT_EQ(report.variants[2].pipeline->micro_batches, 4) << "the default";
+  const std::string html = render_html(report);
+
+  EXPECT_HAS(html, "<h2>Pipeline schedules</h2>");
+  EXPECT_HAS(html, "<section class=\"pipeline\" id=\"pipeline-variant-1\">");
+  EXPECT_EQ(html.find("id=\"pipeline-variant-2\""), std::string::npos);
+  EXPECT_EQ(timeline_of(html, 2, "simulated").count, 0);
+  EXPECT_EQ(timeline_of(html, 2, "measured").count, 0);
+
+  // Simulated 1F1B, p = 2, m = 4: per rank four forwards and four backwards, every
+  // (kind, micro-batch) once, labelled; with unit costs both ranks idle (p-1)/(m+p-1) = 20%.
+  const DrawnTimeline simulated = timeline_of(html, 1, "simulated");
+  EXPECT_EQ(simulated.count, 1);
+  EXPECT_EQ(simulated.rows, (std::set<int>{0, 1}));
+  for (int rank : {0, 1}) {
+    std::set<std::tuple<std::string, int, int>> seen;
+    for (const auto& b : simulated.boxes) {
+      if (b.rank != rank) continue;
+      EXPECT_EQ(b.stage, rank);
+      EXPECT_TRUE(seen.insert({b.kind, b.stage, b.micro_batch}).second) << b.kind;
+      EXPECT_TRUE(b.kind == "Forward" || b.kind == "Backward") << b.kind;
+      EXPECT_GT(b.width, 0);
+    }
+    EXPECT_EQ(seen.size(), 8u) << "rank " << rank;
+    EXPECT_EQ(simulated.idle.at(rank), "idle 20.0%");
+  }
+  EXPECT_EQ(simulated.boxes.size(), 16u);
+  EXPECT_EQ(simulated.labels.size(), 16u);
+  EXPECT_NE(std::find(simulated.labels.begin(), simulated.labels.end(), "F3"),
+            simulated.labels.end());
+  EXPECT_HAS(html, "mean 20.0%; formula (p-1)/(m+p-1) = 20.0%.");
+
+  // Measured: one box per compute action of each rank's file (its sends and receives are not
+  // boxes), placed and sized in proportion to the recorded times, and each rank's idle share.
+  const DrawnTimeline drawn = timeline_of(html, 1, "measured");
+  EXPECT_EQ(drawn.count, 1);
+  EXPECT_EQ(drawn.rows, (std::set<int>{0, 1}));
+  EXPECT_EQ(drawn.boxes.size(), 16u);
+  double first_start = 1e300, last_end = 0;
+  std::vector<double> busy(2, 0.0);
+  std::map<std::tuple<int, std::string, int>, std::pair<double, double>> times;
+  for (int rank : {0, 1}) {
+    std::size_t compute = 0;
+    for (const auto& m : measured[static_cast<std::size_t>(rank)].actions) {
+      if (!is_compute(m.action.kind)) continue;
+      ++compute;
+      first_start = std::min(first_start, m.start_us);
+      last_end = std::max(last_end, m.end_us);
+      busy[static_cast<std::size_t>(rank)] += m.end_us - m.start_us;
+      times[{rank, action_kind_name(m.action.kind), m.action.micro_batch}] = {m.start_us, m.end_us};
+    }
+    EXPECT_LT(compute, measured[static_cast<std::size_t>(rank)].actions.size());
+    EXPECT_EQ(boxes_on(drawn, rank), compute) << "rank " << rank;
+  }
+  ASSERT_EQ(drawn.boxes.size(), times.size());
+  const TimelineBox& a = drawn.boxes.front();
+  const auto [a_start, a_end] = times.at({a.rank, a.kind, a.micro_batch});
+  const TimelineBox& b = drawn.boxes.back();
+  const auto [b_start, b_end] = times.at({b.rank, b.kind, b.micro_batch});
+  ASSERT_NE(a_start, b_start);
+  const double scale = (b.x - a.x) / (b_start - a_start), origin = a.x - a_start * scale;
+  EXPECT_GT(scale, 0);
+  for (const auto& box : drawn.boxes) {
+    const auto [start, end] = times.at({box.rank, box.kind, box.micro_batch});
+    EXPECT_NEAR(box.x, origin + start * scale, 0.02) << box.kind << box.micro_batch;
+    EXPECT_NEAR(box.width, (end - start) * scale, 0.02) << box.kind << box.micro_batch;
+  }
+  std::vector<std::string> idle;
+  for (int rank : {0, 1}) {
+    idle.push_back(percent1(1 - busy[static_cast<std::size_t>(rank)] / (last_end - first_start)));
+    EXPECT_EQ(drawn.idle.at(rank), "idle " + idle.back());
+  }
+  EXPECT_NE(idle[0], idle[1]) << "the ranks' shares differ by construction";
+  EXPECT_HAS(html, "rank 0 " + idle[0] + ", rank 1 " + idle[1]);
+  EXPECT_HAS(html, "formula (p-1)/(m+p-1) = 20.0% (mean costs F=300 B=731 us).");
+
+  // The terminal's lines: one per rank of the measured variant, and the broken file's error.
+  const std::string console = format_pipeline_idle_shares(report.variants);
+  for (int rank : {0, 1}) {
+    EXPECT_HAS(console, "1. strategy.plugin=pipeline: pipeline rank " + std::to_string(rank) +
+                            " idle " + idle[static_cast<std::size_t>(rank)] +
+                            " measured (1f1b, step 3), formula (p-1)/(m+p-1) = 20.0%\n");
+  }
+  EXPECT_HAS(console,
+             "4. bad schedule: pipeline timeline: " + broken.string() + ": invalid JSON at byte");
+  EXPECT_EQ(std::count(console.begin(), console.end(), '\n'), 3) << console;
+
+  // Interleaved, 2 stages per rank: labels carry the stage; nothing measured.
+  const DrawnTimeline interleaved = timeline_of(html, 3, "simulated");
+  EXPECT_EQ(interleaved.rows, (std::set<int>{0, 1}));
+  EXPECT_EQ(boxes_on(interleaved, 0), 16u);
+  EXPECT_EQ(boxes_on(interleaved, 1), 16u);
+  for (const char* expected : {"0F0", "2F0", "1F3", "3B3"}) {
+    EXPECT_NE(std::find(interleaved.labels.begin(), interleaved.labels.end(), expected),
+              interleaved.labels.end())
+        << expected;
+  }
+  EXPECT_EQ(timeline_of(html, 3, "measured").count, 0);
+  EXPECT_HAS(html, "Measured: the run recorded no pipeline timeline in 3-interleaved.");
+
+  // Text from recipes and labels is escaped; a schedule that does not build and a broken file
+  // are explained, not drawn.
+  EXPECT_HAS(html, "3. interleaved &lt;b&gt;&amp;amp</h3>");
+  EXPECT_EQ(html.find("<b>"), std::string::npos);
+  EXPECT_EQ(timeline_of(html, 4, "simulated").count, 0);
+  EXPECT_HAS(html, "x&lt;y&gt;, 2 ranks, 4 micro-batches: the schedule does not build: ");
+  EXPECT_EQ(html.find("x<y>"), std::string::npos);
+  EXPECT_HAS(html, "Measured: the timeline does not read: " + broken.string());
+}
+
+TEST(CompareTest, APipelineVariantGetsAScheduleSectionAndOthersNone) {
+  // Neither variant runs a step (two pipeline ranks in a one-process run), so neither measures;
+  // a timeline left by an earlier compare must not pass for variant 2's.
+  TempDir dir;
+  const fs::path output = dir / "cmp";
+  write_measured_one_f_one_b(output / "2-pipeline");
+  const fs::path stale = output / "2-pipeline" / "pipeline_timeline.rank0.json";
+  ASSERT_TRUE(fs::exists(stale));
+  auto args = tiny_compare(output, {"strategy.plugin=single,pipeline"}, 4);
+  args.insert(args.end(), {"--set", "parallel.pp=2"});
+  auto result = run_host(args);
+  EXPECT_EQ(result.exit_code, 1) << describe(result);
+  EXPECT_FALSE(fs::exists(stale));
+  const std::string html = read_text(output / "report.html");
+  EXPECT_EQ(html.find("id=\"pipeline-variant-1\""), std::string::npos);
+  EXPECT_HAS(html, "id=\"pipeline-variant-2\"");
+  const DrawnTimeline simulated = timeline_of(html, 2, "simulated");
+  EXPECT_EQ(simulated.count, 1);
+  EXPECT_EQ(simulated.rows, (std::set<int>{0, 1}));
+  EXPECT_EQ(boxes_on(simulated, 0), 8u);
+  EXPECT_EQ(boxes_on(simulated, 1), 8u);
+  EXPECT_EQ(simulated.idle.at(0), "idle 20.0%");
+  EXPECT_EQ(timeline_of(html, 2, "measured").count, 0);
+  EXPECT_HAS(html, "Measured: the run recorded no pipeline timeline in 2-pipeline.");
+  EXPECT_EQ(result.out.find("pipeline rank"), std::string::npos) << result.out;
 }
 
 struct Image {

@@ -51,8 +51,8 @@ struct MeasuredPipelineTimeline {
 std::filesystem::path measured_timeline_file(const std::filesystem::path& output_dir, int rank,
                                              int world_size);
 
-// The timeline files in `run_dir` (either name above), sorted; empty when there are none or
-// the folder does not exist.
+// The timeline files in `run_dir` (either name above): the one-process file first, then by rank
+// number; empty when there are none or the folder does not exist.
 std::vector<std::filesystem::path> measured_timeline_files(const std::filesystem::path& run_dir);
 
 // Writes `timeline` to `file` as one JSON object: {"schedule", "ranks", "micro_batches",
