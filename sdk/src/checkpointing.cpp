@@ -96,8 +96,11 @@ std::optional<TrainingPosition> Checkpointing::resume(
     checkpoint = fs::path(which);
   }
   CheckpointState state = store_->load(*checkpoint);
-  auto layout = state.shared.metadata.find(kLayoutKey);
-  const bool other_layout = layout != state.shared.metadata.end() && layout->second != run_.layout;
+  // Copied: reloading every rank's files below replaces `state`.
+  const auto layout_entry = state.shared.metadata.find(kLayoutKey);
+  const std::string saved_layout =
+      layout_entry != state.shared.metadata.end() ? layout_entry->second : std::string();
+  const bool other_layout = !saved_layout.empty() && saved_layout != run_.layout;
   const bool other_world = state.shared.metadata.count(kSavedWorldSizeKey) != 0;
   // The same ranks under another layout: every saved rank's pieces, for re-slicing.
   if (other_layout && !other_world) state = store_->load(*checkpoint, /*every_rank=*/true);
@@ -130,7 +133,7 @@ std::optional<TrainingPosition> Checkpointing::resume(
     // Per-rank random streams do not map across layouts: they restart from the seed.
     log("resharded " + checkpoint->string() + " from " +
         (other_world ? state.shared.metadata.at(kSavedWorldSizeKey) + " ranks"
-                     : std::string("'") + layout->second + "'") +
+                     : std::string("'") + saved_layout + "'") +
         " to " + std::to_string(run_.world_size) + " ranks with " + run_.layout +
         "; per-rank random streams restart from the seed");
   } else {

@@ -22,6 +22,7 @@
 #include <utility>
 
 #include "stage_channel.hpp"
+#include "stage_parameters.hpp"
 #include "trainyard/activation_checkpoint.hpp"
 #include "trainyard/distributed.hpp"
 #include "trainyard/error.hpp"
@@ -51,6 +52,7 @@ struct PipelineOptions {
   std::vector<std::string> stages;  // empty: balanced by cost
   std::int64_t record_step = 3;     // the step whose measured timeline is written; 0: none
   GradientReducerOptions reducer;
+  std::optional<UnitSharding> sharding;  // parameters sharded over dp_shard; unset: replicated
 };
 
 // A tensor as it enters a stage: detached from the sender's graph, and a leaf that collects its
@@ -94,7 +96,7 @@ struct LocalStage {
   std::vector<Block> run;  // the blocks as they run (activation checkpointing applied)
   bool first = false;
   bool last = false;
-  std::vector<at::Tensor> parameters;
+  std::vector<at::Tensor> parameters;    // whole, as the model built them
   std::vector<std::string> names;        // in this build's module
   std::vector<std::string> whole_names;  // in the whole model (a tied copy: the tied name)
   // True for a stage's copy of a tied parameter (the gpt head's copy of the embedding): saved
@@ -102,8 +104,8 @@ struct LocalStage {
   std::vector<bool> tied_copy;
   std::vector<at::Tensor> buffers;
   std::vector<std::string> buffer_names;
-  std::vector<at::Tensor> trainable;
-  std::unique_ptr<GradientReducer> reducer;
+  // How the stage's data-parallel ranks hold the parameters: replicated or sharded.
+  std::unique_ptr<StageParameters> held;
   // Index in the rank's action list of the last action that computes this stage's weight
   // gradients: the backward that synchronises them across data-parallel ranks.
   std::size_t last_weight_action = 0;
@@ -125,7 +127,7 @@ struct InFlight {
 struct TiedGroup {
   std::string name;
   std::vector<int> stages;  // holding stages, ascending
-  std::map<int, at::Tensor> local;  // stage -> the parameter this rank holds for it
+  std::map<int, std::size_t> local;  // stage -> index of the parameter this rank holds for it
 };
 
 class Pipeline final : public Strategy {
@@ -138,6 +140,9 @@ class Pipeline final : public Strategy {
     options_.record_step = config.get_int("record_step");
     options_.reducer.bucket_cap_mb = config.get_float("bucket_cap_mb");
     options_.reducer.first_bucket_mb = options_.reducer.bucket_cap_mb;
+    const std::string sharding = config.get_string("dp_sharding");
+    if (sharding == "full") options_.sharding = UnitSharding::kFull;
+    if (sharding == "grad_op") options_.sharding = UnitSharding::kGradOp;
   }
 
   void setup(StrategyContext& context) override {
@@ -153,15 +158,18 @@ class Pipeline final : public Strategy {
                                                                         : options_.micro_batches),
                            static_cast<int>(options_.virtual_stages)};
     schedule_ = build_pipeline_schedule(options_.schedule, shape_);
+    check_sharding();
     validate_schedule(schedule_);
     const PipelineSimulation simulation = simulate_schedule(schedule_);
     if (pp_group_) channel_ = std::make_unique<StageChannel>(pp_group_, context.build.device);
 
+    autocast_dtype_ = context.precision->autocast_dtype();
     cut_model();
     build_local_stages();
-    autocast_dtype_ = context.precision->autocast_dtype();
     std::vector<at::Tensor> all;
-    for (const auto& stage : stages_) all.insert(all.end(), stage.parameters.begin(), stage.parameters.end());
+    for (const auto& stage : stages_) {
+      for (const auto& tensor : stage.held->optimized()) all.push_back(tensor);
+    }
     optimizer_ = context.optimizer->create(all);
     find_last_weight_actions();
     if (context.build.rank == 0) announce(simulation);
@@ -171,13 +179,7 @@ class Pipeline final : public Strategy {
     const auto rounds = static_cast<std::int64_t>(micro_batches.size());
     const bool recording = options_.record_step > 0 && steps_ + 1 == options_.record_step;
     if (recording) start_recording();
-    for (auto& stage : stages_) {
-      if (stage.reducer) {
-        stage.reducer->zero_gradients();
-      } else {
-        for (auto& parameter : stage.parameters) parameter.mutable_grad() = at::Tensor();
-      }
-    }
+    for (auto& stage : stages_) stage.held->zero_gradients();
     StepResult result;
     at::Tensor loss_sum;
     for (std::int64_t round = 0; round < rounds; ++round) {
@@ -187,9 +189,7 @@ class Pipeline final : public Strategy {
                    static_cast<double>(rounds), loss_sum);
     }
     if (channel_) channel_->wait_sends();
-    for (auto& stage : stages_) {
-      if (stage.reducer) stage.reducer->finish();
-    }
+    for (auto& stage : stages_) stage.held->finish();
     sum_tied_gradients();
     if (context_.phases) context_.phases->mark(StepPhase::CommWait);
     if (recording) finish_recording();
@@ -231,6 +231,7 @@ class Pipeline final : public Strategy {
       }
     }
     if (channel_) channel_->wait_sends();
+    for (auto& stage : stages_) stage.held->release();
     return result;
   }
 
@@ -245,13 +246,16 @@ class Pipeline final : public Strategy {
   // files and takes what it holds.
   void save_state(CheckpointState& out) const override {
     mark_pieces_format(out.shared);
-    const std::string replicas = mesh_group_name(MeshGroup::kData);
+    // Replicated stages hold the same pieces on every data-parallel rank; sharded ones their own.
+    const std::string replicas = options_.sharding ? "" : mesh_group_name(MeshGroup::kData);
     std::vector<HeldLayout> layouts;
     for (const auto& stage : stages_) {
-      for (std::size_t i = 0; i < stage.parameters.size(); ++i) {
-        const at::Tensor& parameter = stage.parameters[i];
-        layouts.push_back(whole_parameter_layout(stage.whole_names[i], parameter.sizes().vec()));
-        put_held_pieces(out.local, "model.", parameter.detach().clone(), layouts.back(), replicas);
+      const std::vector<at::Tensor> held = stage.held->optimized();
+      const std::vector<HeldLayout> stage_layouts = stage.held->layouts(stage.whole_names);
+      for (std::size_t i = 0; i < held.size(); ++i) {
+        put_held_pieces(out.local, "model.", held[i].detach().clone(), stage_layouts[i],
+                        replicas);
+        layouts.push_back(stage_layouts[i]);
       }
       for (std::size_t i = 0; i < stage.buffers.size(); ++i) {
         TensorPlacement placement = TensorPlacement::whole(stage.buffers[i].sizes().vec());
@@ -270,10 +274,11 @@ class Pipeline final : public Strategy {
     std::vector<HeldLayout> layouts;
     at::NoGradGuard no_grad;
     for (auto& stage : stages_) {
-      for (std::size_t i = 0; i < stage.parameters.size(); ++i) {
-        layouts.push_back(
-            whole_parameter_layout(stage.whole_names[i], stage.parameters[i].sizes().vec()));
-        read_held_pieces(placed, "model.", layouts.back(), stage.parameters[i]);
+      const std::vector<at::Tensor> held = stage.held->optimized();
+      const std::vector<HeldLayout> stage_layouts = stage.held->layouts(stage.whole_names);
+      for (std::size_t i = 0; i < held.size(); ++i) {
+        read_held_pieces(placed, "model.", stage_layouts[i], held[i]);
+        layouts.push_back(stage_layouts[i]);
       }
       for (std::size_t i = 0; i < stage.buffers.size(); ++i) {
         const std::string name = "model." + stage.buffer_names[i];
@@ -285,25 +290,27 @@ class Pipeline final : public Strategy {
       }
     }
     load_optimizer_pieces(*context_.optimizer, *optimizer_, layouts, placed);
+    for (auto& stage : stages_) stage.held->release();
   }
 
   TensorMap full_parameters() const override { return gather_whole(/*buffers=*/false); }
   TensorMap full_model_state() const override { return gather_whole(/*buffers=*/true); }
 
+  // The cut, and whether the data-parallel ranks shard (then each holds other pieces).
   std::string describe_layout() const override {
-    return stage_cut_key(cut_, block_names_);
+    return stage_cut_key(cut_, block_names_) + (options_.sharding ? ", sharded over dp" : "");
   }
 
+  // The optimizer's state is counted once, with the first stage.
   HeldBytes held_bytes() const override {
-    std::vector<at::Tensor> parameters;
-    std::vector<at::Tensor> buckets;
-    for (const auto& stage : stages_) {
-      parameters.insert(parameters.end(), stage.parameters.begin(), stage.parameters.end());
-      if (stage.reducer) {
-        for (auto& buffer : stage.reducer->bucket_buffers()) buckets.push_back(buffer);
-      }
+    HeldBytes total;
+    for (std::size_t i = 0; i < stages_.size(); ++i) {
+      const HeldBytes held = stages_[i].held->held_bytes(i == 0 ? optimizer_.get() : nullptr);
+      total.parameters += held.parameters;
+      total.gradients += held.gradients;
+      total.optimizer_state += held.optimizer_state;
     }
-    return count_held_bytes(parameters, optimizer_.get(), buckets);
+    return total;
   }
 
  private:
@@ -380,14 +387,13 @@ class Pipeline final : public Strategy {
       stage.model = context_.make_model(stage_build(stage.blocks));
       stage.model->module().to(context_.build.device);
       stage.model->module().train();
-      stage.run = with_activation_checkpointing(stage.model->blocks(),
-                                                context_.step.activation_checkpointing);
       std::map<std::string, std::string> copies;  // held name -> tied name
+      std::map<std::string, TiedGroup*> ties;     // held name -> its tie
       for (const TiedParameter& tie : stage.model->tied_parameters()) {
         if (tie.held_as.empty()) continue;
         TiedGroup& group = tied_group(tie);
-        group.local[s] = stage.model->module().named_parameters(true)[tie.held_as];
         if (tie.held_as != tie.name) copies[tie.held_as] = tie.name;
+        ties[tie.held_as] = &group;
       }
       for (const auto& item : stage.model->module().named_parameters(true)) {
         stage.parameters.push_back(item.value());
@@ -395,20 +401,17 @@ class Pipeline final : public Strategy {
         auto copy = copies.find(item.key());
         stage.whole_names.push_back(copy == copies.end() ? item.key() : copy->second);
         stage.tied_copy.push_back(copy != copies.end());
-        if (item.value().requires_grad()) stage.trainable.push_back(item.value());
+        if (auto tie = ties.find(item.key()); tie != ties.end()) {
+          tie->second->local[s] = stage.parameters.size() - 1;
+        }
       }
       for (const auto& item : stage.model->module().named_buffers(true)) {
         stage.buffers.push_back(item.value());
         stage.buffer_names.push_back(item.key());
       }
-      if (dp_group_ && !stage.trainable.empty()) {
-        std::vector<std::string> names;
-        for (std::size_t i = 0; i < stage.parameters.size(); ++i) {
-          if (stage.parameters[i].requires_grad()) names.push_back(stage.names[i]);
-        }
-        stage.reducer = std::make_unique<GradientReducer>(stage.trainable, names, dp_group_,
-                                                          options_.reducer);
-      }
+      stage.held = hold_parameters(stage);
+      stage.run = with_activation_checkpointing(stage.held->blocks(),
+                                                context_.step.activation_checkpointing);
       stages_.push_back(std::move(stage));
     }
   }
@@ -433,6 +436,34 @@ class Pipeline final : public Strategy {
     }
     tied_.push_back(std::move(group));
     return tied_.back();
+  }
+
+  // Sharding over the data-parallel ranks shards over dp_shard (a replicate dimension would need
+  // hybrid sharding) and gathers a unit around each call, which a backward split in two halves
+  // (zero bubble) would run twice with nothing in between to free it.
+  void check_sharding() const {
+    if (!options_.sharding) return;
+    if (mesh_->size(MeshGroup::kDataReplicate) > 1) {
+      throw Error("pipeline: dp_sharding needs dp_replicate = 1 (it shards over dp_shard), got " +
+                  std::to_string(mesh_->size(MeshGroup::kDataReplicate)));
+    }
+    if (options_.schedule == "zero_bubble") {
+      throw Error("pipeline: zero_bubble splits each backward in two, which dp_sharding's "
+                  "gathered units do not follow; use dp_sharding = \"none\" or another schedule");
+    }
+  }
+
+  std::unique_ptr<StageParameters> hold_parameters(const LocalStage& stage) const {
+    if (!options_.sharding) {
+      return replicated_stage_parameters(stage.parameters, stage.names, stage.model->blocks(),
+                                         dp_group_, options_.reducer);
+    }
+    ShardedUnitsOptions units;
+    units.sharding = *options_.sharding;
+    units.gather_dtype = autocast_dtype_.value_or(at::kFloat);
+    units.reduce_dtype = at::kFloat;
+    return sharded_stage_parameters(stage.parameters, stage.names, stage.model->blocks(),
+                                    mesh_->group(MeshGroup::kDataShard), units);
   }
 
   void find_last_weight_actions() {
@@ -652,9 +683,10 @@ class Pipeline final : public Strategy {
 
   void backward(const PipelineAction& action, InFlight& flight, bool synchronise) {
     LocalStage& stage = *local_stage(action.stage);
-    if (stage.reducer) stage.reducer->prepare(synchronise);
+    stage.held->before_backward(synchronise);
     const std::vector<at::Tensor> roots = loss_roots(flight);
     if (!roots.empty()) torch::autograd::backward(roots, flight.root_grads);
+    stage.held->after_backward();
     std::vector<at::Tensor> grads;
     for (const auto& leaf : input_leaves(flight)) grads.push_back(leaf.grad());
     collect_input_grads(stage, action, flight, grads);
@@ -688,13 +720,18 @@ class Pipeline final : public Strategy {
   // Zero bubble's second half: the weight gradients, from the graph the first half kept.
   void backward_weight(const PipelineAction& action, InFlight& flight, bool synchronise) {
     LocalStage& stage = *local_stage(action.stage);
-    if (stage.reducer) stage.reducer->prepare(synchronise);
+    stage.held->before_backward(synchronise);
     std::vector<at::Tensor> roots = flight.roots;
     if (roots.empty() && flight.loss.defined()) roots = loss_roots(flight);
-    if (!roots.empty() && !stage.trainable.empty()) {
-      torch::autograd::backward(roots, flight.root_grads, /*retain_graph=*/false,
-                                /*create_graph=*/false, stage.trainable);
+    std::vector<at::Tensor> trainable;
+    for (const auto& parameter : stage.parameters) {
+      if (parameter.requires_grad()) trainable.push_back(parameter);
     }
+    if (!roots.empty() && !trainable.empty()) {
+      torch::autograd::backward(roots, flight.root_grads, /*retain_graph=*/false,
+                                /*create_graph=*/false, trainable);
+    }
+    stage.held->after_backward();
     flight.weights_pending = false;
     if (context_.phases) context_.phases->mark(StepPhase::Backward);
     release_if_done({action.stage, action.micro_batch});
@@ -716,7 +753,7 @@ class Pipeline final : public Strategy {
       if (group.stages.size() < 2) continue;
       std::map<int, at::Tensor> grads;
       for (auto& [stage, parameter] : group.local) {
-        grads[stage] = parameter.grad().defined() ? parameter.grad() : at::zeros_like(parameter);
+        grads[stage] = local_stage(stage)->held->whole_gradient(parameter);
       }
       std::set<int> other_ranks;
       for (int stage : group.stages) {
@@ -745,35 +782,48 @@ class Pipeline final : public Strategy {
         total = total.defined() ? total + grads.at(stage) : grads.at(stage).clone();
       }
       for (auto& [stage, parameter] : group.local) {
-        if (parameter.grad().defined()) {
-          parameter.mutable_grad().copy_(total);
-        } else {
-          parameter.mutable_grad() = total.clone();
-        }
+        local_stage(stage)->held->set_whole_gradient(parameter, total);
       }
     }
+  }
+
+  // The squares of the gradients of tied copies, which the norm counts once (with the owner).
+  at::Tensor tied_copy_squares() {
+    at::Tensor total = at::zeros({}, at::kFloat);
+    for (auto& stage : stages_) {
+      for (std::size_t i = 0; i < stage.parameters.size(); ++i) {
+        if (!stage.tied_copy[i]) continue;
+        const at::Tensor grad = stage.held->whole_gradient(i);
+        total = total.to(grad.device()) + grad.to(at::kFloat).square().sum();
+      }
+    }
+    return total;
   }
 
   // Unscale and check, clip by the norm over every stage, step: the decisions (skip, clip
   // factor) are the pipeline's, agreed over the pipeline group.
   void finish_step(StepResult& result) {
+    std::vector<std::vector<at::Tensor>> stage_gradients;
     std::vector<at::Tensor> gradients;
-    std::vector<at::Tensor> counted;  // each parameter of the whole model once
     for (const auto& stage : stages_) {
-      for (std::size_t i = 0; i < stage.parameters.size(); ++i) {
-        const at::Tensor& grad = stage.parameters[i].grad();
-        if (!grad.defined()) continue;
-        gradients.push_back(grad);
-        if (!stage.tied_copy[i]) counted.push_back(grad);
-      }
+      stage_gradients.push_back(stage.held->gradients());
+      gradients.insert(gradients.end(), stage_gradients.back().begin(),
+                       stage_gradients.back().end());
     }
     at::Tensor found_inf = context_.precision->unscale(gradients);
-    if (found_inf.defined() && pp_group_) {
-      std::vector<at::Tensor> flag{found_inf};
-      all_reduce(flag, c10d::ReduceOp::MAX);
+    if (found_inf.defined()) {
+      stages_.front().held->combine_found_inf(found_inf);  // over the data-parallel shards
+      if (pp_group_) {
+        std::vector<at::Tensor> flag{found_inf};
+        all_reduce(flag, c10d::ReduceOp::MAX);
+      }
     }
     if (context_.step.max_grad_norm > 0) {
-      at::Tensor squares = global_norm(counted).square().reshape({1});
+      at::Tensor squares = at::zeros({}, at::kFloat).to(context_.build.device);
+      for (std::size_t i = 0; i < stages_.size(); ++i) {
+        squares = squares + stages_[i].held->gradient_squares(stage_gradients[i]);
+      }
+      squares = (squares - tied_copy_squares().to(squares.device())).clamp_min(0).reshape({1});
       if (pp_group_) {
         std::vector<at::Tensor> sum{squares};
         all_reduce(sum, c10d::ReduceOp::SUM);
@@ -783,7 +833,7 @@ class Pipeline final : public Strategy {
     }
     const bool finite = Precision::should_step(found_inf);
     if (finite) optimizer_->step();
-    context_.precision->update(found_inf.defined() ? found_inf : at::Tensor());
+    context_.precision->update(found_inf);
     result.skipped = !finite;
   }
 
@@ -799,8 +849,9 @@ class Pipeline final : public Strategy {
   TensorMap gather_whole(bool buffers) const {
     TensorMap mine;
     for (const auto& stage : stages_) {
-      for (std::size_t i = 0; i < stage.parameters.size(); ++i) {
-        if (!stage.tied_copy[i]) mine[stage.whole_names[i]] = stage.parameters[i].detach();
+      const std::vector<at::Tensor> whole = stage.held->whole_parameters();
+      for (std::size_t i = 0; i < whole.size(); ++i) {
+        if (!stage.tied_copy[i]) mine[stage.whole_names[i]] = whole[i];
       }
       if (!buffers) continue;
       for (std::size_t i = 0; i < stage.buffers.size(); ++i) {
@@ -943,6 +994,11 @@ void register_components(Registry& registry) {
               "the step whose measured timeline each rank writes to "
               "<output_dir>/pipeline_timeline[.rank<R>].json (0: none)")
            .at_least(0),
+       option("dp_sharding", "none",
+              "how each stage's data-parallel ranks hold its parameters: \"none\" (replicated, "
+              "gradients all-reduced as ddp), \"full\" or \"grad_op\" (sharded as fsdp's "
+              "modes, over dp_shard)")
+           .one_of({"none", "full", "grad_op"}),
        option("bucket_cap_mb", 25.0,
               "data-parallel gradient bucket size in MiB (one all-reduce per bucket)")
            .at_least(0.001)},

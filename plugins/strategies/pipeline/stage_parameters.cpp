@@ -1,0 +1,226 @@
+#include "stage_parameters.hpp"
+
+#include <ATen/ATen.h>
+#include <ATen/core/grad_mode.h>
+
+#include <map>
+
+#include "trainyard/error.hpp"
+#include "trainyard/gradients.hpp"
+
+namespace trainyard {
+
+std::vector<at::Tensor> StageParameters::gradients() const { return gradients_of(optimized()); }
+
+namespace {
+
+at::Tensor sum_of_squares(const std::vector<at::Tensor>& gradients) {
+  at::Tensor total = at::zeros({}, at::kFloat);
+  for (const auto& gradient : gradients) {
+    total = total.to(gradient.device()) + gradient.detach().to(at::kFloat).square().sum();
+  }
+  return total;
+}
+
+class ReplicatedStageParameters final : public StageParameters {
+ public:
+  ReplicatedStageParameters(std::vector<at::Tensor> parameters, std::vector<std::string> names,
+                            std::vector<Block> blocks,
+                            const c10::intrusive_ptr<c10d::Backend>& group,
+                            const GradientReducerOptions& options)
+      : parameters_(std::move(parameters)), blocks_(std::move(blocks)) {
+    std::vector<at::Tensor> trainable;
+    std::vector<std::string> trainable_names;
+    for (std::size_t i = 0; i < parameters_.size(); ++i) {
+      if (!parameters_[i].requires_grad()) continue;
+      trainable.push_back(parameters_[i]);
+      trainable_names.push_back(names[i]);
+    }
+    if (group && !trainable.empty()) {
+      reducer_ = std::make_unique<GradientReducer>(trainable, trainable_names, group, options);
+    }
+  }
+
+  const std::vector<Block>& blocks() const override { return blocks_; }
+  std::vector<at::Tensor> optimized() const override { return parameters_; }
+
+  void zero_gradients() override {
+    if (reducer_) {
+      reducer_->zero_gradients();
+      return;
+    }
+    for (auto& parameter : parameters_) parameter.mutable_grad() = at::Tensor();
+  }
+  void before_backward(bool synchronise) override {
+    if (reducer_) reducer_->prepare(synchronise);
+  }
+  void after_backward() override {}
+  void finish() override {
+    if (!reducer_) return;
+    try {
+      reducer_->finish();
+    } catch (const UnusedParametersError& error) {
+      std::string list;
+      for (const auto& name : error.names()) list += (list.empty() ? "" : ", ") + name;
+      throw Error("pipeline: parameters got no gradient in this step (" + list + ")");
+    }
+  }
+
+  at::Tensor whole_gradient(std::size_t parameter) override {
+    const at::Tensor& grad = parameters_[parameter].grad();
+    return grad.defined() ? grad : at::zeros_like(parameters_[parameter]);
+  }
+  void set_whole_gradient(std::size_t parameter, const at::Tensor& gradient) override {
+    at::Tensor& grad = parameters_[parameter].mutable_grad();
+    if (grad.defined()) {
+      grad.copy_(gradient);
+    } else {
+      grad = gradient.clone();
+    }
+  }
+  at::Tensor gradient_squares(const std::vector<at::Tensor>& gradients) const override {
+    return sum_of_squares(gradients);
+  }
+  void combine_found_inf(at::Tensor&) const override {}  // equal gradients on every rank
+
+  std::vector<HeldLayout> layouts(const std::vector<std::string>& whole_names) const override {
+    std::vector<HeldLayout> out;
+    for (std::size_t i = 0; i < parameters_.size(); ++i) {
+      out.push_back(whole_parameter_layout(whole_names[i], parameters_[i].sizes().vec()));
+    }
+    return out;
+  }
+  std::vector<at::Tensor> whole_parameters() const override {
+    std::vector<at::Tensor> out;
+    for (const auto& parameter : parameters_) out.push_back(parameter.detach());
+    return out;
+  }
+  void release() override {}
+  HeldBytes held_bytes(const torch::optim::Optimizer* optimizer) const override {
+    return count_held_bytes(parameters_, optimizer,
+                            reducer_ ? reducer_->bucket_buffers() : std::vector<at::Tensor>{});
+  }
+
+ private:
+  std::vector<at::Tensor> parameters_;
+  std::vector<Block> blocks_;
+  std::unique_ptr<GradientReducer> reducer_;
+};
+
+class ShardedStageParameters final : public StageParameters {
+ public:
+  ShardedStageParameters(std::vector<at::Tensor> parameters, std::vector<std::string> names,
+                         const std::vector<Block>& blocks,
+                         const c10::intrusive_ptr<c10d::Backend>& group,
+                         const ShardedUnitsOptions& options)
+      : parameters_(parameters), names_(names) {
+    for (std::size_t i = 0; i < parameters_.size(); ++i) {
+      if (!parameters_[i].requires_grad()) {
+        throw Error("pipeline: parameter '" + names_[i] +
+                    "' is frozen (requires no gradient); dp_sharding shards trainable "
+                    "parameters only");
+      }
+    }
+    units_ = std::make_unique<ShardedUnits>(std::move(parameters), std::move(names), blocks, group,
+                                            options);
+    for (std::size_t u = 0; u < units_->unit_count(); ++u) {
+      const ShardedUnitLayout& layout = units_->layout(u);
+      for (std::size_t k = 0; k < layout.parameters.size(); ++k) {
+        place_[layout.parameters[k]] = {u, layout.offsets[k]};
+      }
+    }
+  }
+
+  const std::vector<Block>& blocks() const override { return units_->blocks(); }
+  std::vector<at::Tensor> optimized() const override { return units_->shards(); }
+
+  void zero_gradients() override {
+    for (std::size_t u = 0; u < units_->unit_count(); ++u) {
+      units_->shard(u).mutable_grad() = at::Tensor();
+    }
+  }
+  void before_backward(bool synchronise) override { units_->prepare_backward(synchronise); }
+  void after_backward() override { units_->finish_backward(); }
+  void finish() override {}  // each synchronising backward waited for its reductions
+
+  at::Tensor whole_gradient(std::size_t parameter) override {
+    const auto [unit, offset] = place_.at(parameter);
+    const at::Tensor& shard = units_->shard(unit);
+    const at::Tensor grad = shard.grad().defined() ? shard.grad() : at::zeros_like(shard);
+    const at::Tensor flat = units_->gather_copy(unit, grad);
+    const at::Tensor& whole = parameters_[parameter];
+    return flat.narrow(0, offset, whole.numel()).view(whole.sizes()).clone();
+  }
+  void set_whole_gradient(std::size_t parameter, const at::Tensor& gradient) override {
+    const auto [unit, offset] = place_.at(parameter);
+    const at::Tensor& shard = units_->shard(unit);
+    at::Tensor& grad = shard.mutable_grad();
+    if (!grad.defined()) grad = at::zeros_like(shard);
+    // The part of the parameter's elements that falls into this rank's shard.
+    const std::int64_t shard_begin = units_->shard_rank() * shard.numel();
+    const std::int64_t begin = std::max(shard_begin, offset);
+    const std::int64_t end =
+        std::min(shard_begin + shard.numel(), offset + parameters_[parameter].numel());
+    if (begin >= end) return;
+    at::NoGradGuard no_grad;
+    grad.narrow(0, begin - shard_begin, end - begin)
+        .copy_(gradient.reshape({-1}).narrow(0, begin - offset, end - begin));
+  }
+  at::Tensor gradient_squares(const std::vector<at::Tensor>& gradients) const override {
+    return units_->gradient_norm(gradients).square();
+  }
+  void combine_found_inf(at::Tensor& found_inf) const override {
+    units_->combine_found_inf(found_inf);
+  }
+
+  std::vector<HeldLayout> layouts(const std::vector<std::string>& whole_names) const override {
+    std::vector<HeldLayout> out;
+    for (std::size_t u = 0; u < units_->unit_count(); ++u) {
+      const ShardedUnitLayout& unit = units_->layout(u);
+      std::vector<std::string> names;
+      std::vector<std::vector<std::int64_t>> shapes;
+      for (std::size_t i : unit.parameters) {
+        names.push_back(whole_names[i]);
+        shapes.push_back(parameters_[i].sizes().vec());
+      }
+      out.push_back(flat_shard_layout(names, shapes, units_->shard_rank() * unit.shard_numel,
+                                      unit.shard_numel));
+    }
+    return out;
+  }
+  std::vector<at::Tensor> whole_parameters() const override {
+    const std::map<std::string, at::Tensor> full = units_->full_parameters();
+    std::vector<at::Tensor> out;
+    for (const auto& name : names_) out.push_back(full.at(name));
+    return out;
+  }
+  void release() override { units_->release_all(); }
+  HeldBytes held_bytes(const torch::optim::Optimizer* optimizer) const override {
+    return units_->held_bytes(optimizer);
+  }
+
+ private:
+  std::vector<at::Tensor> parameters_;
+  std::vector<std::string> names_;
+  std::unique_ptr<ShardedUnits> units_;
+  std::map<std::size_t, std::pair<std::size_t, std::int64_t>> place_;  // unit and flat offset
+};
+
+}  // namespace
+
+std::unique_ptr<StageParameters> replicated_stage_parameters(
+    std::vector<at::Tensor> parameters, std::vector<std::string> names, std::vector<Block> blocks,
+    const c10::intrusive_ptr<c10d::Backend>& group, const GradientReducerOptions& options) {
+  return std::make_unique<ReplicatedStageParameters>(std::move(parameters), std::move(names),
+                                                     std::move(blocks), group, options);
+}
+
+std::unique_ptr<StageParameters> sharded_stage_parameters(
+    std::vector<at::Tensor> parameters, std::vector<std::string> names,
+    const std::vector<Block>& blocks, const c10::intrusive_ptr<c10d::Backend>& group,
+    const ShardedUnitsOptions& options) {
+  return std::make_unique<ShardedStageParameters>(std::move(parameters), std::move(names), blocks,
+                                                  group, options);
+}
+
+}  // namespace trainyard

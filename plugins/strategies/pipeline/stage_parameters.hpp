@@ -1,0 +1,79 @@
+#pragma once
+// How one pipeline stage's parameters are held across the stage's data-parallel ranks, behind one
+// interface the pipeline's step drives: replicated, with gradients averaged by the SDK's
+// GradientReducer (as ddp), or sharded by the SDK's ShardedUnits (as fsdp: each rank keeps a
+// shard of every unit's flat parameters, gathered while the unit runs).
+
+#include <ATen/core/Tensor.h>
+#include <c10/util/intrusive_ptr.h>
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "trainyard/gradient_reducer.hpp"
+#include "trainyard/held_bytes.hpp"
+#include "trainyard/model.hpp"
+#include "trainyard/parameter_pieces.hpp"
+#include "trainyard/sharded_units.hpp"
+
+namespace c10d {
+class Backend;
+}
+namespace torch::optim {
+class Optimizer;
+}
+
+namespace trainyard {
+
+class StageParameters {
+ public:
+  virtual ~StageParameters() = default;
+
+  // The stage's blocks as they must run (sharded: gathering their unit around each call).
+  virtual const std::vector<Block>& blocks() const = 0;
+  // What the optimizer steps: the parameters, or this rank's shards.
+  virtual std::vector<at::Tensor> optimized() const = 0;
+  // The gradients of optimized(), those defined.
+  std::vector<at::Tensor> gradients() const;
+
+  virtual void zero_gradients() = 0;
+  // Around each backward of the stage: whether it synchronises across the data-parallel ranks
+  // (the stage's last backward of the step) or accumulates locally.
+  virtual void before_backward(bool synchronise) = 0;
+  virtual void after_backward() = 0;
+  // After the step's last backward: waits for the gradient reductions in flight.
+  virtual void finish() = 0;
+
+  // The whole, synchronised gradient of `parameter` (one of the stage's; zeros when it got
+  // none) and its replacement: how tied parameters' gradients are summed across stages.
+  // Collective over the data-parallel ranks when sharded.
+  virtual at::Tensor whole_gradient(std::size_t parameter) = 0;
+  virtual void set_whole_gradient(std::size_t parameter, const at::Tensor& gradient) = 0;
+  // The sum of squares of every gradient of the stage, over the data-parallel ranks.
+  virtual at::Tensor gradient_squares(const std::vector<at::Tensor>& gradients) const = 0;
+  // found_inf becomes the maximum over the data-parallel ranks when they hold other gradients.
+  virtual void combine_found_inf(at::Tensor& found_inf) const = 0;
+
+  // How each tensor of optimized() maps onto the whole model's parameters, `whole_names[i]`
+  // naming parameter i (a tied copy by the tied parameter's name).
+  virtual std::vector<HeldLayout> layouts(const std::vector<std::string>& whole_names) const = 0;
+  // Every parameter whole, by index. Collective when sharded.
+  virtual std::vector<at::Tensor> whole_parameters() const = 0;
+  // Frees gathered parameters (after evaluation or loading).
+  virtual void release() = 0;
+  virtual HeldBytes held_bytes(const torch::optim::Optimizer* optimizer) const = 0;
+};
+
+// Replicated parameters; `group` null: one data-parallel rank, gradients only accumulate.
+std::unique_ptr<StageParameters> replicated_stage_parameters(
+    std::vector<at::Tensor> parameters, std::vector<std::string> names, std::vector<Block> blocks,
+    const c10::intrusive_ptr<c10d::Backend>& group, const GradientReducerOptions& options);
+
+// Parameters sharded over `group` (null: one rank) in units along `blocks`.
+std::unique_ptr<StageParameters> sharded_stage_parameters(
+    std::vector<at::Tensor> parameters, std::vector<std::string> names,
+    const std::vector<Block>& blocks, const c10::intrusive_ptr<c10d::Backend>& group,
+    const ShardedUnitsOptions& options);
+
+}  // namespace trainyard
