@@ -3,6 +3,7 @@
 
 #include <ATen/ATen.h>
 #include <ATen/autocast_mode.h>
+#include <ATen/core/Reduction.h>
 #include <torch/optim/adam.h>
 #include <torch/optim/adamw.h>
 #include <torch/optim/sgd.h>
@@ -302,7 +303,14 @@ void Optimizer::load_state(torch::optim::Optimizer& optimizer, const std::string
 namespace trainyard {
 
 torch::Tensor classification_loss(const torch::Tensor& logits, const Batch& batch) {
-  return at::cross_entropy_loss(logits, batch.at("target"));
+  return classification_loss(logits, batch, LossReduction::kMean);
+}
+
+torch::Tensor classification_loss(const torch::Tensor& logits, const Batch& batch,
+                                  LossReduction reduction) {
+  const auto aten_reduction =
+      reduction == LossReduction::kSum ? at::Reduction::Sum : at::Reduction::Mean;
+  return at::cross_entropy_loss(logits, batch.at("target"), /*weight=*/{}, aten_reduction);
 }
 
 TensorMap classification_sums(const torch::Tensor& logits, const Batch& batch) {

@@ -9,6 +9,7 @@
 #include <torch/nn/modules/linear.h>
 #include <torch/nn/modules/pooling.h>
 
+#include "trainyard/loss_reduction.hpp"
 #include "trainyard/plugin.hpp"
 #include "trainyard/sequential_classifier.hpp"
 
@@ -26,7 +27,8 @@ class Cnn final : public SequentialClassifier {
  public:
   Cnn(const Config& options, const BuildContext& context)
       : SequentialClassifier("cnn", context,
-                             cnn_block_names(options.get_int_list("channels").size())) {
+                             cnn_block_names(options.get_int_list("channels").size()),
+                             loss_reduction_from(options)) {
     auto channels = options.get_int_list("channels");
     std::int64_t hidden = options.get_int("hidden");
     double dropout = options.get_float("dropout");
@@ -77,7 +79,9 @@ void register_components(Registry& registry) {
                               "output channels of each conv stage"),
                        option("hidden", 128, "width of the head's hidden layer"),
                        option("dropout", 0.0, "dropout before the output layer"),
-                       option("batch_norm", true, "BatchNorm after each convolution")},
+                       option("batch_norm", true, "BatchNorm after each convolution"),
+                       loss_reduction_option("cross-entropy over the batch's samples: their mean "
+                                             "or their sum")},
                       "convolutional classifier (conv-BN-ReLU-pool stages and an MLP head)",
                       [](const Config& options, const BuildContext& context) {
                         return std::make_unique<Cnn>(options, context);

@@ -13,6 +13,10 @@
 //
 // Every parameter is drawn from its own stream (parameter_init.hpp) under its name in the whole
 // model, so any stage holds exactly the values of the same blocks of the whole model.
+//
+// The loss is per token: a target of -100 is not scored (PyTorch's ignore_index default, for
+// padding or a prompt the model should not be trained to predict), and loss_reduction says
+// whether the loss is the mean or the sum over the scored tokens.
 
 #include <ATen/ATen.h>
 #include <torch/nn/module.h>
@@ -26,6 +30,7 @@
 
 #include "trainyard/block_selection.hpp"
 #include "trainyard/error.hpp"
+#include "trainyard/loss_reduction.hpp"
 #include "trainyard/model.hpp"
 #include "trainyard/parameter_init.hpp"
 #include "trainyard/plugin.hpp"
@@ -43,6 +48,8 @@ struct GptShape {
 };
 
 constexpr double kWeightStd = 0.02;
+// A target that is not scored: PyTorch's default ignore_index.
+constexpr std::int64_t kIgnoredTarget = -100;
 const char* const kTokenWeight = "embed.token.weight";
 const char* const kHeadCopyOfTokenWeight = "head_token_weight";
 
@@ -165,7 +172,8 @@ class HeadBlock : public torch::nn::Module {
 class Gpt final : public Model {
  public:
   Gpt(const Config& options, const BuildContext& context)
-      : root_(std::make_shared<torch::nn::Module>("gpt")) {
+      : reduction_(loss_reduction_from(options)),
+        root_(std::make_shared<torch::nn::Module>("gpt")) {
     const DatasetInfo& data = context.data;
     if (data.vocab_size < 1 || data.sequence_length < 1) {
       throw Error("model 'gpt' needs a language-modelling dataset (one reporting vocab_size and "
@@ -259,21 +267,36 @@ class Gpt final : public Model {
     return {tie};
   }
 
-  // Mean cross-entropy over every position of every sequence (all sequences have the same
-  // length, so this is also the mean over the batch of per-sequence means).
+  // Cross-entropy summed over the scored tokens (targets other than -100), then for kMean
+  // divided by their count: the mean over every position when none is ignored. A batch with no
+  // scored token has loss 0 rather than PyTorch's NaN, so a micro-batch of ignored tokens weighs
+  // nothing when a pipeline recombines the parts (its loss_terms() is 0).
   torch::Tensor loss(const torch::Tensor& logits, const Batch& batch) override {
     selection_->require_last("loss()");
-    const torch::Tensor& target = batch.at("target");
-    return at::cross_entropy_loss(logits.reshape({-1, logits.size(-1)}).to(at::kFloat),
-                                  target.reshape({-1}));
+    const torch::Tensor target = batch.at("target").reshape({-1});
+    torch::Tensor sum =
+        at::cross_entropy_loss(logits.reshape({-1, logits.size(-1)}).to(at::kFloat), target,
+                               /*weight=*/{}, at::Reduction::Sum, kIgnoredTarget);
+    if (reduction_ == LossReduction::kSum) return sum;
+    // Counted on the device, so the loss costs no host sync.
+    return sum / target.ne(kIgnoredTarget).sum().clamp_min(1);
+  }
+  LossReduction loss_reduction() const override { return reduction_; }
+  // The scored tokens. Reading the count on the host costs one device sync per call.
+  double loss_terms(const Batch& batch) const override {
+    return static_cast<double>(batch.at("target").ne(kIgnoredTarget).sum().item<std::int64_t>());
   }
 
-  // {"accuracy": sum over sequences of the fraction of next tokens predicted}: the engine divides
-  // by the sequence count, giving the mean next-token accuracy.
+  // {"accuracy": sum over sequences of the fraction of their scored tokens predicted}: the
+  // engine divides by the sequence count, giving the mean next-token accuracy. A sequence with
+  // no scored token adds 0 and still counts among the sequences divided by.
   TensorMap eval_sums(const torch::Tensor& logits, const Batch& batch) override {
     selection_->require_last("eval_sums()");
-    torch::Tensor correct = logits.argmax(-1).eq(batch.at("target")).to(at::kFloat);
-    return {{"accuracy", correct.mean(-1).sum()}};
+    const torch::Tensor& target = batch.at("target");
+    // An ignored target (-100) never equals a predicted class, so it is never counted correct.
+    torch::Tensor correct = logits.argmax(-1).eq(target).sum(-1).to(at::kFloat);
+    torch::Tensor scored = target.ne(kIgnoredTarget).sum(-1).clamp_min(1).to(at::kFloat);
+    return {{"accuracy", (correct / scored).sum()}};
   }
 
   // Per token, forward plus backward: 6 N for the matrix multiplies (2 FLOPs per multiply-add,
@@ -295,6 +318,7 @@ class Gpt final : public Model {
 
  private:
   GptShape shape_;
+  LossReduction reduction_;
   std::vector<std::string> block_names_;
   // Set once the options are checked, before anything is built.
   std::optional<BlockSelection> selection_;
@@ -309,7 +333,10 @@ void register_components(Registry& registry) {
        option("n_heads", 4, "attention heads (must divide d_model)"),
        option("d_model", 128, "width of the residual stream"),
        option("seq_len", 0, "context length (0: the dataset's; otherwise must equal it)"),
-       option("dropout", 0.0, "dropout on embeddings, attention and residual branches")},
+       option("dropout", 0.0, "dropout on embeddings, attention and residual branches"),
+       loss_reduction_option("per-token cross-entropy over the scored tokens (targets of -100 "
+                             "are not scored, as PyTorch's ignore_index): their mean or their "
+                             "sum")},
       "decoder-only transformer language model (pre-norm, causal attention, tied head)",
       [](const Config& options, const BuildContext& context) {
         return std::make_unique<Gpt>(options, context);

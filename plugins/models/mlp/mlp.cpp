@@ -5,6 +5,7 @@
 #include <torch/nn/modules/dropout.h>
 #include <torch/nn/modules/linear.h>
 
+#include "trainyard/loss_reduction.hpp"
 #include "trainyard/plugin.hpp"
 #include "trainyard/sequential_classifier.hpp"
 
@@ -21,8 +22,8 @@ std::vector<std::string> mlp_block_names(std::size_t hidden_layers) {
 class Mlp final : public SequentialClassifier {
  public:
   Mlp(const Config& options, const BuildContext& context)
-      : SequentialClassifier("mlp", context,
-                             mlp_block_names(options.get_int_list("hidden").size())) {
+      : SequentialClassifier("mlp", context, mlp_block_names(options.get_int_list("hidden").size()),
+                             loss_reduction_from(options)) {
     auto hidden = options.get_int_list("hidden");
     double dropout = options.get_float("dropout");
     if (dropout < 0 || dropout >= 1) options.fail("dropout", "must be in [0, 1)");
@@ -58,7 +59,9 @@ class Mlp final : public SequentialClassifier {
 void register_components(Registry& registry) {
   registry.add<Model>("mlp",
                       {option("hidden", std::vector<std::int64_t>{256, 128}, "hidden layer widths"),
-                       option("dropout", 0.0, "dropout after each hidden layer")},
+                       option("dropout", 0.0, "dropout after each hidden layer"),
+                       loss_reduction_option("cross-entropy over the batch's samples: their mean "
+                                             "or their sum")},
                       "multi-layer perceptron classifier",
                       [](const Config& options, const BuildContext& context) {
                         return std::make_unique<Mlp>(options, context);

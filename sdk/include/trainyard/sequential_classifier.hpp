@@ -1,9 +1,9 @@
 #pragma once
 // A base for classification models built from torch::nn::Sequential blocks: logits [B, C]
-// against the batch's "target", accuracy as the evaluation sum. It builds stages: a derived
-// model names all its blocks up front, then adds them in order, and only the blocks of the
-// stage are constructed, each initialised per parameter (LibTorch's defaults, drawn from the
-// parameters' own streams).
+// against the batch's "target" (cross-entropy, the mean or the sum over the samples), accuracy
+// as the evaluation sum. It builds stages: a derived model names all its blocks up front, then
+// adds them in order, and only the blocks of the stage are constructed, each initialised per
+// parameter (LibTorch's defaults, drawn from the parameters' own streams).
 
 #include <functional>
 #include <memory>
@@ -23,13 +23,16 @@ namespace trainyard {
 class SequentialClassifier : public Model {
  public:
   // `model` names the plugin in errors; `block_names` are all the whole model's blocks in
-  // forward order; `context` says which of them to build (BuildContext::blocks) and the seed.
+  // forward order; `context` says which of them to build (BuildContext::blocks) and the seed;
+  // `reduction` how loss() reduces over the samples (the option loss_reduction_from() reads).
   SequentialClassifier(const std::string& model, const BuildContext& context,
-                       std::vector<std::string> block_names)
+                       std::vector<std::string> block_names,
+                       LossReduction reduction = LossReduction::kMean)
       : root_(std::make_shared<torch::nn::Module>(model)),
         block_names_(std::move(block_names)),
         selection_(context.blocks, static_cast<std::int64_t>(block_names_.size()), model),
-        init_(context.seed) {}
+        init_(context.seed),
+        reduction_(reduction) {}
 
   torch::nn::Module& module() override { return *root_; }
   std::vector<Block> blocks() override { return blocks_; }
@@ -39,8 +42,10 @@ class SequentialClassifier : public Model {
   }
   torch::Tensor loss(const torch::Tensor& output, const Batch& batch) override {
     selection_.require_last("loss()");
-    return classification_loss(output, batch);
+    return classification_loss(output, batch, reduction_);
   }
+  // The terms are the samples: the default loss_terms() counts them.
+  LossReduction loss_reduction() const override { return reduction_; }
   TensorMap eval_sums(const torch::Tensor& output, const Batch& batch) override {
     selection_.require_last("eval_sums()");
     return classification_sums(output, batch);
@@ -76,6 +81,7 @@ class SequentialClassifier : public Model {
   std::vector<std::string> block_names_;
   BlockSelection selection_;
   ParameterInit init_;
+  LossReduction reduction_;
   std::vector<Block> blocks_;
   std::int64_t added_ = 0;
   double multiply_adds_ = 0;
