@@ -200,6 +200,28 @@ TEST(PipelineParity, GptDataParallelTwoByPipelineTwoMatchesOneProcess) {
   expect_data_parallel_pipelines_match("gpt", {"zero_bubble"});
 }
 
+// Each stage's parameters sharded over its data-parallel pair (as fsdp's full and grad_op
+// modes): dp 2 x pp 2 still trains as one process on the whole batch, tied weights included.
+TEST(PipelineParity, ShardedDataParallelTwoByPipelineTwoMatchesOneProcess) {
+  for (const std::string model : {"gpt", "mlp"}) {
+    TempDir dir;
+    const fs::path recipe = write_recipe(dir, model);
+    auto single = run_one_process(recipe, dir / "single", {"--set", "run.max_grad_norm=0.5"});
+    ASSERT_EQ(single.exit_code, 0) << describe(single);
+    for (const std::string sharding : {"full", "grad_op"}) {
+      SCOPED_TRACE(model + " " + sharding);
+      const fs::path out = dir / sharding;
+      auto run = run_launched(4, recipe, out,
+                              joined(pipeline_sets(2, {"interleaved_1f1b", 2}, 4),
+                                     {"--set", "loader.batch_size=9", "--set",
+                                      "strategy.dp_sharding=" + sharding, "--set",
+                                      "run.max_grad_norm=0.5"}));
+      ASSERT_EQ(run.exit_code, 0) << describe(run);
+      expect_matches(dir / "single", out);
+    }
+  }
+}
+
 // Accumulation over 2 batches, clipping to a global norm small enough to act on every step, and
 // recomputation of every block compose with the pipeline as they do with one process.
 TEST(PipelineParity, AccumulationClippingAndRecomputationMatchOneProcess) {
@@ -413,6 +435,29 @@ TEST(PipelineCheckpoint, ResumesOnAnotherPipelineSizeOrStrategy) {
   }
 }
 
+// Saved by sharded stages (each data-parallel rank its own shards), resumed by replicated ones
+// on the same ranks: the pieces are re-sliced.
+TEST(PipelineCheckpoint, ShardedStagesResumeReplicated) {
+  TempDir dir;
+  const fs::path recipe = dir.write("recipe.toml", gpt_recipe(dir) + kCheckpointSection);
+  const std::vector<std::string> four = joined(pipeline_sets(2, {"1f1b"}, 4),
+                                               {"--set", "loader.batch_size=9"});
+  auto single = run_one_process(recipe, dir / "single", {});
+  ASSERT_EQ(single.exit_code, 0) << describe(single);
+  auto first = run_launched(4, recipe, dir / "saved",
+                            joined(four, {"--set", "run.max_steps=3", "--set",
+                                          "strategy.dp_sharding=full"}));
+  ASSERT_EQ(first.exit_code, 0) << describe(first);
+  auto resumed = run_launched(
+      4, recipe, dir / "resumed",
+      joined(four, {"--set", "checkpoint.dir=" + (dir / "saved" / "checkpoints").string(),
+                    "--resume", (dir / "saved" / "checkpoints" / "step-000000003").string()}));
+  ASSERT_EQ(resumed.exit_code, 0) << describe(resumed);
+  EXPECT_HAS(resumed.err, "resharded");
+  expect_same_model_within(dir / "single" / "final.pt", dir / "resumed" / "final.pt",
+                           kParameterRtol, kParameterAtol);
+}
+
 // A stage that exits mid-run ends the job, non-zero, naming it; so does one that stops
 // communicating.
 TEST(PipelineFailure, AStageThatDiesOrStopsEndsTheJobNamingIt) {
@@ -434,6 +479,24 @@ TEST(PipelineFailure, AStageThatDiesOrStopsEndsTheJobNamingIt) {
   }
 }
 
+// The README's recipe validates and trains on its two stages (a few steps of it).
+TEST(PipelineRun, TheReadmeRecipeTrainsOnTwoStages) {
+  TempDir dir;
+  const fs::path recipe = source_dir() / "recipes" / "gpt_pipeline.toml";
+  auto validated = run_command({host_binary().string(), "validate", recipe.string()},
+                               source_dir(), 120);
+  EXPECT_EQ(validated.exit_code, 0) << describe(validated);
+  auto run = run_launched(2, recipe, dir / "run",
+                          {"--set", "run.max_steps=4", "--set", "run.log_every=2", "--set",
+                           "run.eval=false", "--set", "dataset.cache=" + (dir / "cache").string()});
+  ASSERT_EQ(run.exit_code, 0) << describe(run);
+  EXPECT_HAS(run.err, "pipeline: 1f1b on 2 ranks");
+  const std::vector<double> losses = logged_train_losses(dir / "run");
+  ASSERT_EQ(losses.size(), 2u);
+  EXPECT_LT(losses.back(), losses.front());
+  EXPECT_TRUE(read_measured_timeline(dir / "run").has_value());
+}
+
 TEST(PipelineRun, InvalidCombinationsAreOneLineErrorsNamingTheNumbers) {
   TempDir dir;
   const fs::path recipe = write_recipe(dir, "mlp");
@@ -448,6 +511,8 @@ TEST(PipelineRun, InvalidCombinationsAreOneLineErrorsNamingTheNumbers) {
        "hidden1"},
       {joined(pipeline_sets(2, {"gpipe"}, 4), {"--set", "loader.batch_size=3"}),
        "3 samples cannot be split into 4"},
+      {joined(pipeline_sets(2, {"zero_bubble"}, 4), {"--set", "strategy.dp_sharding=full"}),
+       "zero_bubble splits each backward in two"},
   };
   for (const Case& c : cases) {
     auto run = run_launched(2, recipe, dir / "run", c.sets, {}, 120);
