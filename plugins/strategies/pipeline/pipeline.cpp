@@ -545,6 +545,9 @@ class Pipeline final : public Strategy {
             if (pending != gradient_receives.end()) {
               grads = channel_->wait(pending->second);
               gradient_receives.erase(pending);
+              // The gradient answers this micro-batch's activations: their send is done.
+              channel_->release_sent(rank_of(action.stage + 1), StageMessage::kActivation,
+                                     action.stage + 1, action.micro_batch);
               if (context_.phases) context_.phases->mark(StepPhase::CommWait);
             } else {
               grads = take_handover(handover_gradients_, key, "gradients");

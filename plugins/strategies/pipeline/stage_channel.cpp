@@ -81,7 +81,7 @@ void StageChannel::send(const Activations& bundle, int peer, StageMessage kind, 
     const int spec_tag = tag_of(kind, stage, micro_batch, /*spec=*/true);
     for (const at::Tensor& message : {length, body}) {
       std::vector<at::Tensor> one{message};
-      sends_.push_back({group_->send(one, peer, spec_tag), message});
+      sends_.push_back({group_->send(one, peer, spec_tag), message, peer, spec_tag});
     }
     sent_specs_.emplace(key, spec);
   } else {
@@ -100,7 +100,7 @@ void StageChannel::send(const Activations& bundle, int peer, StageMessage kind, 
   const int tag = tag_of(kind, stage, micro_batch, false);
   for (at::Tensor& tensor : tensors) {
     std::vector<at::Tensor> one{tensor};
-    sends_.push_back({group_->send(one, peer, tag), tensor});
+    sends_.push_back({group_->send(one, peer, tag), tensor, peer, tag});
   }
 }
 
@@ -159,6 +159,15 @@ Activations StageChannel::wait(Pending& pending) {
 void StageChannel::wait_sends() {
   for (const auto& send : sends_) wait_for(send.work);
   sends_.clear();
+}
+
+void StageChannel::release_sent(int peer, StageMessage kind, int stage, int micro_batch) {
+  const int tag = tag_of(kind, stage, micro_batch, /*spec=*/false);
+  std::erase_if(sends_, [&](const Send& send) {
+    if (send.peer != peer || send.tag != tag) return false;
+    wait_for(send.work);
+    return true;
+  });
 }
 
 }  // namespace trainyard

@@ -76,6 +76,11 @@ class StageChannel {
   Activations wait(Pending& pending);
   // Waits for every send started so far; their tensors are released.
   void wait_sends();
+  // Waits for the sends of the bundle sent with these arguments and drops their tensors. Called
+  // once the peer has answered that bundle (the next stage's gradient for the micro-batch has
+  // arrived), so the wait returns at once; otherwise a stage would keep every micro-batch's
+  // output alive until wait_sends at the step's end, m outputs where 1F1B means to hold p.
+  void release_sent(int peer, StageMessage kind, int stage, int micro_batch);
 
  private:
   static int tag_of(StageMessage kind, int stage, int micro_batch, bool spec);
@@ -89,6 +94,8 @@ class StageChannel {
   struct Send {
     c10::intrusive_ptr<c10d::Work> work;
     at::Tensor tensor;  // kept alive until the send completes
+    int peer = -1;
+    int tag = 0;
   };
   std::vector<Send> sends_;
 };
