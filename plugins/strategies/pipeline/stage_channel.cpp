@@ -66,6 +66,9 @@ int StageChannel::tag_of(StageMessage kind, int stage, int micro_batch, bool spe
 
 void StageChannel::send(const Activations& bundle, int peer, StageMessage kind, int stage,
                         int micro_batch, std::int64_t rows) {
+  // Sends that have completed release their tensors (gradients sent back, whose arrival
+  // nothing on this side observes).
+  std::erase_if(sends_, [](const Send& send) { return send.work->isCompleted(); });
   std::vector<TravellingTensor> spec;
   std::vector<at::Tensor> tensors;
   for (const auto& [name, tensor] : bundle.tensors) {
