@@ -100,6 +100,9 @@ std::vector<std::string> Model::block_names() {
   return names;
 }
 std::vector<TiedParameter> Model::tied_parameters() { return {}; }
+HeldLayout Model::parameter_layout(const std::string& name, const torch::Tensor& held) const {
+  return whole_parameter_layout(name, held.sizes().vec());
+}
 
 torch::Tensor run_blocks(Model& model, const std::vector<Block>& blocks, const Batch& batch) {
   Activations x(model.input(batch));

@@ -10,6 +10,7 @@
 #include "trainyard/activations.hpp"
 #include "trainyard/batch.hpp"
 #include "trainyard/component.hpp"
+#include "trainyard/parameter_pieces.hpp"
 
 namespace trainyard {
 
@@ -91,6 +92,12 @@ class Model : public Component {
   virtual std::vector<std::string> block_names();
   // The parameters several blocks share (see TiedParameter). Default: none.
   virtual std::vector<TiedParameter> tied_parameters();
+  // How this build holds its parameter `name` (its name in module(), whose tensor is `held`) as
+  // pieces of the whole model's parameters: whole by default; a tensor-parallel shard as the
+  // box (or boxes: a fused q/k/v weight split by heads holds three) of the whole parameter it
+  // covers. Strategies save, load and re-slice checkpoints with it, and a parameter held whole
+  // is one every tensor-parallel rank holds alike (its gradient norm counted once).
+  virtual HeldLayout parameter_layout(const std::string& name, const torch::Tensor& held) const;
 };
 
 // Runs `blocks` in order on the model's input: the plain forward pass strategies build on.
