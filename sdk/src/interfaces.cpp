@@ -100,6 +100,14 @@ std::vector<std::string> Model::block_names() {
   return names;
 }
 std::vector<TiedParameter> Model::tied_parameters() { return {}; }
+std::vector<HeldLayout> parameter_layouts(Model& model) {
+  std::vector<HeldLayout> layouts;
+  for (const auto& item : model.module().named_parameters(true)) {
+    layouts.push_back(model.parameter_layout(item.key(), item.value()));
+  }
+  return layouts;
+}
+
 HeldLayout Model::parameter_layout(const std::string& name, const torch::Tensor& held) const {
   return whole_parameter_layout(name, held.sizes().vec());
 }

@@ -211,33 +211,51 @@ std::vector<HeldLayout> whole_layouts_of(const torch::nn::Module& module) {
 
 }  // namespace
 
-void save_whole_module_state(const torch::nn::Module& module, const Optimizer& plugin,
-                             const torch::optim::Optimizer* optimizer, StateDict& shared,
-                             const std::string& replicas) {
-  auto put_whole = [&](const std::string& name, const at::Tensor& tensor) {
-    TensorPlacement placement = TensorPlacement::whole(tensor.sizes().vec());
-    placement.replicas = replicas;
-    put_piece(shared, kModelPrefix + name, tensor.detach().clone(), placement);
-  };
-  for (const auto& item : module.named_parameters(true)) put_whole(item.key(), item.value());
-  for (const auto& item : module.named_buffers(true)) put_whole(item.key(), item.value());
-  if (optimizer) {
-    save_optimizer_pieces(plugin, *optimizer, whole_layouts_of(module), shared, shared, replicas);
-  }
+bool holds_whole(const HeldLayout& layout) {
+  return layout.size() == 1 && layout.front().offset == 0 &&
+         layout.front().placement.flat_offset < 0 &&
+         layout.front().shape == layout.front().placement.global_shape;
 }
 
-void load_whole_module_state(torch::nn::Module& module, const Optimizer& plugin,
-                             torch::optim::Optimizer* optimizer, const PlacedState& state) {
-  const std::vector<HeldLayout> layouts = whole_layouts_of(module);
+void save_module_pieces(const torch::nn::Module& module, const std::vector<HeldLayout>& layouts,
+                        const Optimizer& plugin, const torch::optim::Optimizer* optimizer,
+                        StateDict& out, const std::string& replicas) {
   std::size_t index = 0;
   for (const auto& item : module.named_parameters(true)) {
-    read_held_pieces(state, kModelPrefix, layouts[index++], item.value());
+    put_held_pieces(out, kModelPrefix, item.value().detach().clone(), layouts.at(index++),
+                    replicas);
+  }
+  for (const auto& item : module.named_buffers(true)) {
+    TensorPlacement placement = TensorPlacement::whole(item.value().sizes().vec());
+    placement.replicas = replicas;
+    put_piece(out, kModelPrefix + item.key(), item.value().detach().clone(), placement);
+  }
+  if (optimizer) save_optimizer_pieces(plugin, *optimizer, layouts, out, out, replicas);
+}
+
+void load_module_pieces(torch::nn::Module& module, const std::vector<HeldLayout>& layouts,
+                        const Optimizer& plugin, torch::optim::Optimizer* optimizer,
+                        const PlacedState& state) {
+  std::size_t index = 0;
+  for (const auto& item : module.named_parameters(true)) {
+    read_held_pieces(state, kModelPrefix, layouts.at(index++), item.value());
   }
   for (const auto& item : module.named_buffers(true)) {
     read_held_pieces(state, kModelPrefix,
                      whole_parameter_layout(item.key(), item.value().sizes().vec()), item.value());
   }
   if (optimizer) load_optimizer_pieces(plugin, *optimizer, layouts, state);
+}
+
+void save_whole_module_state(const torch::nn::Module& module, const Optimizer& plugin,
+                             const torch::optim::Optimizer* optimizer, StateDict& shared,
+                             const std::string& replicas) {
+  save_module_pieces(module, whole_layouts_of(module), plugin, optimizer, shared, replicas);
+}
+
+void load_whole_module_state(torch::nn::Module& module, const Optimizer& plugin,
+                             torch::optim::Optimizer* optimizer, const PlacedState& state) {
+  load_module_pieces(module, whole_layouts_of(module), plugin, optimizer, state);
 }
 
 void mark_pieces_format(StateDict& shared) { shared.metadata[kPiecesFormatKey] = "1"; }

@@ -1,5 +1,8 @@
 // Seeded random classification data of any shape, for tests and benchmarks. Labels come from a
 // fixed random linear "teacher", so the data is learnable and a falling loss means learning.
+// With vocab_size > 0 it is language-modelling data instead: token sequences that follow a fixed
+// random successor table (a learnable bigram rule), each target the next token, in map-style
+// splits, so that runs can reshard to any number of data-parallel ranks mid-epoch.
 
 #include <ATen/CPUGeneratorImpl.h>
 #include <ATen/ATen.h>
@@ -49,12 +52,21 @@ class Synthetic final : public Dataset {
     for (auto d : shape_) {
       if (d < 1) options.fail("input_shape", "must have positive dimensions");
     }
+    vocab_ = options.get_int("vocab_size");
+    if (vocab_ < 0) options.fail("vocab_size", "must be >= 0");
+    if (vocab_ > 0 && shape_.size() != 1) {
+      options.fail("input_shape", "must be [sequence length] when vocab_size is set");
+    }
     std::int64_t seed = options.get_int("seed");
     // Its own generator: the data is the same whatever else draws from the global one.
     at::Generator generator = at::make_generator<at::CPUGeneratorImpl>(
         seed >= 0 ? static_cast<std::uint64_t>(seed) : run_seed);
     std::int64_t features = 1;
     for (auto d : shape_) features *= d;
+    if (vocab_ > 0) {
+      make_sequences(samples, eval_samples, generator);
+      return;
+    }
     torch::Tensor teacher = at::randn({features, classes_}, generator, at::kFloat);
     auto make = [&](std::int64_t count) {
       std::vector<std::int64_t> full = {count};
@@ -70,7 +82,12 @@ class Synthetic final : public Dataset {
   DatasetInfo info() const override {
     DatasetInfo info;
     info.input_shape = shape_;
-    info.num_classes = classes_;
+    if (vocab_ > 0) {
+      info.vocab_size = vocab_;
+      info.sequence_length = shape_[0];
+    } else {
+      info.num_classes = classes_;
+    }
     return info;
   }
   std::vector<std::string> splits() const override {
@@ -84,8 +101,27 @@ class Synthetic final : public Dataset {
   }
 
  private:
+  // Each sequence starts at a random token and follows the successor table; the targets are the
+  // inputs shifted by one.
+  void make_sequences(std::int64_t samples, std::int64_t eval_samples, at::Generator& generator) {
+    const std::int64_t length = shape_[0];
+    const torch::Tensor successor = at::randperm(vocab_, generator, at::kLong);
+    auto make = [&](std::int64_t count) {
+      torch::Tensor tokens = at::empty({count, length + 1}, at::kLong);
+      tokens.select(1, 0).copy_(at::randint(vocab_, {count}, generator, at::kLong));
+      for (std::int64_t t = 1; t <= length; ++t) {
+        tokens.select(1, t).copy_(successor.index_select(0, tokens.select(1, t - 1)));
+      }
+      return std::make_shared<TensorSplit>(tokens.narrow(1, 0, length).contiguous(),
+                                           tokens.narrow(1, 1, length).contiguous());
+    };
+    train_ = make(samples);
+    if (eval_samples > 0) test_ = make(eval_samples);
+  }
+
   std::vector<std::int64_t> shape_;
   std::int64_t classes_ = 0;
+  std::int64_t vocab_ = 0;
   std::shared_ptr<const MapSource> train_;
   std::shared_ptr<const MapSource> test_;
 };
@@ -97,7 +133,10 @@ void register_components(Registry& registry) {
        option("eval_samples", 256, "test samples (0: no test split)"),
        option("input_shape", std::vector<std::int64_t>{1, 28, 28}, "shape of one input"),
        option("num_classes", 10, "number of classes"),
-       option("seed", -1, "data seed (-1: the run's seed)")},
+       option("seed", -1, "data seed (-1: the run's seed)"),
+       option("vocab_size", 0,
+              "language-modelling data instead: token sequences of input_shape = [length] over "
+              "this vocabulary, each target the next token (0: classification)")},
       "seeded random inputs labelled by a fixed random linear teacher",
       [](const Config& options, const BuildContext& context) {
         return std::make_unique<Synthetic>(options, context.seed);

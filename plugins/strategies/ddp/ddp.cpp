@@ -27,6 +27,7 @@
 #include "trainyard/sharded_optimizer_state.hpp"
 #include "trainyard/step_phases.hpp"
 #include "trainyard/strategy.hpp"
+#include "trainyard/tensor_parallel_step.hpp"
 
 namespace trainyard {
 namespace {
@@ -81,6 +82,15 @@ class Ddp final : public Strategy {
       names_.push_back(item.key());
     }
     for (const auto& item : model_->module().named_buffers(true)) buffers_.push_back(item.value());
+    // A tensor-parallel model holds shards of some parameters: their gradients differ across
+    // the tp ranks, which then agree on skipping and on the norm; checkpoints hold the shards.
+    tp_group_ = mesh_->group(MeshGroup::kTensor);
+    layouts_ = parameter_layouts(*model_);
+    for (const auto& layout : layouts_) holds_shards_ = holds_shards_ || !holds_whole(layout);
+    if (holds_shards_ && options_.zero1) {
+      throw Error("ddp: zero1 flattens whole parameters, and this model holds tensor-parallel "
+                  "shards; set strategy.zero1 = false");
+    }
     optimizer_ = context.optimizer->create(parameters_);
     autocast_dtype_ = context.precision->autocast_dtype();
     if (!group_) {  // the only data-parallel rank: plain training, nothing to synchronise
@@ -165,6 +175,10 @@ class Ddp final : public Strategy {
       finish_zero1_step(loss_sum, count, result);
       return result;
     }
+    if (tp_group_) {
+      finish_tensor_parallel_step(loss_sum, count, result);
+      return result;
+    }
     finish_replicated_step(parameters_, *context_.precision, *optimizer_, context_.step, loss_sum,
                            count, result);
     return result;
@@ -186,6 +200,12 @@ class Ddp final : public Strategy {
   // a placed piece of the whole model's, so any strategy on any layout can resume from it.
   void save_state(CheckpointState& out) const override {
     mark_pieces_format(out.shared);
+    if (holds_shards_) {
+      // Each tensor-parallel rank holds other pieces: every rank writes its own.
+      save_module_pieces(model_->module(), layouts_, *context_.optimizer, optimizer_.get(),
+                         out.local, mesh_group_name(MeshGroup::kData));
+      return;
+    }
     // Every data-parallel rank holds the same copy; rank 0 writes it.
     save_whole_module_state(model_->module(), *context_.optimizer, optimizer_.get(), out.shared,
                             mesh_group_name(MeshGroup::kData));
@@ -199,7 +219,7 @@ class Ddp final : public Strategy {
     settle_buffer_broadcast();  // so that a broadcast in flight cannot overwrite what is loaded
     require_pieces_format(in);
     const PlacedState placed(in);
-    load_whole_module_state(model_->module(), *context_.optimizer, optimizer_.get(), placed);
+    load_module_pieces(model_->module(), layouts_, *context_.optimizer, optimizer_.get(), placed);
     if (zero1_) {
       read_held_pieces(placed, "model.", zero1_layout(), zero1_->master());
       load_optimizer_pieces(*context_.optimizer, zero1_->optimizer(), {zero1_layout()}, placed);
@@ -207,8 +227,21 @@ class Ddp final : public Strategy {
   }
 
   TensorMap full_parameters() const override {
+    if (holds_shards_) {
+      // Collective over the tp group: every rank gets the whole parameters.
+      return gather_whole_tensors(parameters_, layouts_, tp_group_);
+    }
     TensorMap out;
     for (const auto& item : model_->module().named_parameters(true)) {
+      out[item.key()] = item.value().detach();
+    }
+    return out;
+  }
+
+  TensorMap full_model_state() const override {
+    if (!holds_shards_) return Strategy::full_model_state();
+    TensorMap out = full_parameters();
+    for (const auto& item : model_->module().named_buffers(true)) {
       out[item.key()] = item.value().detach();
     }
     return out;
@@ -316,10 +349,39 @@ class Ddp final : public Strategy {
     result.loss = count > 1 ? loss_sum / static_cast<double>(count) : loss_sum;
   }
 
+  // finish_replicated_step for a tensor-parallel model: found_inf and the norm over the tp group
+  // (the data-parallel ranks hold equal gradients by now).
+  void finish_tensor_parallel_step(const torch::Tensor& loss_sum, std::int64_t count,
+                                   StepResult& result) {
+    std::vector<at::Tensor> gradients;
+    std::vector<at::Tensor> split;
+    std::vector<at::Tensor> whole;
+    for (std::size_t i = 0; i < parameters_.size(); ++i) {
+      const at::Tensor& grad = parameters_[i].grad();
+      if (!grad.defined()) continue;
+      gradients.push_back(grad);
+      (holds_whole(layouts_[i]) ? whole : split).push_back(grad);
+    }
+    at::Tensor found_inf = context_.precision->unscale(gradients);
+    agree_on_found_inf(found_inf, tp_group_);
+    if (context_.step.max_grad_norm > 0) {
+      const at::Tensor norm = squares_over_group(split, whole, tp_group_).sqrt();
+      result.grad_norm = clip_to_norm(gradients, norm, context_.step.max_grad_norm);
+    }
+    const bool finite = Precision::should_step(found_inf);
+    if (finite) optimizer_->step();
+    context_.precision->update(found_inf);
+    result.skipped = !finite;
+    result.loss = count > 1 ? loss_sum / static_cast<double>(count) : loss_sum;
+  }
+
   DdpOptions options_;
   StrategyContext context_;
   std::shared_ptr<ProcessMesh> mesh_;
   c10::intrusive_ptr<c10d::Backend> group_;  // null when this rank is the only data-parallel one
+  c10::intrusive_ptr<c10d::Backend> tp_group_;  // null without tensor parallelism
+  std::vector<HeldLayout> layouts_;             // how the model holds each parameter
+  bool holds_shards_ = false;
   DataParallelPlace place_;
   std::shared_ptr<Model> model_;
   std::vector<Block> blocks_;

@@ -39,6 +39,7 @@
 #include "trainyard/process_mesh.hpp"
 #include "trainyard/step_phases.hpp"
 #include "trainyard/strategy.hpp"
+#include "trainyard/tensor_parallel_step.hpp"
 
 namespace trainyard {
 namespace {
@@ -102,6 +103,9 @@ struct LocalStage {
   // True for a stage's copy of a tied parameter (the gpt head's copy of the embedding): saved
   // as a piece of the tied parameter like the owner's, counted once in norms and gathers.
   std::vector<bool> tied_copy;
+  // How the stage holds each parameter: whole, or the model's tensor-parallel shards; pieces of
+  // tied copies are named by the tied parameter.
+  std::vector<HeldLayout> layouts;
   std::vector<at::Tensor> buffers;
   std::vector<std::string> buffer_names;
   // How the stage's data-parallel ranks hold the parameters: replicated or sharded.
@@ -150,6 +154,7 @@ class Pipeline final : public Strategy {
     mesh_ = mesh_of(context.build);
     pp_group_ = mesh_->group(MeshGroup::kPipeline);
     dp_group_ = mesh_->group(MeshGroup::kData);
+    tp_group_ = mesh_->group(MeshGroup::kTensor);
     pp_rank_ = mesh_->rank(MeshGroup::kPipeline);
     place_ = {mesh_->rank(MeshGroup::kData), mesh_->size(MeshGroup::kData)};
     const int ranks = mesh_->size(MeshGroup::kPipeline);
@@ -409,6 +414,11 @@ class Pipeline final : public Strategy {
         stage.buffers.push_back(item.value());
         stage.buffer_names.push_back(item.key());
       }
+      for (std::size_t i = 0; i < stage.parameters.size(); ++i) {
+        HeldLayout layout = stage.model->parameter_layout(stage.names[i], stage.parameters[i]);
+        for (auto& piece : layout) piece.name = stage.whole_names[i];
+        stage.layouts.push_back(std::move(layout));
+      }
       stage.held = hold_parameters(stage);
       stage.run = with_activation_checkpointing(stage.held->blocks(),
                                                 context_.step.activation_checkpointing);
@@ -447,6 +457,12 @@ class Pipeline final : public Strategy {
       throw Error("pipeline: dp_sharding needs dp_replicate = 1 (it shards over dp_shard), got " +
                   std::to_string(mesh_->size(MeshGroup::kDataReplicate)));
     }
+    if (mesh_->size(MeshGroup::kTensor) > 1) {
+      throw Error("pipeline: dp_sharding with tensor parallelism (tp " +
+                  std::to_string(mesh_->size(MeshGroup::kTensor)) +
+                  ") would flatten tensor-parallel shards, which is not built; use dp_sharding "
+                  "= \"none\"");
+    }
     if (options_.schedule == "zero_bubble") {
       throw Error("pipeline: zero_bubble splits each backward in two, which dp_sharding's "
                   "gathered units do not follow; use dp_sharding = \"none\" or another schedule");
@@ -456,7 +472,7 @@ class Pipeline final : public Strategy {
   std::unique_ptr<StageParameters> hold_parameters(const LocalStage& stage) const {
     if (!options_.sharding) {
       return replicated_stage_parameters(stage.parameters, stage.names, stage.model->blocks(),
-                                         dp_group_, options_.reducer);
+                                         stage.layouts, dp_group_, options_.reducer);
     }
     ShardedUnitsOptions units;
     units.sharding = *options_.sharding;
@@ -790,6 +806,29 @@ class Pipeline final : public Strategy {
     }
   }
 
+  // The sum of squares of this rank's stages' gradients over the data- and tensor-parallel
+  // ranks, each parameter of the whole model counted once (tied copies left out).
+  at::Tensor stage_gradient_squares(const std::vector<std::vector<at::Tensor>>& stage_gradients) {
+    if (options_.sharding) {
+      // Flat shards mix parameters: the copies' squares are taken out again.
+      at::Tensor squares = at::zeros({}, at::kFloat).to(context_.build.device);
+      for (std::size_t i = 0; i < stages_.size(); ++i) {
+        squares = squares + stages_[i].held->gradient_squares(stage_gradients[i]);
+      }
+      return (squares - tied_copy_squares().to(squares.device())).clamp_min(0);
+    }
+    std::vector<at::Tensor> split;
+    std::vector<at::Tensor> whole;
+    for (const auto& stage : stages_) {
+      for (std::size_t i = 0; i < stage.parameters.size(); ++i) {
+        const at::Tensor& grad = stage.parameters[i].grad();
+        if (!grad.defined() || stage.tied_copy[i]) continue;
+        (holds_whole(stage.layouts[i]) ? whole : split).push_back(grad);
+      }
+    }
+    return squares_over_group(split, whole, tp_group_);
+  }
+
   // The squares of the gradients of tied copies, which the norm counts once (with the owner).
   at::Tensor tied_copy_squares() {
     at::Tensor total = at::zeros({}, at::kFloat);
@@ -816,17 +855,14 @@ class Pipeline final : public Strategy {
     at::Tensor found_inf = context_.precision->unscale(gradients);
     if (found_inf.defined()) {
       stages_.front().held->combine_found_inf(found_inf);  // over the data-parallel shards
+      agree_on_found_inf(found_inf, tp_group_);
       if (pp_group_) {
         std::vector<at::Tensor> flag{found_inf};
         all_reduce(flag, c10d::ReduceOp::MAX);
       }
     }
     if (context_.step.max_grad_norm > 0) {
-      at::Tensor squares = at::zeros({}, at::kFloat).to(context_.build.device);
-      for (std::size_t i = 0; i < stages_.size(); ++i) {
-        squares = squares + stages_[i].held->gradient_squares(stage_gradients[i]);
-      }
-      squares = (squares - tied_copy_squares().to(squares.device())).clamp_min(0).reshape({1});
+      at::Tensor squares = stage_gradient_squares(stage_gradients).reshape({1});
       if (pp_group_) {
         std::vector<at::Tensor> sum{squares};
         all_reduce(sum, c10d::ReduceOp::SUM);
@@ -853,8 +889,18 @@ class Pipeline final : public Strategy {
     TensorMap mine;
     for (const auto& stage : stages_) {
       const std::vector<at::Tensor> whole = stage.held->whole_parameters();
+      std::vector<at::Tensor> held;
+      std::vector<HeldLayout> layouts;
       for (std::size_t i = 0; i < whole.size(); ++i) {
-        if (!stage.tied_copy[i]) mine[stage.whole_names[i]] = whole[i];
+        if (stage.tied_copy[i]) continue;
+        held.push_back(whole[i]);
+        layouts.push_back(options_.sharding ? whole_parameter_layout(stage.whole_names[i],
+                                                                     whole[i].sizes().vec())
+                                            : stage.layouts[i]);
+      }
+      // Tensor-parallel shards are assembled over the tp group first.
+      for (auto& [name, tensor] : gather_whole_tensors(held, layouts, tp_group_)) {
+        mine[name] = tensor;
       }
       if (!buffers) continue;
       for (std::size_t i = 0; i < stage.buffers.size(); ++i) {
@@ -955,6 +1001,7 @@ class Pipeline final : public Strategy {
   std::shared_ptr<ProcessMesh> mesh_;
   c10::intrusive_ptr<c10d::Backend> pp_group_;  // null with one pipeline rank
   c10::intrusive_ptr<c10d::Backend> dp_group_;  // null with one data-parallel rank
+  c10::intrusive_ptr<c10d::Backend> tp_group_;  // null without tensor parallelism
   int pp_rank_ = 0;
   DataParallelPlace place_;
   PipelineShape shape_;

@@ -25,10 +25,12 @@ at::Tensor sum_of_squares(const std::vector<at::Tensor>& gradients) {
 class ReplicatedStageParameters final : public StageParameters {
  public:
   ReplicatedStageParameters(std::vector<at::Tensor> parameters, std::vector<std::string> names,
-                            std::vector<Block> blocks,
+                            std::vector<Block> blocks, std::vector<HeldLayout> layouts,
                             const c10::intrusive_ptr<c10d::Backend>& group,
                             const GradientReducerOptions& options)
-      : parameters_(std::move(parameters)), blocks_(std::move(blocks)) {
+      : parameters_(std::move(parameters)),
+        blocks_(std::move(blocks)),
+        layouts_(std::move(layouts)) {
     std::vector<at::Tensor> trainable;
     std::vector<std::string> trainable_names;
     for (std::size_t i = 0; i < parameters_.size(); ++i) {
@@ -83,12 +85,8 @@ class ReplicatedStageParameters final : public StageParameters {
   }
   void combine_found_inf(at::Tensor&) const override {}  // equal gradients on every rank
 
-  std::vector<HeldLayout> layouts(const std::vector<std::string>& whole_names) const override {
-    std::vector<HeldLayout> out;
-    for (std::size_t i = 0; i < parameters_.size(); ++i) {
-      out.push_back(whole_parameter_layout(whole_names[i], parameters_[i].sizes().vec()));
-    }
-    return out;
+  std::vector<HeldLayout> layouts(const std::vector<std::string>&) const override {
+    return layouts_;
   }
   std::vector<at::Tensor> whole_parameters() const override {
     std::vector<at::Tensor> out;
@@ -104,6 +102,7 @@ class ReplicatedStageParameters final : public StageParameters {
  private:
   std::vector<at::Tensor> parameters_;
   std::vector<Block> blocks_;
+  std::vector<HeldLayout> layouts_;
   std::unique_ptr<GradientReducer> reducer_;
 };
 
@@ -210,9 +209,11 @@ class ShardedStageParameters final : public StageParameters {
 
 std::unique_ptr<StageParameters> replicated_stage_parameters(
     std::vector<at::Tensor> parameters, std::vector<std::string> names, std::vector<Block> blocks,
-    const c10::intrusive_ptr<c10d::Backend>& group, const GradientReducerOptions& options) {
+    std::vector<HeldLayout> layouts, const c10::intrusive_ptr<c10d::Backend>& group,
+    const GradientReducerOptions& options) {
   return std::make_unique<ReplicatedStageParameters>(std::move(parameters), std::move(names),
-                                                     std::move(blocks), group, options);
+                                                     std::move(blocks), std::move(layouts), group,
+                                                     options);
 }
 
 std::unique_ptr<StageParameters> sharded_stage_parameters(

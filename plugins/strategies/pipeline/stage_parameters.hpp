@@ -56,7 +56,8 @@ class StageParameters {
   virtual void combine_found_inf(at::Tensor& found_inf) const = 0;
 
   // How each tensor of optimized() maps onto the whole model's parameters, `whole_names[i]`
-  // naming parameter i (a tied copy by the tied parameter's name).
+  // naming parameter i (a tied copy by the tied parameter's name) where the stage holds
+  // parameters whole.
   virtual std::vector<HeldLayout> layouts(const std::vector<std::string>& whole_names) const = 0;
   // Every parameter whole, by index. Collective when sharded.
   virtual std::vector<at::Tensor> whole_parameters() const = 0;
@@ -65,10 +66,13 @@ class StageParameters {
   virtual HeldBytes held_bytes(const torch::optim::Optimizer* optimizer) const = 0;
 };
 
-// Replicated parameters; `group` null: one data-parallel rank, gradients only accumulate.
+// Parameters replicated across the data-parallel ranks, held as `layouts` say (whole, or the
+// model's tensor-parallel shards); `group` null: one data-parallel rank, gradients only
+// accumulate.
 std::unique_ptr<StageParameters> replicated_stage_parameters(
     std::vector<at::Tensor> parameters, std::vector<std::string> names, std::vector<Block> blocks,
-    const c10::intrusive_ptr<c10d::Backend>& group, const GradientReducerOptions& options);
+    std::vector<HeldLayout> layouts, const c10::intrusive_ptr<c10d::Backend>& group,
+    const GradientReducerOptions& options);
 
 // Parameters sharded over `group` (null: one rank) in units along `blocks`.
 std::unique_ptr<StageParameters> sharded_stage_parameters(

@@ -100,6 +100,9 @@ class Model : public Component {
   virtual HeldLayout parameter_layout(const std::string& name, const torch::Tensor& held) const;
 };
 
+// parameter_layout of each of the model's parameters, in module().named_parameters() order.
+std::vector<HeldLayout> parameter_layouts(Model& model);
+
 // Runs `blocks` in order on the model's input: the plain forward pass strategies build on.
 torch::Tensor run_blocks(Model& model, const std::vector<Block>& blocks, const Batch& batch);
 

@@ -91,6 +91,21 @@ void save_whole_module_state(const torch::nn::Module& module, const Optimizer& p
 void load_whole_module_state(torch::nn::Module& module, const Optimizer& plugin,
                              torch::optim::Optimizer* optimizer, const PlacedState& state);
 
+// Whether `layout` holds its whole parameter (one piece covering it): a copy every
+// tensor-parallel rank holds alike, rather than a shard.
+bool holds_whole(const HeldLayout& layout);
+
+// A module whose i-th parameter (named_parameters order) is held as `layouts[i]` (a model's
+// parameter_layout: whole, or tensor-parallel boxes), `optimizer` (when given) stepping its
+// parameters in order: parameters, optimizer state and (whole) buffers as pieces in `out`.
+void save_module_pieces(const torch::nn::Module& module, const std::vector<HeldLayout>& layouts,
+                        const Optimizer& plugin, const torch::optim::Optimizer* optimizer,
+                        StateDict& out, const std::string& replicas = {});
+// The reverse, from whatever layout wrote the pieces.
+void load_module_pieces(torch::nn::Module& module, const std::vector<HeldLayout>& layouts,
+                        const Optimizer& plugin, torch::optim::Optimizer* optimizer,
+                        const PlacedState& state);
+
 // Strategies that save their state as placed pieces mark the shared entries so, and refuse on
 // load a checkpoint that lacks the mark (an earlier format), naming why.
 inline constexpr const char* kPiecesFormatKey = "checkpoint.pieces_format";

@@ -1,0 +1,233 @@
+// Tensor parallelism in processes over loopback: the gpt split over 2 and 4 tensor-parallel ranks
+// (with and without sequence parallelism) against one process, dp x pp x tp on 8 processes, and
+// a checkpoint saved at (dp 2, pp 2, tp 2) mid-epoch resumed at other layouts.
+
+#include <ATen/ATen.h>
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <filesystem>
+#include <string>
+#include <vector>
+
+#include "metrics_file.hpp"
+#include "parity_runs.hpp"
+#include "test_support.hpp"
+#include "trainyard/build_context.hpp"
+#include "trainyard/checkpoint.hpp"
+#include "trainyard/distributed.hpp"
+#include "trainyard/registry.hpp"
+
+namespace trainyard::testing {
+namespace {
+
+namespace fs = std::filesystem;
+
+constexpr double kLossRtol = 1.3e-6;
+constexpr double kLossAtol = 1e-5;
+constexpr double kParameterRtol = 1e-5;
+constexpr double kParameterAtol = 4e-5;
+
+// A 4-head gpt on synthetic token sequences (a map-style dataset, so runs can reshard
+// mid-epoch). Dropout is off: with sequence parallelism each rank draws the masks of its own
+// slice of the sequence, which cannot equal one process's masks over the whole sequence.
+std::string gpt_recipe(int steps) {
+  return R"(
+[run]
+seed = 7
+max_steps = )" + std::to_string(steps) +
+         R"(
+eval = false
+log_every = 1
+
+[loader]
+workers = 0
+batch_size = 16
+
+[dataset]
+plugin = "synthetic"
+samples = 512
+eval_samples = 0
+input_shape = [16]
+vocab_size = 64
+
+[model]
+plugin = "gpt"
+n_layers = 4
+n_heads = 4
+d_model = 32
+dropout = 0.0
+
+[optimizer]
+plugin = "adamw"
+lr = 0.01
+weight_decay = 0.01
+
+[sinks.console]
+[sinks.jsonl]
+)";
+}
+
+std::vector<std::string> joined(std::vector<std::string> a, const std::vector<std::string>& b) {
+  a.insert(a.end(), b.begin(), b.end());
+  return a;
+}
+
+// dp x pp x tp: the strategy (ddp without a pipeline), the mesh and the per-rank batch that
+// keeps the global batch at 16.
+std::vector<std::string> layout_sets(int dp, int pp, int tp) {
+  std::vector<std::string> sets = {"--set", "parallel.pp=" + std::to_string(pp),
+                                   "--set", "parallel.tp=" + std::to_string(tp),
+                                   "--set", "loader.batch_size=" + std::to_string(16 / dp)};
+  if (pp > 1) {
+    return joined(sets, {"--set", "strategy.plugin=pipeline", "--set", "strategy.micro_batches=" +
+                                                                          std::to_string(pp > 2 ? pp : 4)});
+  }
+  return joined(sets, {"--set", "strategy.plugin=ddp"});
+}
+
+void expect_matches(const fs::path& single, const fs::path& run) {
+  expect_same_losses_within(single, run, kLossRtol, kLossAtol);
+  expect_same_model_within(single / "final.pt", run / "final.pt", kParameterRtol,
+                           kParameterAtol);
+}
+
+TEST(TensorParallelParity, GptOnTwoAndFourRanksMatchesOneProcessWithAndWithoutSequenceParallel) {
+  TempDir dir;
+  const fs::path recipe = dir.write("recipe.toml", gpt_recipe(10));
+  auto single = run_one_process(recipe, dir / "single", {});
+  ASSERT_EQ(single.exit_code, 0) << describe(single);
+  for (int tp : {2, 4}) {
+    for (const std::string sequence_parallel : {"false", "true"}) {
+      SCOPED_TRACE("tp " + std::to_string(tp) + ", sequence_parallel " + sequence_parallel);
+      const fs::path out = dir / ("tp" + std::to_string(tp) + "_sp_" + sequence_parallel);
+      auto run = run_launched(tp, recipe, out,
+                              joined(layout_sets(1, 1, tp),
+                                     {"--set", "model.sequence_parallel=" + sequence_parallel}));
+      ASSERT_EQ(run.exit_code, 0) << describe(run);
+      expect_matches(dir / "single", out);
+    }
+  }
+}
+
+// dp 2 x pp 2 x tp 2 on 8 processes: the first step's loss is one process's, and 5 steps end
+// where one process ends.
+TEST(TensorParallelParity, ThreeDimensionsOnEightProcessesMatchOneProcess) {
+  TempDir dir;
+  const fs::path recipe = dir.write("recipe.toml", gpt_recipe(5));
+  auto single = run_one_process(recipe, dir / "single", {});
+  ASSERT_EQ(single.exit_code, 0) << describe(single);
+  auto run = run_launched(8, recipe, dir / "3d", layout_sets(2, 2, 2));
+  ASSERT_EQ(run.exit_code, 0) << describe(run);
+  EXPECT_HAS(run.err, "mesh pp 2 x dp_replicate 1 x dp_shard 2 x tp 2");
+  expect_matches(dir / "single", dir / "3d");
+  const std::vector<double> expected = logged_train_losses(dir / "single");
+  const std::vector<double> actual = logged_train_losses(dir / "3d");
+  ASSERT_FALSE(actual.empty());
+  EXPECT_NEAR(actual[0], expected[0], 1e-6 * std::abs(expected[0])) << "step 1";
+}
+
+// Saved at (2, 2, 2) after 3 of 32 steps in the epoch, resumed at (1, 4, 2), (4, 1, 2), (8, 1, 1)
+// and (1, 1, 1): each continues as the uninterrupted (2, 2, 2) run does, and the checkpoint's
+// export equals the whole model, key by key.
+TEST(TensorParallelCheckpoint, SavedAtTwoTwoTwoResumesAtEveryOtherLayout) {
+  TempDir dir;
+  const fs::path recipe = dir.write(
+      "recipe.toml", gpt_recipe(6) + "\n[checkpoint]\nplugin = \"torch\"\nkeep = 0\n");
+  auto single = run_one_process(recipe, dir / "single", {});
+  ASSERT_EQ(single.exit_code, 0) << describe(single);
+  auto whole = run_launched(8, recipe, dir / "whole", layout_sets(2, 2, 2));
+  ASSERT_EQ(whole.exit_code, 0) << describe(whole);
+  expect_matches(dir / "single", dir / "whole");
+  auto saved = run_launched(8, recipe, dir / "saved",
+                            joined(layout_sets(2, 2, 2),
+                                   {"--set", "run.max_steps=3", "--set",
+                                    "run.final_model_file=" + (dir / "saved3.pt").string()}));
+  ASSERT_EQ(saved.exit_code, 0) << describe(saved);
+  const fs::path checkpoint = dir / "saved" / "checkpoints" / "step-000000003";
+
+  struct Layout {
+    int dp, pp, tp;
+  };
+  for (const Layout& layout : {Layout{1, 4, 2}, Layout{4, 1, 2}, Layout{8, 1, 1}, Layout{1, 1, 1}}) {
+    const std::string name = std::to_string(layout.dp) + "_" + std::to_string(layout.pp) + "_" +
+                             std::to_string(layout.tp);
+    SCOPED_TRACE("(dp, pp, tp) = (" + name + ")");
+    const std::vector<std::string> resume = {
+        "--set", "checkpoint.dir=" + (dir / ("checkpoints_" + name)).string(), "--resume",
+        checkpoint.string()};
+    const int ranks = layout.dp * layout.pp * layout.tp;
+    const fs::path out = dir / name;
+    auto run = ranks == 1 ? run_one_process(recipe, out, joined({"--set", "loader.batch_size=16"},
+                                                                 resume))
+                          : run_launched(ranks, recipe, out,
+                                         joined(layout_sets(layout.dp, layout.pp, layout.tp),
+                                                resume));
+    ASSERT_EQ(run.exit_code, 0) << describe(run);
+    EXPECT_HAS(run.err, "resharded");
+    const std::vector<double> expected = logged_train_losses(dir / "whole");
+    const std::vector<double> actual = logged_train_losses(out);
+    ASSERT_EQ(actual.size(), 3u);
+    for (std::size_t i = 0; i < actual.size(); ++i) {
+      EXPECT_LE(std::abs(actual[i] - expected[i + 3]), kLossAtol + kLossRtol * std::abs(expected[i + 3]))
+          << "step " << i + 4;
+    }
+    expect_same_model_within(dir / "whole" / "final.pt", out / "final.pt", kParameterRtol,
+                             kParameterAtol);
+  }
+
+  // The export assembles every rank's shards into the whole model the 3-step run ended with.
+  const fs::path exported = dir / "model.safetensors";
+  auto export_result = run_command({host_binary().string(), "checkpoint", "export",
+                                    checkpoint.string(), "--format", "safetensors", "--out",
+                                    exported.string()},
+                                   source_dir(), 120);
+  ASSERT_EQ(export_result.exit_code, 0) << describe(export_result);
+  Registry registry;
+  load_bundled_plugins(registry);
+  auto safetensors = registry.create<CheckpointBackend>("safetensors", Config({}, "checkpoint"),
+                                                        BuildContext{});
+  const StateDict weights = safetensors->read(exported);
+  const TensorMap at_step3 = read_tensor_file(dir / "saved3.pt");
+  ASSERT_EQ(weights.tensors.size(), at_step3.size());
+  for (const auto& [name, tensor] : at_step3) {
+    ASSERT_TRUE(weights.tensors.count(name)) << name;
+    EXPECT_TRUE(at::equal(tensor, weights.tensors.at(name))) << name;
+  }
+}
+
+// The README's 3D recipe validates and trains on its 8 processes (a few steps of it).
+TEST(TensorParallelRun, TheReadmeThreeDimensionalRecipeTrains) {
+  TempDir dir;
+  const fs::path recipe = source_dir() / "recipes" / "gpt_3d.toml";
+  auto validated = run_command({host_binary().string(), "validate", recipe.string()},
+                               source_dir(), 120);
+  EXPECT_EQ(validated.exit_code, 0) << describe(validated);
+  auto run = run_launched(8, recipe, dir / "run",
+                          {"--set", "run.max_steps=2", "--set", "run.log_every=1", "--set",
+                           "run.eval=false", "--set", "dataset.cache=" + (dir / "cache").string()});
+  ASSERT_EQ(run.exit_code, 0) << describe(run);
+  EXPECT_HAS(run.err, "mesh pp 2 x dp_replicate 1 x dp_shard 2 x tp 2");
+  const std::vector<double> losses = logged_train_losses(dir / "run");
+  ASSERT_EQ(losses.size(), 2u);
+  EXPECT_TRUE(std::isfinite(losses.back()));
+}
+
+TEST(TensorParallelRun, SizesThatDoNotDivideAreOneLineErrors) {
+  TempDir dir;
+  const fs::path recipe = dir.write("recipe.toml", gpt_recipe(2));
+  auto heads = run_launched(2, recipe, dir / "heads",
+                            joined(layout_sets(1, 1, 2), {"--set", "model.n_heads=3", "--set",
+                                                          "model.d_model=24"}),
+                            {}, 120);
+  EXPECT_NE(heads.exit_code, 0);
+  EXPECT_HAS(heads.err, "n_heads");
+  auto zero1 = run_launched(2, recipe, dir / "zero1",
+                            joined(layout_sets(1, 1, 2), {"--set", "strategy.zero1=true"}), {},
+                            120);
+  EXPECT_NE(zero1.exit_code, 0);
+  EXPECT_HAS(zero1.err, "zero1");
+}
+
+}  // namespace
+}  // namespace trainyard::testing
