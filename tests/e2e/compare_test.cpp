@@ -13,6 +13,7 @@
 #include <filesystem>
 #include <fstream>
 #include <map>
+#include <optional>
 #include <regex>
 #include <set>
 #include <sstream>
@@ -616,6 +617,84 @@ TEST(CompareTest, APipelineVariantGetsAScheduleSectionAndOthersNone) {
   EXPECT_EQ(timeline_of(html, 2, "measured").count, 0);
   EXPECT_HAS(html, "Measured: the run recorded no pipeline timeline in 2-pipeline.");
   EXPECT_EQ(result.out.find("pipeline rank"), std::string::npos) << result.out;
+}
+
+TEST(CompareTest, APipelineVariantRunOnTwoRanksDrawsItsMeasuredStep) {
+  // Two real 2-rank pipelines of a small mlp on synthetic data, each recording step 2: the report
+  // draws each measured step with one row per pp rank, one box per compute action of its file,
+  // and the idle shares measured_idle_shares gives; the console prints them too.
+  TempDir dir;
+  const fs::path recipe = dir.write("pipe.toml", R"(name = "pipe"
+[run]
+seed = 3
+eval = false
+[loader]
+workers = 0
+batch_size = 16
+[dataset]
+plugin = "synthetic"
+samples = 256
+eval_samples = 16
+input_shape = [1, 8, 8]
+[model]
+plugin = "mlp"
+hidden = [32, 16, 16]
+[optimizer]
+plugin = "adamw"
+lr = 0.01
+[parallel]
+pp = 2
+[strategy]
+plugin = "pipeline"
+micro_batches = 4
+record_step = 2
+)");
+  const fs::path output = dir / "cmp";
+  const auto started = std::chrono::steady_clock::now();
+  auto result = run_host({"compare", recipe.string(), "--vary", "strategy.schedule=1f1b,zero_bubble",
+                          "--nproc", "2", "--steps", "4", "--set", "run.log_every=2", "--output",
+                          output.string()});
+  const double seconds =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
+  ASSERT_EQ(result.exit_code, 0) << describe(result);
+  EXPECT_LT(seconds, 20) << describe(result);
+  const std::string table = read_text(output / "table.txt");
+  EXPECT_EQ(row_of(table, "1").at(2), "ok") << table;
+  EXPECT_EQ(row_of(table, "2").at(2), "ok") << table;
+
+  const std::string html = read_text(output / "report.html");
+  const std::vector<std::pair<std::string, std::size_t>> variants = {{"1f1b", 8u},
+                                                                      {"zero_bubble", 12u}};
+  for (std::size_t i = 0; i < variants.size(); ++i) {
+    const auto& [schedule, compute_per_rank] = variants[i];
+    const int number = static_cast<int>(i) + 1;
+    const std::string folder = std::to_string(number) + "-" + schedule;
+    std::optional<MeasuredPipelineTimeline> measured = read_measured_timeline(output / folder);
+    ASSERT_TRUE(measured.has_value()) << folder;
+    EXPECT_EQ(measured->schedule, schedule);
+    EXPECT_EQ(measured->step, 2);
+
+    const DrawnTimeline drawn = timeline_of(html, number, "measured");
+    EXPECT_EQ(drawn.count, 1) << schedule;
+    EXPECT_EQ(drawn.rows, (std::set<int>{0, 1})) << schedule;
+    const std::vector<double> shares = measured_idle_shares(*measured);
+    ASSERT_EQ(shares.size(), 2u);
+    for (int rank : {0, 1}) {
+      const auto& actions = measured->rank_actions[static_cast<std::size_t>(rank)];
+      const auto compute = static_cast<std::size_t>(std::count_if(
+          actions.begin(), actions.end(), [](const MeasuredAction& m) {
+            return is_compute(m.action.kind);
+          }));
+      EXPECT_EQ(compute, compute_per_rank) << schedule << " rank " << rank;
+      EXPECT_EQ(boxes_on(drawn, rank), compute) << schedule << " rank " << rank;
+      const std::string idle = percent1(shares[static_cast<std::size_t>(rank)]);
+      EXPECT_EQ(drawn.idle.at(rank), "idle " + idle) << schedule;
+      EXPECT_HAS(result.out, std::to_string(number) + ". strategy.schedule=" + schedule +
+                                 ": pipeline rank " + std::to_string(rank) + " idle " + idle +
+                                 " measured (" + schedule + ", step 2)");
+    }
+    EXPECT_HAS(html, "Measured: step 2, " + schedule + ", 2 ranks, 4 micro-batches;");
+  }
 }
 
 struct Image {

@@ -7,6 +7,7 @@
 #include <ATen/ATen.h>
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <chrono>
 #include <filesystem>
 #include <string>
@@ -342,6 +343,29 @@ TEST(PipelineRun, RanksWriteTheMeasuredTimelineOfTheRecordedStep) {
     EXPECT_GE(idle, 0.0);
     EXPECT_LT(idle, 1.0);
   }
+
+  // A forward or backward starts once its input has arrived, so waiting is not compute: an
+  // activation's consumer starts after its producer ends, and so does a gradient's. Each rank's
+  // clock starts when it leaves the barrier; over a round trip (an activation from rank 0 to 1,
+  // a gradient back) that offset cancels, so the lags add up to at least 0.
+  auto compute_of = [&](std::size_t rank, PipelineActionKind kind, int micro_batch) {
+    for (const auto& m : timeline->rank_actions[rank]) {
+      if (m.action.kind == kind && m.action.micro_batch == micro_batch) return m;
+    }
+    ADD_FAILURE() << "rank " << rank << " has no " << action_kind_name(kind) << " " << micro_batch;
+    return MeasuredAction{};
+  };
+  double activation_lag = 1e300, gradient_lag = 1e300;
+  for (int mb = 0; mb < 4; ++mb) {
+    activation_lag =
+        std::min(activation_lag, compute_of(1, PipelineActionKind::kForward, mb).start_us -
+                                     compute_of(0, PipelineActionKind::kForward, mb).end_us);
+    gradient_lag =
+        std::min(gradient_lag, compute_of(0, PipelineActionKind::kBackwardInput, mb).start_us -
+                                   compute_of(1, PipelineActionKind::kBackwardInput, mb).end_us);
+  }
+  EXPECT_GE(activation_lag + gradient_lag, 0.0)
+      << "activation lag " << activation_lag << " us, gradient lag " << gradient_lag << " us";
 }
 
 const std::string kCheckpointSection = "\n[checkpoint]\nplugin = \"torch\"\nkeep = 0\n";

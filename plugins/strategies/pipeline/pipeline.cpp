@@ -521,7 +521,9 @@ class Pipeline final : public Strategy {
       const PipelineAction& action = actions[i];
       const Batch& part = parts[static_cast<std::size_t>(action.micro_batch)];
       const auto key = std::make_pair(action.stage, action.micro_batch);
-      const double started = recording_ ? now_us() : 0;
+      // A forward or backward is timed from when its input is here: waiting for a neighbour
+      // is idle time in the measured timeline, not compute.
+      double started = recording_ ? now_us() : 0;
       switch (action.kind) {
         case PipelineActionKind::kReceiveActivation:
           receives[key] = channel_->receive(rank_of(action.stage - 1), StageMessage::kActivation,
@@ -540,6 +542,7 @@ class Pipeline final : public Strategy {
               input = channel_->wait(pending->second);
               receives.erase(pending);
               if (context_.phases) context_.phases->mark(StepPhase::CommWait);
+              if (recording_) started = now_us();
             } else {
               input = take_handover(handover_activations_, key, "activations");
             }
@@ -565,6 +568,7 @@ class Pipeline final : public Strategy {
               channel_->release_sent(rank_of(action.stage + 1), StageMessage::kActivation,
                                      action.stage + 1, action.micro_batch);
               if (context_.phases) context_.phases->mark(StepPhase::CommWait);
+              if (recording_) started = now_us();
             } else {
               grads = take_handover(handover_gradients_, key, "gradients");
             }

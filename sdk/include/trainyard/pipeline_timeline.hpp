@@ -14,7 +14,8 @@
 
 namespace trainyard {
 
-// One action as it ran. For sends and receives, the time spent posting or waiting for them.
+// One action as it ran. For sends and receives, the time spent posting them; a forward or
+// backward starts once the message it needs has arrived, so a wait is the gap before it.
 struct MeasuredAction {
   PipelineAction action;
   double start_us = 0;
