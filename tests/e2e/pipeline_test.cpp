@@ -114,7 +114,19 @@ weight_decay = 0.01
 )";
 }
 
+// The cnn without BatchNorm: in a pipeline BatchNorm would normalise each micro-batch by its
+// own statistics (as ddp without sync_batchnorm does per rank), which one process on the whole
+// batch does not.
+std::string cnn_recipe() {
+  std::string text = mlp_recipe();
+  const std::string mlp = "plugin = \"mlp\"\nhidden = [32, 24, 16, 16, 16, 16, 16]";
+  text.replace(text.find(mlp), mlp.size(),
+               "plugin = \"cnn\"\nchannels = [4, 8, 8]\nhidden = 16\nbatch_norm = false");
+  return text;
+}
+
 fs::path write_recipe(const TempDir& dir, const std::string& model) {
+  if (model == "cnn") return dir.write("recipe.toml", cnn_recipe());
   return dir.write("recipe.toml", model == "gpt" ? gpt_recipe(dir) : mlp_recipe());
 }
 
@@ -170,6 +182,10 @@ TEST(PipelineParity, MlpEveryScheduleOnTwoStagesMatchesOneProcess) {
 
 TEST(PipelineParity, MlpEveryScheduleOnFourStagesMatchesOneProcess) {
   expect_every_schedule_matches_single("mlp", 4);
+}
+
+TEST(PipelineParity, CnnEveryScheduleOnTwoStagesMatchesOneProcess) {
+  expect_every_schedule_matches_single("cnn", 2);
 }
 
 TEST(PipelineParity, GptEveryScheduleOnTwoStagesMatchesOneProcess) {
