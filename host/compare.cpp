@@ -17,6 +17,7 @@
 #include <iostream>
 #include <limits>
 #include <optional>
+#include <set>
 #include <sstream>
 #include <string>
 #include <thread>
@@ -379,6 +380,24 @@ void summarize(const std::vector<Record>& records, VariantResult& v) {
       auto value = value_of(*train[i], key);
       if (!value || !std::isfinite(*value)) continue;
       sum += *value * static_cast<double>(interval_steps[i]);
+      weight += static_cast<double>(interval_steps[i]);
+    }
+    if (weight > 0) v.steady[key] = sum / weight;
+  }
+  // An interval has a group's collective counts only when its steps issued some there: absent
+  // is zero.
+  std::set<std::string> collective_keys;
+  for (const Record* record : train) {
+    for (const auto& [name, value] : record->values) {
+      if (is_collective_count_key(name)) collective_keys.insert(name);
+    }
+  }
+  for (const auto& key : collective_keys) {
+    double sum = 0, weight = 0;
+    for (std::size_t i = first; i < train.size(); ++i) {
+      auto value = value_of(*train[i], key);
+      if (value && !std::isfinite(*value)) continue;
+      sum += value.value_or(0.0) * static_cast<double>(interval_steps[i]);
       weight += static_cast<double>(interval_steps[i]);
     }
     if (weight > 0) v.steady[key] = sum / weight;

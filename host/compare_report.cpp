@@ -4,6 +4,7 @@
 #include <cmath>
 #include <cstdio>
 #include <limits>
+#include <set>
 #include <sstream>
 
 #include "trainyard/device_mesh.hpp"
@@ -17,8 +18,9 @@ namespace {
 struct Column {
   std::string key;    // a key of VariantResult::steady
   std::string title;  // its heading
-  int decimals = 2;
+  int decimals = 2;   // kBytes: shown as bytes with a unit
 };
+constexpr int kBytes = -1;
 
 std::string fixed(double value, int decimals) {
   if (!std::isfinite(value)) return "nan";
@@ -65,6 +67,18 @@ std::vector<Column> present_columns(const std::vector<VariantResult>& variants) 
   all.push_back({"samples_per_s", "samples/s", 1});
   all.push_back({"tokens_per_s", "tokens/s", 0});
   all.push_back({"mfu", "mfu", 4});
+  std::set<std::string> groups;
+  for (const auto& v : variants) {
+    for (const auto& [key, value] : v.steady) {
+      if (is_collective_count_key(key) && key.ends_with("_calls")) {
+        groups.insert(key.substr(5, key.size() - 5 - 6));
+      }
+    }
+  }
+  for (const auto& group : groups) {
+    all.push_back({"comm_" + group + "_calls", group + " calls", 1});
+    all.push_back({"comm_" + group + "_bytes", group + " bytes", kBytes});
+  }
   std::vector<Column> out;
   for (const auto& column : all) {
     bool present = std::any_of(variants.begin(), variants.end(), [&](const VariantResult& v) {
@@ -103,7 +117,12 @@ std::vector<std::vector<std::string>> table_cells(const std::vector<VariantResul
     row.push_back("ok");
     for (const auto& column : columns) {
       auto it = v.steady.find(column.key);
-      row.push_back(it == v.steady.end() ? "-" : fixed(it->second, column.decimals));
+      if (it == v.steady.end()) {
+        row.push_back("-");
+      } else {
+        row.push_back(column.decimals == kBytes ? bytes_text(it->second)
+                                                : fixed(it->second, column.decimals));
+      }
     }
     if (memory) row.push_back(v.peak_memory_bytes ? bytes_text(*v.peak_memory_bytes) : "-");
     row.push_back(v.final_train_loss ? fixed(*v.final_train_loss, 4) : "-");
@@ -669,6 +688,11 @@ const std::vector<std::string>& compare_phase_keys() {
   static const std::vector<std::string> keys = {"data_wait_ms", "h2d_ms",       "forward_ms",
                                                 "backward_ms",  "comm_wait_ms", "optimizer_ms"};
   return keys;
+}
+
+bool is_collective_count_key(const std::string& key) {
+  return key.starts_with("comm_") && (key.ends_with("_calls") || key.ends_with("_bytes")) &&
+         key.size() > 5 + 6;
 }
 
 std::string variant_colour(std::size_t index) {

@@ -20,6 +20,9 @@ struct Recipe;
 // Per-step train metrics whose mean over the run's steady intervals the table shows; the phase
 // keys add up to step_time_ms (data_wait_ms first). Absent keys are left out of the table.
 const std::vector<std::string>& compare_phase_keys();
+// The engine's collective counts per step, comm_<group>_calls and comm_<group>_bytes: the table
+// shows their means per step, one pair of columns per group.
+bool is_collective_count_key(const std::string& key);
 
 struct LossPoint {
   std::int64_t step = 0;

@@ -14,6 +14,7 @@
 #include "model_export.hpp"
 #include "run_options.hpp"
 #include "training_data.hpp"
+#include "trainyard/collective_counter.hpp"
 #include "trainyard/device.hpp"
 #include "trainyard/error.hpp"
 #include "trainyard/loader.hpp"
@@ -179,9 +180,20 @@ std::vector<Batch> Engine::next_micro_batches() {
 
 StepResult Engine::train_one_step(std::span<const Batch> micro_batches) {
   State& s = *state_;
+  // A mesh of one rank has no groups: nothing to count, nothing to take.
+  CollectiveCounter* collectives =
+      s.runtime->mesh()->world_size() > 1 ? &s.runtime->mesh()->collectives() : nullptr;
+  // What was issued between steps (evaluation, checkpoints) is not this step's.
+  if (collectives) collectives->take();
   s.strategy().set_learning_rate(
       s.components.scheduler->learning_rate(s.step, s.data->total_steps(), s.components.base_lr));
   StepResult result = s.strategy().train_step(micro_batches);
+  if (collectives) {
+    for (const auto& [group, count] : per_group(collectives->take())) {
+      result.metrics.emplace_back("comm_" + group + "_calls", static_cast<double>(count.calls));
+      result.metrics.emplace_back("comm_" + group + "_bytes", static_cast<double>(count.bytes));
+    }
+  }
   s.reporter->meter().phases().end_step();
   ++s.step;
   s.reporter->meter().add_step(result);

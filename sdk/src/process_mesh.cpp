@@ -24,13 +24,29 @@ ProcessMesh::ProcessMesh(const MeshLayout& layout, Communicator& communicator)
     throw Error("the mesh (" + layout.describe() + ") has " + std::to_string(layout.world_size()) +
                 " ranks, the job " + std::to_string(communicator.world_size()));
   }
+  // The name this rank's group of each kind counts under: the kinds whose group is the same
+  // ranks share one backend, hence one name.
+  std::map<std::vector<int>, std::string> names;
+  for (MeshGroup kind : kGroups) {
+    if (layout.size(kind) == 1) continue;
+    std::string& name = names[layout.group_ranks(kind, rank_)];
+    name += (name.empty() ? "" : "/") + std::string(mesh_group_name(kind));
+  }
   // Every rank creates every group in the same order (creation is collective), members or not.
   std::map<std::vector<int>, c10::intrusive_ptr<c10d::Backend>> made;
+  std::map<const c10d::Backend*, c10::intrusive_ptr<c10d::Backend>> counted;
+  auto counting = [&](const c10::intrusive_ptr<c10d::Backend>& backend, MeshGroup kind) {
+    auto& wrapped = counted[backend.get()];
+    if (!wrapped) {
+      wrapped = counting_backend(backend, names.at(layout.group_ranks(kind, rank_)), collectives_);
+    }
+    return wrapped;
+  };
   for (MeshGroup kind : kGroups) {
     const int size = layout.size(kind);
     if (size == 1) continue;
     if (size == layout.world_size()) {
-      groups_[static_cast<std::size_t>(kind)] = communicator.world();
+      groups_[static_cast<std::size_t>(kind)] = counting(communicator.world(), kind);
       continue;
     }
     for (const std::vector<int>& ranks : layout.groups(kind)) {
@@ -38,7 +54,7 @@ ProcessMesh::ProcessMesh(const MeshLayout& layout, Communicator& communicator)
       c10::intrusive_ptr<c10d::Backend> backend =
           existing != made.end() ? existing->second : communicator.new_group(ranks);
       made.emplace(ranks, backend);
-      if (backend) groups_[static_cast<std::size_t>(kind)] = backend;
+      if (backend) groups_[static_cast<std::size_t>(kind)] = counting(backend, kind);
     }
   }
 }

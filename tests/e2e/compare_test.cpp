@@ -275,6 +275,10 @@ TEST(CompareTest, NprocRunsEachVariantWithTheLauncher) {
   ASSERT_EQ(result.exit_code, 0) << describe(result);
   const std::string table = read_text(dir / "cmp" / "table.txt");
   EXPECT_EQ(row_of(table, "1").at(2), "ok") << table;
+  // The collectives of the ranks' one group (dp and dp_shard) get their columns.
+  const std::string heading = table.substr(0, table.find('\n'));
+  EXPECT_HAS(heading, "dp/dp_shard calls");
+  EXPECT_HAS(heading, "dp/dp_shard bytes");
   EXPECT_EQ(of_phase(read_metrics(dir / "cmp" / "1-ddp" / "metrics.rank0.jsonl"), "train").size(),
             2u);
   EXPECT_TRUE(fs::exists(dir / "cmp" / "1-ddp" / "metrics.rank1.jsonl"));

@@ -316,6 +316,11 @@ TEST(DdpRun, AccumulationSynchronisesOnlyTheLastMicroBatch) {
   for (const auto& record : train) {
     EXPECT_EQ(record.at("allreduces_per_step"), 1.0);
     EXPECT_GE(record.at("comm_wait_ms"), 0.0);
+    // Counted by the mesh: dp and dp_shard are the one world group of the two ranks; its one
+    // call a step hands c10d the fp32 bucket.
+    EXPECT_EQ(record.at("comm_dp/dp_shard_calls"), 1.0);
+    EXPECT_GT(record.at("comm_dp/dp_shard_bytes"), 0.0);
+    EXPECT_EQ(std::fmod(record.at("comm_dp/dp_shard_bytes"), 4.0), 0.0);
   }
 }
 

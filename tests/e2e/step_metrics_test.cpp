@@ -70,6 +70,10 @@ TEST_F(CnnRunWithEverySink, PhaseTimesAddUpToTheStepTimeWithinFivePercent) {
     EXPECT_GT(record.at("backward_ms"), record.at("h2d_ms"));
     EXPECT_GT(record.at("optimizer_ms"), 0);
     EXPECT_EQ(record.at("comm_wait_ms"), 0) << "one process communicates nothing";
+    for (const auto& [name, value] : record.values) {
+      EXPECT_FALSE(name.starts_with("comm_") && name != "comm_wait_ms")
+          << "one process counts " << name;
+    }
   }
 }
 

@@ -8,6 +8,7 @@
 #include <memory>
 #include <vector>
 
+#include "trainyard/collective_counter.hpp"
 #include "trainyard/device_mesh.hpp"
 
 namespace trainyard {
@@ -21,7 +22,9 @@ class ProcessMesh {
   // Builds, collectively (every rank calls it with the same layout), each group that has more
   // than one rank, once: a group whose ranks are the whole world is the communicator's world
   // group, and groups of different kinds with the same ranks (dp and dp_shard when dp_replicate
-  // is 1) share one backend. Groups of one rank cost nothing.
+  // is 1) share one backend. Groups of one rank cost nothing. Each backend counts its calls in
+  // collectives() under its kind's name ("pp", "dp", "dp_replicate", "dp_shard", "tp"); one
+  // shared by several kinds under their names joined by '/' in that order ("dp/dp_shard").
   ProcessMesh(const MeshLayout& layout, Communicator& communicator);
   // A data-parallel mesh over the communicator's whole world (dp_shard = world size), for
   // components built outside the engine with a communicator but no mesh.
@@ -36,11 +39,15 @@ class ProcessMesh {
   std::vector<int> group_ranks(MeshGroup group) const { return layout_.group_ranks(group, rank_); }
   // The group's backend; null when the group has one rank (nothing to communicate).
   c10::intrusive_ptr<c10d::Backend> group(MeshGroup group) const;
+  // What this rank has issued over the mesh's groups (shared by copies of this mesh); a mesh of
+  // one rank has no groups, so its counter stays empty.
+  CollectiveCounter& collectives() const { return *collectives_; }
 
  private:
   MeshLayout layout_;
   int rank_ = 0;
   std::array<c10::intrusive_ptr<c10d::Backend>, kMeshGroupCount> groups_;
+  std::shared_ptr<CollectiveCounter> collectives_ = std::make_shared<CollectiveCounter>();
 };
 
 struct BuildContext;

@@ -57,10 +57,21 @@ at::Tensor reduce_scatter_to_sequence_parallel_region(const at::Tensor& input, s
 at::Tensor scatter_to_sequence_parallel_region(const at::Tensor& input, std::int64_t dim,
                                                const TensorParallelGroup& group);
 
+// With sequence parallelism a replicated parameter used inside the sequence-parallel region (a
+// sequence-parallel RowParallelLinear's bias, a layer norm's weight) gets from each rank the
+// gradient of that rank's slice of the sequence only. Sums those gradients over the group, in
+// place, one all-reduce per dtype (Megatron-LM's finalize step): once per optimizer step, after
+// the last backward.
+void all_reduce_sequence_parallel_gradients(const std::vector<at::Tensor>& parameters,
+                                            const TensorParallelGroup& group);
+
 // y = x A^T + b with A split by rows (output features): this rank computes its out/tp features.
 // The input enters through copy_to_tensor_parallel_region, or, with sequence_parallel, through
 // gather_from_sequence_parallel_region along `sequence_dim` (the input is this rank's slice of
 // the sequence). With gather_output the full output is gathered; else it stays split.
+// With sequence_parallel only this rank's slice of the input is kept for backward, which
+// gathers it again for the weight's gradient (as Megatron-LM): one more all-gather per backward
+// instead of holding tp times the input.
 class ColumnParallelLinearImpl : public torch::nn::Module {
  public:
   ColumnParallelLinearImpl(std::int64_t in_features, std::int64_t out_features, bool bias,
@@ -85,6 +96,8 @@ TORCH_MODULE(ColumnParallelLinear);
 // y = x A^T + b with A split by columns (input features): the input is already split (the output
 // of a column-parallel layer); partial products are all-reduced (with sequence_parallel,
 // reduce-scattered along `sequence_dim`), then the whole bias is added once.
+// With sequence_parallel the bias's gradient covers this rank's slice of the sequence only:
+// see all_reduce_sequence_parallel_gradients.
 class RowParallelLinearImpl : public torch::nn::Module {
  public:
   RowParallelLinearImpl(std::int64_t in_features, std::int64_t out_features, bool bias,

@@ -1,0 +1,61 @@
+#pragma once
+// Counts the collectives a rank issues over each group of its mesh, and the bytes they hand to
+// c10d, so that tests can assert what a step communicates and the run's metrics show it
+// (comm_<group>_calls, comm_<group>_bytes).
+
+#include <torch/csrc/distributed/c10d/Backend.hpp>
+
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <utility>
+
+namespace trainyard {
+
+// What one operation issued on one group. `bytes` are the bytes of the input tensors each call
+// hands to c10d, summed over the call's tensors: the tensor an all-reduce or a broadcast reduces
+// or sends (on every rank alike), this rank's part of an all-gather, the whole tensor a
+// reduce-scatter reduces, the tensor sent or the buffer received into. What crosses the wire
+// depends on the backend's algorithm; these are the sizes a model's code controls.
+struct CollectiveCount {
+  std::int64_t calls = 0;
+  std::int64_t bytes = 0;
+};
+
+// Keyed by (group name, operation), the operation named as c10d::Backend's method: {"tp",
+// "allreduce"}, {"tp", "_allgather_base"}.
+using CollectiveCounts = std::map<std::pair<std::string, std::string>, CollectiveCount>;
+
+// Every operation of a group summed: group name -> calls and bytes.
+std::map<std::string, CollectiveCount> per_group(const CollectiveCounts& counts);
+// "tp: allreduce 2 (384 B), _allgather_base 1 (96 B); dp: allreduce 1 (4 KiB)", or
+// "no collectives".
+std::string describe(const CollectiveCounts& counts);
+
+// Thread-safe: a rank's backends may be driven from several threads (gradient hooks, the
+// pipeline's channel).
+class CollectiveCounter {
+ public:
+  void add(const std::string& group, const std::string& operation, std::int64_t bytes);
+  CollectiveCounts snapshot() const;
+  // The counts so far; the counter starts again from zero.
+  CollectiveCounts take();
+  // describe() of the counts so far, on one line.
+  std::string describe() const;
+
+ private:
+  mutable std::mutex mutex_;
+  CollectiveCounts counts_;
+};
+
+// A backend that forwards every operation to `inner` and counts each collective and
+// point-to-point call under `group_name` in `counter`. The Work it returns is inner's.
+c10::intrusive_ptr<c10d::Backend> counting_backend(c10::intrusive_ptr<c10d::Backend> inner,
+                                                   std::string group_name,
+                                                   std::shared_ptr<CollectiveCounter> counter);
+// The backend a counting backend forwards to; any other backend (or null) as it is.
+c10::intrusive_ptr<c10d::Backend> uncounted(const c10::intrusive_ptr<c10d::Backend>& backend);
+
+}  // namespace trainyard
