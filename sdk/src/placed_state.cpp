@@ -138,11 +138,29 @@ void check_fits(const std::string& name, const at::Tensor& piece,
 
 }  // namespace
 
+namespace {
+
+// A rank may hold several pieces of one tensor (a fused q/k/v weight split by heads holds three
+// boxes): the second and later are stored as "<name>#piece<k>", which readers group with the
+// first.
+constexpr const char* kPieceSuffix = "#piece";
+
+std::string without_piece_suffix(const std::string& entry) {
+  const auto at = entry.rfind(kPieceSuffix);
+  return at == std::string::npos ? entry : entry.substr(0, at);
+}
+
+}  // namespace
+
 void put_piece(StateDict& out, const std::string& name, const torch::Tensor& piece,
                const TensorPlacement& placement) {
   check_fits(name, piece, placement);
-  out.tensors[name] = piece;
-  out.metadata[placement_key(name)] = placement.encode();
+  std::string entry = name;
+  for (int k = 1; out.tensors.count(entry) != 0; ++k) {
+    entry = name + kPieceSuffix + std::to_string(k);
+  }
+  out.tensors[entry] = piece;
+  out.metadata[placement_key(entry)] = placement.encode();
 }
 
 PlacedState::PlacedState(const CheckpointState& state) {
@@ -156,12 +174,13 @@ PlacedState::PlacedState(const CheckpointState& state) {
   }
 }
 
-void PlacedState::add(const std::string& name, const torch::Tensor& tensor,
+void PlacedState::add(const std::string& entry, const torch::Tensor& tensor,
                       const std::map<std::string, std::string>& metadata,
                       const std::string& metadata_key) {
   auto it = metadata.find(metadata_key);
   TensorPlacement placement = it == metadata.end() ? TensorPlacement::whole(tensor.sizes().vec())
                                                    : TensorPlacement::decode(it->second);
+  const std::string name = without_piece_suffix(entry);
   check_fits(name, tensor, placement);
   pieces_[name].push_back(Piece{tensor, std::move(placement)});
 }
