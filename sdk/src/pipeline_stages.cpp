@@ -38,8 +38,7 @@ std::string join(const std::vector<std::string>& names) {
 }  // namespace
 
 std::vector<BlockRange> named_stages(const std::vector<std::string>& stages,
-                                     const std::vector<std::string>& block_names,
-                                     int stage_count) {
+                                     const std::vector<std::string>& block_names, int stage_count) {
   if (static_cast<int>(stages.size()) != stage_count) {
     throw Error("pipeline: stages lists " + std::to_string(stages.size()) + " stages, but pp " +
                 "x virtual_stages makes " + std::to_string(stage_count));
@@ -109,7 +108,8 @@ std::vector<BlockRange> balanced_stages(const std::vector<double>& block_costs, 
   for (int k = 1; k <= stage_count; ++k) {
     for (std::int64_t i = k; i <= n; ++i) {
       for (std::int64_t j = k - 1; j < i; ++j) {
-        const double candidate = std::max(best[static_cast<std::size_t>(k) - 1][static_cast<std::size_t>(j)], cost(j, i));
+        const double candidate = std::max(
+            best[static_cast<std::size_t>(k) - 1][static_cast<std::size_t>(j)], cost(j, i));
         if (candidate < best[static_cast<std::size_t>(k)][static_cast<std::size_t>(i)]) {
           best[static_cast<std::size_t>(k)][static_cast<std::size_t>(i)] = candidate;
           cut[static_cast<std::size_t>(k)][static_cast<std::size_t>(i)] = j;
@@ -136,8 +136,8 @@ std::vector<std::string> describe_stages(const std::vector<BlockRange>& stages,
   for (std::size_t s = 0; s < stages.size(); ++s) {
     const BlockRange& range = stages[s];
     const std::int64_t blocks = range.end - range.begin;
-    std::string line = "stage " + std::to_string(s) + ": " +
-                       block_names[static_cast<std::size_t>(range.begin)];
+    std::string line =
+        "stage " + std::to_string(s) + ": " + block_names[static_cast<std::size_t>(range.begin)];
     if (blocks > 1) line += ".." + block_names[static_cast<std::size_t>(range.end) - 1];
     line += " (" + std::to_string(blocks) + (blocks == 1 ? " block" : " blocks");
     if (!block_costs.empty() && total > 0) {

@@ -19,8 +19,8 @@
 #include "trainyard/build_context.hpp"
 #include "trainyard/checkpoint.hpp"
 #include "trainyard/distributed.hpp"
-#include "trainyard/registry.hpp"
 #include "trainyard/pipeline_timeline.hpp"
+#include "trainyard/registry.hpp"
 
 namespace trainyard::testing {
 namespace {
@@ -91,11 +91,13 @@ batch_size = 18
 
 [dataset]
 plugin = "text"
-path = ")" + (dir / "corpus.txt").string() +
+path = ")" +
+         (dir / "corpus.txt").string() +
          R"("
 tokenizer = "byte"
 seq_len = 16
-cache = ")" + (dir / "cache").string() +
+cache = ")" +
+         (dir / "cache").string() +
          R"("
 
 [model]
@@ -228,11 +230,11 @@ TEST(PipelineParity, ShardedDataParallelTwoByPipelineTwoMatchesOneProcess) {
     for (const std::string sharding : {"full", "grad_op"}) {
       SCOPED_TRACE(model + " " + sharding);
       const fs::path out = dir / sharding;
-      auto run = run_launched(4, recipe, out,
-                              joined(pipeline_sets(2, {"interleaved_1f1b", 2}, 4),
-                                     {"--set", "loader.batch_size=9", "--set",
-                                      "strategy.dp_sharding=" + sharding, "--set",
-                                      "run.max_grad_norm=0.5"}));
+      auto run = run_launched(
+          4, recipe, out,
+          joined(pipeline_sets(2, {"interleaved_1f1b", 2}, 4),
+                 {"--set", "loader.batch_size=9", "--set", "strategy.dp_sharding=" + sharding,
+                  "--set", "run.max_grad_norm=0.5"}));
       ASSERT_EQ(run.exit_code, 0) << describe(run);
       expect_matches(dir / "single", out);
     }
@@ -244,10 +246,9 @@ TEST(PipelineParity, ShardedDataParallelTwoByPipelineTwoMatchesOneProcess) {
 TEST(PipelineParity, AccumulationClippingAndRecomputationMatchOneProcess) {
   TempDir dir;
   const fs::path recipe = write_recipe(dir, "gpt");
-  const std::vector<std::string> common = {"--set", "loader.batch_size=9",
-                                           "--set", "run.grad_accumulation=2",
-                                           "--set", "run.max_grad_norm=0.05",
-                                           "--set", "run.activation_checkpointing=all"};
+  const std::vector<std::string> common = {
+      "--set", "loader.batch_size=9",    "--set", "run.grad_accumulation=2",
+      "--set", "run.max_grad_norm=0.05", "--set", "run.activation_checkpointing=all"};
   auto single = run_one_process(recipe, dir / "single", common);
   ASSERT_EQ(single.exit_code, 0) << describe(single);
   for (const Schedule& schedule : {Schedule{"1f1b"}, Schedule{"zero_bubble"}}) {
@@ -276,8 +277,7 @@ TEST(PipelineParity, SummedLossMatchesOneProcess) {
                                         "optimizer.lr=0.0005"};
   auto single = run_one_process(recipe, dir / "single", sum);
   ASSERT_EQ(single.exit_code, 0) << describe(single);
-  auto run = run_launched(2, recipe, dir / "pipeline",
-                          joined(pipeline_sets(2, {"gpipe"}, 4), sum));
+  auto run = run_launched(2, recipe, dir / "pipeline", joined(pipeline_sets(2, {"gpipe"}, 4), sum));
   ASSERT_EQ(run.exit_code, 0) << describe(run);
   expect_matches(dir / "single", dir / "pipeline");
 }
@@ -287,9 +287,9 @@ TEST(PipelineParity, SummedLossMatchesOneProcess) {
 TEST(PipelineParity, Fp16SkipsTheSameStepsOnEveryStage) {
   TempDir dir;
   const fs::path recipe = write_recipe(dir, "mlp");
-  const std::vector<std::string> fp16 = {"--set", "precision.plugin=fp16", "--set",
-                                         "precision.init_scale=1e30", "--set",
-                                         "precision.backoff_factor=0.0001"};
+  const std::vector<std::string> fp16 = {"--set", "precision.plugin=fp16",
+                                         "--set", "precision.init_scale=1e30",
+                                         "--set", "precision.backoff_factor=0.0001"};
   auto single = run_one_process(recipe, dir / "single", fp16);
   ASSERT_EQ(single.exit_code, 0) << describe(single);
   auto run = run_launched(2, recipe, dir / "pipeline", joined(pipeline_sets(2, {"1f1b"}, 4), fp16));
@@ -305,8 +305,7 @@ TEST(PipelineParity, Fp16SkipsTheSameStepsOnEveryStage) {
     skipped_any = skipped_any || single_lines[i].at("loss_scale") < 1e29;
   }
   EXPECT_TRUE(skipped_any) << "the scale never backed off: no step overflowed";
-  expect_same_model_within(dir / "single" / "final.pt", dir / "pipeline" / "final.pt", 1e-3,
-                           1e-3);
+  expect_same_model_within(dir / "single" / "final.pt", dir / "pipeline" / "final.pt", 1e-3, 1e-3);
 }
 
 // Evaluation runs the batch through the stages; the last one reports the loss and accuracy.
@@ -333,9 +332,9 @@ TEST(PipelineRun, EvaluationMatchesOneProcess) {
 TEST(PipelineRun, RanksWriteTheMeasuredTimelineOfTheRecordedStep) {
   TempDir dir;
   const fs::path recipe = write_recipe(dir, "mlp");
-  auto run = run_launched(2, recipe, dir / "run",
-                          joined(pipeline_sets(2, {"zero_bubble"}, 4),
-                                 {"--set", "strategy.record_step=2"}));
+  auto run = run_launched(
+      2, recipe, dir / "run",
+      joined(pipeline_sets(2, {"zero_bubble"}, 4), {"--set", "strategy.record_step=2"}));
   ASSERT_EQ(run.exit_code, 0) << describe(run);
   std::optional<MeasuredPipelineTimeline> timeline = read_measured_timeline(dir / "run");
   ASSERT_TRUE(timeline.has_value());
@@ -398,10 +397,10 @@ TEST(PipelineCheckpoint, ResumesOnTheSameCutBitForBitAndOnAnotherCut) {
   ASSERT_EQ(single.exit_code, 0) << describe(single);
   auto whole = run_launched(2, recipe, dir / "whole", two);
   ASSERT_EQ(whole.exit_code, 0) << describe(whole);
-  auto first = run_launched(2, recipe, dir / "saved",
-                            joined(two, {"--set", "run.max_steps=3", "--set",
-                                         "run.final_model_file=" +
-                                             (dir / "saved3" / "final.pt").string()}));
+  auto first =
+      run_launched(2, recipe, dir / "saved",
+                   joined(two, {"--set", "run.max_steps=3", "--set",
+                                "run.final_model_file=" + (dir / "saved3" / "final.pt").string()}));
   ASSERT_EQ(first.exit_code, 0) << describe(first);
   const fs::path checkpoint = dir / "saved" / "checkpoints" / "step-000000003";
 
@@ -410,30 +409,31 @@ TEST(PipelineCheckpoint, ResumesOnTheSameCutBitForBitAndOnAnotherCut) {
   EXPECT_HAS(same.err, "resumed from");
   expect_same_model_within(dir / "whole" / "final.pt", dir / "saved" / "final.pt", 0, 0);
 
-  auto recut = run_launched(
-      2, recipe, dir / "recut",
-      joined(pipeline_sets(2, {"zero_bubble"}, 4),
-             {"--set", "strategy.stages=[\"embed, layer0\", \"layer1, layer2, layer3, layer4, "
-                       "layer5, head\"]",
-              "--set", "checkpoint.dir=" + (dir / "saved" / "checkpoints").string(), "--resume",
-              checkpoint.string()}));
+  auto recut =
+      run_launched(2, recipe, dir / "recut",
+                   joined(pipeline_sets(2, {"zero_bubble"}, 4),
+                          {"--set",
+                           "strategy.stages=[\"embed, layer0\", \"layer1, layer2, layer3, layer4, "
+                           "layer5, head\"]",
+                           "--set", "checkpoint.dir=" + (dir / "saved" / "checkpoints").string(),
+                           "--resume", checkpoint.string()}));
   ASSERT_EQ(recut.exit_code, 0) << describe(recut);
   EXPECT_HAS(recut.err, "resharded");
-  expect_same_model_within(dir / "single" / "final.pt", dir / "recut" / "final.pt",
-                           kParameterRtol, kParameterAtol);
+  expect_same_model_within(dir / "single" / "final.pt", dir / "recut" / "final.pt", kParameterRtol,
+                           kParameterAtol);
 
   // Export assembles every stage's pieces: exactly the model the 3-step run ended with (its
   // final model, which the pipeline gathered from both stages), the tied weight once.
   const fs::path exported = dir / "model.safetensors";
-  auto export_result = run_command({host_binary().string(), "checkpoint", "export",
-                                    checkpoint.string(), "--format", "safetensors", "--out",
-                                    exported.string()},
-                                   source_dir(), 120);
+  auto export_result =
+      run_command({host_binary().string(), "checkpoint", "export", checkpoint.string(), "--format",
+                   "safetensors", "--out", exported.string()},
+                  source_dir(), 120);
   ASSERT_EQ(export_result.exit_code, 0) << describe(export_result);
   Registry registry;
   load_bundled_plugins(registry);
-  auto safetensors = registry.create<CheckpointBackend>("safetensors", Config({}, "checkpoint"),
-                                                        BuildContext{});
+  auto safetensors =
+      registry.create<CheckpointBackend>("safetensors", Config({}, "checkpoint"), BuildContext{});
   const StateDict weights = safetensors->read(exported);
   const TensorMap at_step3 = read_tensor_file(dir / "saved3" / "final.pt");
   EXPECT_EQ(weights.tensors.count("head_token_weight"), 0u) << "the head's copy of the tie";
@@ -464,9 +464,9 @@ TEST(PipelineCheckpoint, ResumesOnAnotherPipelineSizeOrStrategy) {
   ASSERT_EQ(four.exit_code, 0) << describe(four);
   auto one = run_one_process(recipe, dir / "one", from_saved);
   ASSERT_EQ(one.exit_code, 0) << describe(one);
-  auto ddp = run_launched(2, recipe, dir / "ddp",
-                          joined({"--set", "strategy.plugin=ddp", "--set", "loader.batch_size=9"},
-                                 from_saved));
+  auto ddp = run_launched(
+      2, recipe, dir / "ddp",
+      joined({"--set", "strategy.plugin=ddp", "--set", "loader.batch_size=9"}, from_saved));
   ASSERT_EQ(ddp.exit_code, 0) << describe(ddp);
   for (const char* resumed : {"four", "one", "ddp"}) {
     SCOPED_TRACE(resumed);
@@ -480,13 +480,13 @@ TEST(PipelineCheckpoint, ResumesOnAnotherPipelineSizeOrStrategy) {
 TEST(PipelineCheckpoint, ShardedStagesResumeReplicated) {
   TempDir dir;
   const fs::path recipe = dir.write("recipe.toml", gpt_recipe(dir) + kCheckpointSection);
-  const std::vector<std::string> four = joined(pipeline_sets(2, {"1f1b"}, 4),
-                                               {"--set", "loader.batch_size=9"});
+  const std::vector<std::string> four =
+      joined(pipeline_sets(2, {"1f1b"}, 4), {"--set", "loader.batch_size=9"});
   auto single = run_one_process(recipe, dir / "single", {});
   ASSERT_EQ(single.exit_code, 0) << describe(single);
-  auto first = run_launched(4, recipe, dir / "saved",
-                            joined(four, {"--set", "run.max_steps=3", "--set",
-                                          "strategy.dp_sharding=full"}));
+  auto first = run_launched(
+      4, recipe, dir / "saved",
+      joined(four, {"--set", "run.max_steps=3", "--set", "strategy.dp_sharding=full"}));
   ASSERT_EQ(first.exit_code, 0) << describe(first);
   auto resumed = run_launched(
       4, recipe, dir / "resumed",
@@ -523,8 +523,8 @@ TEST(PipelineFailure, AStageThatDiesOrStopsEndsTheJobNamingIt) {
 TEST(PipelineRun, TheReadmeRecipeTrainsOnTwoStages) {
   TempDir dir;
   const fs::path recipe = source_dir() / "recipes" / "gpt_pipeline.toml";
-  auto validated = run_command({host_binary().string(), "validate", recipe.string()},
-                               source_dir(), 120);
+  auto validated =
+      run_command({host_binary().string(), "validate", recipe.string()}, source_dir(), 120);
   EXPECT_EQ(validated.exit_code, 0) << describe(validated);
   auto run = run_launched(2, recipe, dir / "run",
                           {"--set", "run.max_steps=4", "--set", "run.log_every=2", "--set",

@@ -31,13 +31,15 @@ constexpr double kParameterAtol = 4e-5;
 // A 4-head gpt on synthetic token sequences (a map-style dataset, so runs can reshard
 // mid-epoch), trained with SGD: the attention's key bias has a gradient that is zero but for
 // rounding (softmax ignores a shift shared by every key), and Adam would scale that rounding,
-// which differs with the summation order of every split, up to full-size updates. Dropout is off: with sequence parallelism each rank draws the masks of its own
-// slice of the sequence, which cannot equal one process's masks over the whole sequence.
+// which differs with the summation order of every split, up to full-size updates. Dropout is off:
+// with sequence parallelism each rank draws the masks of its own slice of the sequence, which
+// cannot equal one process's masks over the whole sequence.
 std::string gpt_recipe(int steps) {
   return R"(
 [run]
 seed = 7
-max_steps = )" + std::to_string(steps) +
+max_steps = )" +
+         std::to_string(steps) +
          R"(
 eval = false
 log_every = 1
@@ -82,16 +84,15 @@ std::vector<std::string> layout_sets(int dp, int pp, int tp) {
                                    "--set", "parallel.tp=" + std::to_string(tp),
                                    "--set", "loader.batch_size=" + std::to_string(16 / dp)};
   if (pp > 1) {
-    return joined(sets, {"--set", "strategy.plugin=pipeline", "--set", "strategy.micro_batches=" +
-                                                                          std::to_string(pp > 2 ? pp : 4)});
+    return joined(sets, {"--set", "strategy.plugin=pipeline", "--set",
+                         "strategy.micro_batches=" + std::to_string(pp > 2 ? pp : 4)});
   }
   return joined(sets, {"--set", "strategy.plugin=ddp"});
 }
 
 void expect_matches(const fs::path& single, const fs::path& run) {
   expect_same_losses_within(single, run, kLossRtol, kLossAtol);
-  expect_same_model_within(single / "final.pt", run / "final.pt", kParameterRtol,
-                           kParameterAtol);
+  expect_same_model_within(single / "final.pt", run / "final.pt", kParameterRtol, kParameterAtol);
 }
 
 TEST(TensorParallelParity, GptOnTwoAndFourRanksMatchesOneProcessWithAndWithoutSequenceParallel) {
@@ -103,9 +104,9 @@ TEST(TensorParallelParity, GptOnTwoAndFourRanksMatchesOneProcessWithAndWithoutSe
     for (const std::string sequence_parallel : {"false", "true"}) {
       SCOPED_TRACE("tp " + std::to_string(tp) + ", sequence_parallel " + sequence_parallel);
       const fs::path out = dir / ("tp" + std::to_string(tp) + "_sp_" + sequence_parallel);
-      auto run = run_launched(tp, recipe, out,
-                              joined(layout_sets(1, 1, tp),
-                                     {"--set", "model.sequence_parallel=" + sequence_parallel}));
+      auto run = run_launched(
+          tp, recipe, out,
+          joined(layout_sets(1, 1, tp), {"--set", "model.sequence_parallel=" + sequence_parallel}));
       ASSERT_EQ(run.exit_code, 0) << describe(run);
       expect_matches(dir / "single", out);
     }
@@ -134,16 +135,16 @@ TEST(TensorParallelParity, ThreeDimensionsOnEightProcessesMatchOneProcess) {
 // export equals the whole model, key by key.
 TEST(TensorParallelCheckpoint, SavedAtTwoTwoTwoResumesAtEveryOtherLayout) {
   TempDir dir;
-  const fs::path recipe = dir.write(
-      "recipe.toml", gpt_recipe(6) + "\n[checkpoint]\nplugin = \"torch\"\nkeep = 0\n");
+  const fs::path recipe =
+      dir.write("recipe.toml", gpt_recipe(6) + "\n[checkpoint]\nplugin = \"torch\"\nkeep = 0\n");
   auto single = run_one_process(recipe, dir / "single", {});
   ASSERT_EQ(single.exit_code, 0) << describe(single);
   auto whole = run_launched(8, recipe, dir / "whole", layout_sets(2, 2, 2));
   ASSERT_EQ(whole.exit_code, 0) << describe(whole);
   expect_matches(dir / "single", dir / "whole");
-  auto saved = run_launched(8, recipe, dir / "saved",
-                            joined(layout_sets(2, 2, 2),
-                                   {"--set", "run.max_steps=3", "--set",
+  auto saved = run_launched(
+      8, recipe, dir / "saved",
+      joined(layout_sets(2, 2, 2), {"--set", "run.max_steps=3", "--set",
                                     "run.final_model_file=" + (dir / "saved3.pt").string()}));
   ASSERT_EQ(saved.exit_code, 0) << describe(saved);
   const fs::path checkpoint = dir / "saved" / "checkpoints" / "step-000000003";
@@ -151,7 +152,8 @@ TEST(TensorParallelCheckpoint, SavedAtTwoTwoTwoResumesAtEveryOtherLayout) {
   struct Layout {
     int dp, pp, tp;
   };
-  for (const Layout& layout : {Layout{1, 4, 2}, Layout{4, 1, 2}, Layout{8, 1, 1}, Layout{1, 1, 1}}) {
+  for (const Layout& layout :
+       {Layout{1, 4, 2}, Layout{4, 1, 2}, Layout{8, 1, 1}, Layout{1, 1, 1}}) {
     const std::string name = std::to_string(layout.dp) + "_" + std::to_string(layout.pp) + "_" +
                              std::to_string(layout.tp);
     SCOPED_TRACE("(dp, pp, tp) = (" + name + ")");
@@ -160,18 +162,18 @@ TEST(TensorParallelCheckpoint, SavedAtTwoTwoTwoResumesAtEveryOtherLayout) {
         checkpoint.string()};
     const int ranks = layout.dp * layout.pp * layout.tp;
     const fs::path out = dir / name;
-    auto run = ranks == 1 ? run_one_process(recipe, out, joined({"--set", "loader.batch_size=16"},
-                                                                 resume))
-                          : run_launched(ranks, recipe, out,
-                                         joined(layout_sets(layout.dp, layout.pp, layout.tp),
-                                                resume));
+    auto run = ranks == 1
+                   ? run_one_process(recipe, out, joined({"--set", "loader.batch_size=16"}, resume))
+                   : run_launched(ranks, recipe, out,
+                                  joined(layout_sets(layout.dp, layout.pp, layout.tp), resume));
     ASSERT_EQ(run.exit_code, 0) << describe(run);
     EXPECT_HAS(run.err, "resharded");
     const std::vector<double> expected = logged_train_losses(dir / "whole");
     const std::vector<double> actual = logged_train_losses(out);
     ASSERT_EQ(actual.size(), 3u);
     for (std::size_t i = 0; i < actual.size(); ++i) {
-      EXPECT_LE(std::abs(actual[i] - expected[i + 3]), kLossAtol + kLossRtol * std::abs(expected[i + 3]))
+      EXPECT_LE(std::abs(actual[i] - expected[i + 3]),
+                kLossAtol + kLossRtol * std::abs(expected[i + 3]))
           << "step " << i + 4;
     }
     expect_same_model_within(dir / "whole" / "final.pt", out / "final.pt", kParameterRtol,
@@ -180,15 +182,15 @@ TEST(TensorParallelCheckpoint, SavedAtTwoTwoTwoResumesAtEveryOtherLayout) {
 
   // The export assembles every rank's shards into the whole model the 3-step run ended with.
   const fs::path exported = dir / "model.safetensors";
-  auto export_result = run_command({host_binary().string(), "checkpoint", "export",
-                                    checkpoint.string(), "--format", "safetensors", "--out",
-                                    exported.string()},
-                                   source_dir(), 120);
+  auto export_result =
+      run_command({host_binary().string(), "checkpoint", "export", checkpoint.string(), "--format",
+                   "safetensors", "--out", exported.string()},
+                  source_dir(), 120);
   ASSERT_EQ(export_result.exit_code, 0) << describe(export_result);
   Registry registry;
   load_bundled_plugins(registry);
-  auto safetensors = registry.create<CheckpointBackend>("safetensors", Config({}, "checkpoint"),
-                                                        BuildContext{});
+  auto safetensors =
+      registry.create<CheckpointBackend>("safetensors", Config({}, "checkpoint"), BuildContext{});
   const StateDict weights = safetensors->read(exported);
   const TensorMap at_step3 = read_tensor_file(dir / "saved3.pt");
   ASSERT_EQ(weights.tensors.size(), at_step3.size());
@@ -202,8 +204,8 @@ TEST(TensorParallelCheckpoint, SavedAtTwoTwoTwoResumesAtEveryOtherLayout) {
 TEST(TensorParallelRun, TheReadmeThreeDimensionalRecipeTrains) {
   TempDir dir;
   const fs::path recipe = source_dir() / "recipes" / "gpt_3d.toml";
-  auto validated = run_command({host_binary().string(), "validate", recipe.string()},
-                               source_dir(), 120);
+  auto validated =
+      run_command({host_binary().string(), "validate", recipe.string()}, source_dir(), 120);
   EXPECT_EQ(validated.exit_code, 0) << describe(validated);
   auto run = run_launched(8, recipe, dir / "run",
                           {"--set", "run.max_steps=2", "--set", "run.log_every=1", "--set",
@@ -218,17 +220,22 @@ TEST(TensorParallelRun, TheReadmeThreeDimensionalRecipeTrains) {
 TEST(TensorParallelRun, SizesThatDoNotDivideAreOneLineErrors) {
   TempDir dir;
   const fs::path recipe = dir.write("recipe.toml", gpt_recipe(2));
-  auto heads = run_launched(2, recipe, dir / "heads",
-                            joined(layout_sets(1, 1, 2), {"--set", "model.n_heads=3", "--set",
-                                                          "model.d_model=24"}),
-                            {}, 120);
+  auto heads = run_launched(
+      2, recipe, dir / "heads",
+      joined(layout_sets(1, 1, 2), {"--set", "model.n_heads=3", "--set", "model.d_model=24"}), {},
+      120);
   EXPECT_NE(heads.exit_code, 0);
   EXPECT_HAS(heads.err, "n_heads");
-  auto zero1 = run_launched(2, recipe, dir / "zero1",
-                            joined(layout_sets(1, 1, 2), {"--set", "strategy.zero1=true"}), {},
-                            120);
+  auto zero1 =
+      run_launched(2, recipe, dir / "zero1",
+                   joined(layout_sets(1, 1, 2), {"--set", "strategy.zero1=true"}), {}, 120);
   EXPECT_NE(zero1.exit_code, 0);
   EXPECT_HAS(zero1.err, "zero1");
+  auto fsdp =
+      run_launched(2, recipe, dir / "fsdp",
+                   joined(layout_sets(1, 1, 2), {"--set", "strategy.plugin=fsdp"}), {}, 120);
+  EXPECT_NE(fsdp.exit_code, 0);
+  EXPECT_HAS(fsdp.err, "tensor-parallel shard");
 }
 
 }  // namespace

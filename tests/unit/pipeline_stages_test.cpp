@@ -31,19 +31,30 @@ std::string error_of(const std::function<void()>& call) {
 
 TEST(PipelineStages, NamedStagesBecomeConsecutiveRanges) {
   const auto ranges = named_stages({"embed, layer0", "layer1,layer2 ", " head"}, kBlocks, 3);
-  EXPECT_EQ(pairs(ranges), (std::vector<std::pair<std::int64_t, std::int64_t>>{{0, 2}, {2, 4}, {4, 5}}));
+  EXPECT_EQ(pairs(ranges),
+            (std::vector<std::pair<std::int64_t, std::int64_t>>{{0, 2}, {2, 4}, {4, 5}}));
 }
 
 TEST(PipelineStages, NamedStagesThatDoNotListEveryBlockOnceInOrderAreRefused) {
-  EXPECT_HAS(error_of([] { named_stages({"embed, layer0", "layer1, layer2, head"}, kBlocks, 3); }),
+  EXPECT_HAS(error_of([] {
+               named_stages({"embed, layer0", "layer1, layer2, head"}, kBlocks, 3);
+             }),
              "lists 2 stages, but pp x virtual_stages makes 3");
-  EXPECT_HAS(error_of([] { named_stages({"embed, layer0", "layer2, head"}, kBlocks, 2); }),
+  EXPECT_HAS(error_of([] {
+               named_stages({"embed, layer0", "layer2, head"}, kBlocks, 2);
+             }),
              "names block 'layer2' where block 'layer1' comes next");
-  EXPECT_HAS(error_of([] { named_stages({"embed, layer0", "layer1, layer9"}, kBlocks, 2); }),
+  EXPECT_HAS(error_of([] {
+               named_stages({"embed, layer0", "layer1, layer9"}, kBlocks, 2);
+             }),
              "names block 'layer9', which the model does not have");
-  EXPECT_HAS(error_of([] { named_stages({"embed, layer0", "layer1"}, kBlocks, 2); }),
+  EXPECT_HAS(error_of([] {
+               named_stages({"embed, layer0", "layer1"}, kBlocks, 2);
+             }),
              "leave out block 'layer2'");
-  EXPECT_HAS(error_of([] { named_stages({"embed, layer0, layer1, layer2, head", ""}, kBlocks, 2); }),
+  EXPECT_HAS(error_of([] {
+               named_stages({"embed, layer0, layer1, layer2, head", ""}, kBlocks, 2);
+             }),
              "empty block name");
 }
 
@@ -51,7 +62,8 @@ TEST(PipelineStages, BalancedStagesMinimiseTheLargestStage) {
   // Costs 1, 4, 4, 4, 3: the best 3-way cut has a largest stage of 7 (1+4 | 4 | 4+3).
   const std::vector<double> costs = {1, 4, 4, 4, 3};
   const auto ranges = balanced_stages(costs, 3);
-  EXPECT_EQ(pairs(ranges), (std::vector<std::pair<std::int64_t, std::int64_t>>{{0, 2}, {2, 3}, {3, 5}}));
+  EXPECT_EQ(pairs(ranges),
+            (std::vector<std::pair<std::int64_t, std::int64_t>>{{0, 2}, {2, 3}, {3, 5}}));
   // Equal costs split evenly; every stage holds at least one block.
   EXPECT_EQ(pairs(balanced_stages({1, 1, 1, 1}, 2)),
             (std::vector<std::pair<std::int64_t, std::int64_t>>{{0, 2}, {2, 4}}));
@@ -80,7 +92,9 @@ TEST(PipelineStages, BalancedStagesAreExactOnEveryCutOfSmallModels) {
 }
 
 TEST(PipelineStages, FewerBlocksThanStagesOrBadCostsAreRefused) {
-  EXPECT_HAS(error_of([] { balanced_stages({1, 2}, 3); }),
+  EXPECT_HAS(error_of([] {
+               balanced_stages({1, 2}, 3);
+             }),
              "the model has 2 blocks, fewer than the 3 stages");
   EXPECT_HAS(error_of([] { balanced_stages({1, -2, 3}, 2); }), "cannot be balanced");
 }

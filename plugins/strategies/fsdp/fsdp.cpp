@@ -105,6 +105,11 @@ class Fsdp final : public Strategy {
         dtype_named(options_.reduce_dtype,
                     options_.sharding == UnitSharding::kNone ? at::kFloat : units.gather_dtype);
     for (const auto& item : model_->module().named_parameters(true)) {
+      if (!holds_whole(model_->parameter_layout(item.key(), item.value()))) {
+        throw Error("fsdp: parameter '" + item.key() +
+                    "' is a tensor-parallel shard, and fsdp flattens whole parameters; use ddp "
+                    "or pipeline with tp > 1");
+      }
       if (!item.value().requires_grad()) {
         throw Error("fsdp: parameter '" + item.key() +
                     "' is frozen (requires no gradient); fsdp shards trainable parameters only");

@@ -10,8 +10,8 @@
 #include <ATen/ATen.h>
 #include <ATen/core/grad_mode.h>
 #include <torch/csrc/autograd/autograd.h>
-#include <torch/csrc/distributed/c10d/Backend.hpp>
 #include <torch/optim/optimizer.h>
+#include <torch/csrc/distributed/c10d/Backend.hpp>
 
 #include <chrono>
 #include <cmath>
@@ -117,20 +117,20 @@ struct LocalStage {
 
 // A micro-batch between its forward and its backward on one stage.
 struct InFlight {
-  Activations input;                 // the stage's input leaves
-  Activations output;                // what the stage produced (not on the last stage)
-  at::Tensor loss;                   // the last stage's weighted loss
-  std::vector<at::Tensor> roots;     // what backward starts from ...
+  Activations input;                   // the stage's input leaves
+  Activations output;                  // what the stage produced (not on the last stage)
+  at::Tensor loss;                     // the last stage's weighted loss
+  std::vector<at::Tensor> roots;       // what backward starts from ...
   std::vector<at::Tensor> root_grads;  // ... with these gradients (empty: the loss)
-  Activations input_grads;           // computed by the backward, for the previous stage
-  bool weights_pending = false;      // BackwardInput ran, BackwardWeight has not
-  bool grads_delivered = false;      // the input gradient is sent, handed over or not needed
+  Activations input_grads;             // computed by the backward, for the previous stage
+  bool weights_pending = false;        // BackwardInput ran, BackwardWeight has not
+  bool grads_delivered = false;        // the input gradient is sent, handed over or not needed
 };
 
 // A parameter several stages hold (a tied embedding and head): their gradients are summed.
 struct TiedGroup {
   std::string name;
-  std::vector<int> stages;  // holding stages, ascending
+  std::vector<int> stages;           // holding stages, ascending
   std::map<int, std::size_t> local;  // stage -> index of the parameter this rank holds for it
 };
 
@@ -158,10 +158,9 @@ class Pipeline final : public Strategy {
     pp_rank_ = mesh_->rank(MeshGroup::kPipeline);
     place_ = {mesh_->rank(MeshGroup::kData), mesh_->size(MeshGroup::kData)};
     const int ranks = mesh_->size(MeshGroup::kPipeline);
-    shape_ = PipelineShape{ranks,
-                           static_cast<int>(options_.micro_batches == 0 ? ranks
-                                                                        : options_.micro_batches),
-                           static_cast<int>(options_.virtual_stages)};
+    shape_ = PipelineShape{
+        ranks, static_cast<int>(options_.micro_batches == 0 ? ranks : options_.micro_batches),
+        static_cast<int>(options_.virtual_stages)};
     schedule_ = build_pipeline_schedule(options_.schedule, shape_);
     check_sharding();
     validate_schedule(schedule_);
@@ -212,8 +211,8 @@ class Pipeline final : public Strategy {
       LocalStage* stage = local_stage(s);
       if (!stage) continue;
       if (!stage->first && !local_stage(s - 1)) {
-        StageChannel::Pending pending = channel_->receive(
-            rank_of(s - 1), StageMessage::kEvalActivation, s, 0, batch.size);
+        StageChannel::Pending pending =
+            channel_->receive(rank_of(s - 1), StageMessage::kEvalActivation, s, 0, batch.size);
         carried = channel_->wait(pending);
       }
       stage->model->module().eval();
@@ -258,8 +257,7 @@ class Pipeline final : public Strategy {
       const std::vector<at::Tensor> held = stage.held->optimized();
       const std::vector<HeldLayout> stage_layouts = stage.held->layouts(stage.whole_names);
       for (std::size_t i = 0; i < held.size(); ++i) {
-        put_held_pieces(out.local, "model.", held[i].detach().clone(), stage_layouts[i],
-                        replicas);
+        put_held_pieces(out.local, "model.", held[i].detach().clone(), stage_layouts[i], replicas);
         layouts.push_back(stage_layouts[i]);
       }
       for (std::size_t i = 0; i < stage.buffers.size(); ++i) {
@@ -464,8 +462,9 @@ class Pipeline final : public Strategy {
                   "= \"none\"");
     }
     if (options_.schedule == "zero_bubble") {
-      throw Error("pipeline: zero_bubble splits each backward in two, which dp_sharding's "
-                  "gathered units do not follow; use dp_sharding = \"none\" or another schedule");
+      throw Error(
+          "pipeline: zero_bubble splits each backward in two, which dp_sharding's "
+          "gathered units do not follow; use dp_sharding = \"none\" or another schedule");
     }
   }
 
@@ -530,9 +529,9 @@ class Pipeline final : public Strategy {
                                             action.stage, action.micro_batch, part.size);
           break;
         case PipelineActionKind::kReceiveGradient:
-          gradient_receives[key] = channel_->receive(rank_of(action.stage + 1),
-                                                     StageMessage::kGradient, action.stage,
-                                                     action.micro_batch, part.size);
+          gradient_receives[key] =
+              channel_->receive(rank_of(action.stage + 1), StageMessage::kGradient, action.stage,
+                                action.micro_batch, part.size);
           break;
         case PipelineActionKind::kForward: {
           Activations input;
@@ -575,7 +574,8 @@ class Pipeline final : public Strategy {
             set_roots(flight, grads);
           }
           if (action.kind == PipelineActionKind::kBackward) {
-            backward(action, flight, synchronising && i == local_stage(action.stage)->last_weight_action);
+            backward(action, flight,
+                     synchronising && i == local_stage(action.stage)->last_weight_action);
           } else {
             backward_input(action, flight);
           }
@@ -623,8 +623,8 @@ class Pipeline final : public Strategy {
                             const std::pair<int, int>& key, const char* what) {
     auto it = handovers.find(key);
     if (it == handovers.end()) {
-      throw Error(std::string("pipeline: stage ") + std::to_string(key.first) + " has no " +
-                  what + " for micro-batch " + std::to_string(key.second));
+      throw Error(std::string("pipeline: stage ") + std::to_string(key.first) + " has no " + what +
+                  " for micro-batch " + std::to_string(key.second));
     }
     Activations out = std::move(it->second);
     handovers.erase(it);
@@ -684,8 +684,8 @@ class Pipeline final : public Strategy {
   }
 
   // The gradient of each floating input (zeros where none flowed), for the previous stage.
-  void collect_input_grads(const LocalStage& stage, const PipelineAction& action,
-                           InFlight& flight, const std::vector<at::Tensor>& grads) {
+  void collect_input_grads(const LocalStage& stage, const PipelineAction& action, InFlight& flight,
+                           const std::vector<at::Tensor>& grads) {
     if (stage.first) {
       flight.grads_delivered = true;
       return;
@@ -898,9 +898,9 @@ class Pipeline final : public Strategy {
       for (std::size_t i = 0; i < whole.size(); ++i) {
         if (stage.tied_copy[i]) continue;
         held.push_back(whole[i]);
-        layouts.push_back(options_.sharding ? whole_parameter_layout(stage.whole_names[i],
-                                                                     whole[i].sizes().vec())
-                                            : stage.layouts[i]);
+        layouts.push_back(options_.sharding
+                              ? whole_parameter_layout(stage.whole_names[i], whole[i].sizes().vec())
+                              : stage.layouts[i]);
       }
       // Tensor-parallel shards are assembled over the tp group first.
       for (auto& [name, tensor] : gather_whole_tensors(held, layouts, tp_group_)) {
@@ -941,8 +941,8 @@ class Pipeline final : public Strategy {
       spec.push_back(tensor.dim());
       for (std::int64_t size : tensor.sizes()) spec.push_back(size);
     }
-    at::Tensor length = broadcast(
-        at::tensor({static_cast<std::int64_t>(spec.size())}, at::kLong).to(device));
+    at::Tensor length =
+        broadcast(at::tensor({static_cast<std::int64_t>(spec.size())}, at::kLong).to(device));
     const std::int64_t count = length.cpu().item<std::int64_t>();
     at::Tensor body = broadcast(pp_rank_ == source ? at::tensor(spec, at::kLong).to(device)
                                                    : at::empty({count}, at::kLong).to(device));

@@ -79,7 +79,8 @@ void StageChannel::send(const Activations& bundle, int peer, StageMessage kind, 
   auto known = sent_specs_.find(key);
   if (known == sent_specs_.end()) {
     const std::vector<std::int64_t> values = encode(spec);
-    at::Tensor length = at::tensor({static_cast<std::int64_t>(values.size())}, at::kLong).to(device_);
+    at::Tensor length =
+        at::tensor({static_cast<std::int64_t>(values.size())}, at::kLong).to(device_);
     at::Tensor body = at::tensor(values, at::kLong).to(device_);
     const int spec_tag = tag_of(kind, stage, micro_batch, /*spec=*/true);
     for (const at::Tensor& message : {length, body}) {
@@ -107,8 +108,8 @@ void StageChannel::send(const Activations& bundle, int peer, StageMessage kind, 
   }
 }
 
-StageChannel::Pending StageChannel::receive(int peer, StageMessage kind, int stage,
-                                            int micro_batch, std::int64_t rows) {
+StageChannel::Pending StageChannel::receive(int peer, StageMessage kind, int stage, int micro_batch,
+                                            std::int64_t rows) {
   Pending pending;
   pending.peer = peer;
   pending.tag = tag_of(kind, stage, micro_batch, false);
@@ -141,7 +142,8 @@ Activations StageChannel::wait(Pending& pending) {
   if (!pending.posted) {
     // The first bundle of its kind and size: its spec comes first, from the same tag space.
     const int spec_tag = pending.tag | (8 << 24);
-    std::vector<at::Tensor> length{at::empty({1}, at::TensorOptions().dtype(at::kLong).device(device_))};
+    std::vector<at::Tensor> length{
+        at::empty({1}, at::TensorOptions().dtype(at::kLong).device(device_))};
     wait_for(group_->recv(length, pending.peer, spec_tag));
     std::vector<at::Tensor> body{at::empty({length[0].cpu().item<std::int64_t>()},
                                            at::TensorOptions().dtype(at::kLong).device(device_))};
