@@ -198,6 +198,16 @@ TEST(TensorParallelCheckpoint, SavedAtTwoTwoTwoResumesAtEveryOtherLayout) {
     ASSERT_TRUE(weights.tensors.count(name)) << name;
     EXPECT_TRUE(at::equal(tensor, weights.tensors.at(name))) << name;
   }
+  // ... and one process's state dict after the same 3 steps, key by key.
+  auto single3 = run_one_process(recipe, dir / "single3", {"--set", "run.max_steps=3"});
+  ASSERT_EQ(single3.exit_code, 0) << describe(single3);
+  const TensorMap one_process = read_tensor_file(dir / "single3" / "final.pt");
+  ASSERT_EQ(weights.tensors.size(), one_process.size());
+  for (const auto& [name, tensor] : one_process) {
+    ASSERT_TRUE(weights.tensors.count(name)) << name;
+    EXPECT_TRUE(at::allclose(weights.tensors.at(name), tensor, kParameterRtol, kParameterAtol))
+        << name;
+  }
 }
 
 // The README's 3D recipe validates and trains on its 8 processes (a few steps of it).
