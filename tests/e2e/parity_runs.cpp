@@ -6,7 +6,10 @@
 #include <cmath>
 
 #include "metrics_file.hpp"
+#include "trainyard/build_context.hpp"
+#include "trainyard/checkpoint.hpp"
 #include "trainyard/distributed.hpp"
+#include "trainyard/registry.hpp"
 
 namespace trainyard::testing {
 
@@ -44,6 +47,19 @@ CommandResult run_launched(int ranks, const fs::path& recipe, const fs::path& ou
                                    std::to_string(ranks)};
   for (auto& arg : run_arguments(recipe, out, extra)) argv.push_back(arg);
   return run_command(argv, source_dir(), timeout_s, env);
+}
+
+TensorMap exported_checkpoint(const fs::path& checkpoint, const fs::path& out) {
+  auto exported = run_command({host_binary().string(), "checkpoint", "export", checkpoint.string(),
+                               "--format", "safetensors", "--out", out.string()},
+                              source_dir(), 120);
+  EXPECT_EQ(exported.exit_code, 0) << describe(exported);
+  if (exported.exit_code != 0) return {};
+  Registry registry;
+  load_bundled_plugins(registry);
+  auto safetensors =
+      registry.create<CheckpointBackend>("safetensors", Config({}, "checkpoint"), BuildContext{});
+  return safetensors->read(out).tensors;
 }
 
 std::vector<double> logged_train_losses(const fs::path& out) {

@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "test_support.hpp"
+#include "trainyard/batch.hpp"
 
 namespace trainyard::testing {
 
@@ -19,6 +20,12 @@ CommandResult run_one_process(const std::filesystem::path& recipe, const std::fi
 CommandResult run_launched(int ranks, const std::filesystem::path& recipe,
                            const std::filesystem::path& out, const std::vector<std::string>& extra,
                            const std::vector<std::string>& env = {}, int timeout_s = 600);
+
+// `trainyard checkpoint export CHECKPOINT --format safetensors` into `out`, read back by the
+// safetensors backend: the whole model the checkpoint's pieces assemble into. Empty (with a
+// test failure naming the command's output) when the export fails.
+TensorMap exported_checkpoint(const std::filesystem::path& checkpoint,
+                              const std::filesystem::path& out);
 
 // The logged training losses of the run in `out` (metrics.jsonl, or rank 0's metrics file).
 std::vector<double> logged_train_losses(const std::filesystem::path& out);

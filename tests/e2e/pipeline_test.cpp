@@ -424,17 +424,9 @@ TEST(PipelineCheckpoint, ResumesOnTheSameCutBitForBitAndOnAnotherCut) {
 
   // Export assembles every stage's pieces: exactly the model the 3-step run ended with (its
   // final model, which the pipeline gathered from both stages), the tied weight once.
-  const fs::path exported = dir / "model.safetensors";
-  auto export_result =
-      run_command({host_binary().string(), "checkpoint", "export", checkpoint.string(), "--format",
-                   "safetensors", "--out", exported.string()},
-                  source_dir(), 120);
-  ASSERT_EQ(export_result.exit_code, 0) << describe(export_result);
-  Registry registry;
-  load_bundled_plugins(registry);
-  auto safetensors =
-      registry.create<CheckpointBackend>("safetensors", Config({}, "checkpoint"), BuildContext{});
-  const StateDict weights = safetensors->read(exported);
+  StateDict weights;
+  weights.tensors = exported_checkpoint(checkpoint, dir / "model.safetensors");
+  ASSERT_FALSE(weights.tensors.empty());
   const TensorMap at_step3 = read_tensor_file(dir / "saved3" / "final.pt");
   EXPECT_EQ(weights.tensors.count("head_token_weight"), 0u) << "the head's copy of the tie";
   ASSERT_EQ(weights.tensors.size(), at_step3.size());

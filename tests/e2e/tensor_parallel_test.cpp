@@ -181,17 +181,9 @@ TEST(TensorParallelCheckpoint, SavedAtTwoTwoTwoResumesAtEveryOtherLayout) {
   }
 
   // The export assembles every rank's shards into the whole model the 3-step run ended with.
-  const fs::path exported = dir / "model.safetensors";
-  auto export_result =
-      run_command({host_binary().string(), "checkpoint", "export", checkpoint.string(), "--format",
-                   "safetensors", "--out", exported.string()},
-                  source_dir(), 120);
-  ASSERT_EQ(export_result.exit_code, 0) << describe(export_result);
-  Registry registry;
-  load_bundled_plugins(registry);
-  auto safetensors =
-      registry.create<CheckpointBackend>("safetensors", Config({}, "checkpoint"), BuildContext{});
-  const StateDict weights = safetensors->read(exported);
+  StateDict weights;
+  weights.tensors = exported_checkpoint(checkpoint, dir / "model.safetensors");
+  ASSERT_FALSE(weights.tensors.empty());
   const TensorMap at_step3 = read_tensor_file(dir / "saved3.pt");
   ASSERT_EQ(weights.tensors.size(), at_step3.size());
   for (const auto& [name, tensor] : at_step3) {
