@@ -16,11 +16,8 @@
 #include "metrics_file.hpp"
 #include "parity_runs.hpp"
 #include "test_support.hpp"
-#include "trainyard/build_context.hpp"
-#include "trainyard/checkpoint.hpp"
 #include "trainyard/distributed.hpp"
 #include "trainyard/pipeline_timeline.hpp"
-#include "trainyard/registry.hpp"
 
 namespace trainyard::testing {
 namespace {
@@ -424,15 +421,14 @@ TEST(PipelineCheckpoint, ResumesOnTheSameCutBitForBitAndOnAnotherCut) {
 
   // Export assembles every stage's pieces: exactly the model the 3-step run ended with (its
   // final model, which the pipeline gathered from both stages), the tied weight once.
-  StateDict weights;
-  weights.tensors = exported_checkpoint(checkpoint, dir / "model.safetensors");
-  ASSERT_FALSE(weights.tensors.empty());
+  const TensorMap weights = exported_checkpoint(checkpoint, dir / "model.safetensors");
+  ASSERT_FALSE(weights.empty());
   const TensorMap at_step3 = read_tensor_file(dir / "saved3" / "final.pt");
-  EXPECT_EQ(weights.tensors.count("head_token_weight"), 0u) << "the head's copy of the tie";
-  ASSERT_EQ(weights.tensors.size(), at_step3.size());
+  EXPECT_EQ(weights.count("head_token_weight"), 0u) << "the head's copy of the tie";
+  ASSERT_EQ(weights.size(), at_step3.size());
   for (const auto& [name, tensor] : at_step3) {
-    ASSERT_TRUE(weights.tensors.count(name)) << name;
-    EXPECT_TRUE(at::equal(tensor, weights.tensors.at(name))) << name;
+    ASSERT_TRUE(weights.count(name)) << name;
+    EXPECT_TRUE(at::equal(tensor, weights.at(name))) << name;
   }
 }
 
@@ -514,13 +510,7 @@ TEST(PipelineFailure, AStageThatDiesOrStopsEndsTheJobNamingIt) {
 // The README's recipe validates and trains on its two stages (a few steps of it).
 TEST(PipelineRun, TheReadmeRecipeTrainsOnTwoStages) {
   TempDir dir;
-  const fs::path recipe = source_dir() / "recipes" / "gpt_pipeline.toml";
-  auto validated =
-      run_command({host_binary().string(), "validate", recipe.string()}, source_dir(), 120);
-  EXPECT_EQ(validated.exit_code, 0) << describe(validated);
-  auto run = run_launched(2, recipe, dir / "run",
-                          {"--set", "run.max_steps=4", "--set", "run.log_every=2", "--set",
-                           "run.eval=false", "--set", "dataset.cache=" + (dir / "cache").string()});
+  auto run = validate_and_launch_bundled_recipe("gpt_pipeline.toml", 2, 4, 2, dir / "run");
   ASSERT_EQ(run.exit_code, 0) << describe(run);
   EXPECT_HAS(run.err, "pipeline: 1f1b on 2 ranks");
   const std::vector<double> losses = logged_train_losses(dir / "run");

@@ -13,10 +13,7 @@
 #include "metrics_file.hpp"
 #include "parity_runs.hpp"
 #include "test_support.hpp"
-#include "trainyard/build_context.hpp"
-#include "trainyard/checkpoint.hpp"
 #include "trainyard/distributed.hpp"
-#include "trainyard/registry.hpp"
 
 namespace trainyard::testing {
 namespace {
@@ -181,23 +178,22 @@ TEST(TensorParallelCheckpoint, SavedAtTwoTwoTwoResumesAtEveryOtherLayout) {
   }
 
   // The export assembles every rank's shards into the whole model the 3-step run ended with.
-  StateDict weights;
-  weights.tensors = exported_checkpoint(checkpoint, dir / "model.safetensors");
-  ASSERT_FALSE(weights.tensors.empty());
+  const TensorMap weights = exported_checkpoint(checkpoint, dir / "model.safetensors");
+  ASSERT_FALSE(weights.empty());
   const TensorMap at_step3 = read_tensor_file(dir / "saved3.pt");
-  ASSERT_EQ(weights.tensors.size(), at_step3.size());
+  ASSERT_EQ(weights.size(), at_step3.size());
   for (const auto& [name, tensor] : at_step3) {
-    ASSERT_TRUE(weights.tensors.count(name)) << name;
-    EXPECT_TRUE(at::equal(tensor, weights.tensors.at(name))) << name;
+    ASSERT_TRUE(weights.count(name)) << name;
+    EXPECT_TRUE(at::equal(tensor, weights.at(name))) << name;
   }
   // ... and one process's state dict after the same 3 steps, key by key.
   auto single3 = run_one_process(recipe, dir / "single3", {"--set", "run.max_steps=3"});
   ASSERT_EQ(single3.exit_code, 0) << describe(single3);
   const TensorMap one_process = read_tensor_file(dir / "single3" / "final.pt");
-  ASSERT_EQ(weights.tensors.size(), one_process.size());
+  ASSERT_EQ(weights.size(), one_process.size());
   for (const auto& [name, tensor] : one_process) {
-    ASSERT_TRUE(weights.tensors.count(name)) << name;
-    EXPECT_TRUE(at::allclose(weights.tensors.at(name), tensor, kParameterRtol, kParameterAtol))
+    ASSERT_TRUE(weights.count(name)) << name;
+    EXPECT_TRUE(at::allclose(weights.at(name), tensor, kParameterRtol, kParameterAtol))
         << name;
   }
 }
@@ -205,13 +201,7 @@ TEST(TensorParallelCheckpoint, SavedAtTwoTwoTwoResumesAtEveryOtherLayout) {
 // The README's 3D recipe validates and trains on its 8 processes (a few steps of it).
 TEST(TensorParallelRun, TheReadmeThreeDimensionalRecipeTrains) {
   TempDir dir;
-  const fs::path recipe = source_dir() / "recipes" / "gpt_3d.toml";
-  auto validated =
-      run_command({host_binary().string(), "validate", recipe.string()}, source_dir(), 120);
-  EXPECT_EQ(validated.exit_code, 0) << describe(validated);
-  auto run = run_launched(8, recipe, dir / "run",
-                          {"--set", "run.max_steps=2", "--set", "run.log_every=1", "--set",
-                           "run.eval=false", "--set", "dataset.cache=" + (dir / "cache").string()});
+  auto run = validate_and_launch_bundled_recipe("gpt_3d.toml", 8, 2, 1, dir / "run");
   ASSERT_EQ(run.exit_code, 0) << describe(run);
   EXPECT_HAS(run.err, "mesh pp 2 x dp_replicate 1 x dp_shard 2 x tp 2");
   const std::vector<double> losses = logged_train_losses(dir / "run");
