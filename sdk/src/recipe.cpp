@@ -93,6 +93,37 @@ std::string display(const fs::path& path) {
   return path.string();
 }
 
+// A recipe is a small text file. Anything else named as one (a device such as /dev/zero, a FIFO,
+// a folder, a multi-megabyte file) is refused before reading, so a wrong path cannot make the
+// reader consume memory without bound.
+constexpr std::uintmax_t kMaxRecipeBytes = 1 << 20;
+
+std::string read_recipe_text(const fs::path& file) {
+  std::error_code ec;
+  fs::file_status status = fs::status(file, ec);
+  if (ec || !fs::exists(status)) throw Error("cannot read recipe " + display(file));
+  if (!fs::is_regular_file(status)) {
+    throw Error("recipe " + display(file) + " is not a regular file");
+  }
+  std::uintmax_t size = fs::file_size(file, ec);
+  if (ec) throw Error("cannot read recipe " + display(file) + ": " + ec.message());
+  if (size > kMaxRecipeBytes) {
+    throw Error("recipe " + display(file) + " is " + std::to_string(size) +
+                " bytes; a recipe is at most " + std::to_string(kMaxRecipeBytes) + " bytes");
+  }
+  std::ifstream in(file, std::ios::binary);
+  if (!in) throw Error("cannot read recipe " + display(file));
+  std::string text(kMaxRecipeBytes + 1, '\0');
+  in.read(text.data(), static_cast<std::streamsize>(text.size()));
+  text.resize(static_cast<std::size_t>(in.gcount()));
+  // The size can change between the check and the read (a file being written).
+  if (text.size() > kMaxRecipeBytes) {
+    throw Error("recipe " + display(file) + " grew beyond " + std::to_string(kMaxRecipeBytes) +
+                " bytes while being read");
+  }
+  return text;
+}
+
 std::shared_ptr<const Table> load_chain(const fs::path& file, std::vector<fs::path>& chain) {
   std::error_code ec;
   fs::path canonical = fs::weakly_canonical(file, ec);
@@ -101,12 +132,8 @@ std::shared_ptr<const Table> load_chain(const fs::path& file, std::vector<fs::pa
     for (const auto& item : chain) cycle += display(item) + " -> ";
     throw Error("extends cycle: " + cycle + display(canonical));
   }
-  std::ifstream in(file, std::ios::binary);
-  if (!in) throw Error("cannot read recipe " + display(file));
-  std::stringstream text;
-  text << in.rdbuf();
   std::string name = display(file);
-  std::shared_ptr<const Table> table = parse_with_toml(text.str(), name);
+  std::shared_ptr<const Table> table = parse_with_toml(read_recipe_text(file), name);
 
   const Value* extends = table->find("extends");
   if (!extends) return table;

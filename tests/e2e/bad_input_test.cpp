@@ -98,6 +98,30 @@ TEST(BadInputTest, ExtendsCycleIsRefused) {
   EXPECT_HAS(error, "a.toml -> ");
 }
 
+TEST(BadInputTest, ExtendsOfADeviceIsRefusedBeforeReading) {
+  // /dev/zero never ends: read as a recipe it would take memory until the process is killed.
+  TempDir dir;
+  auto recipe = dir.write("r.toml", "extends = \"/dev/zero\"\n[run]\nmax_steps = 1\n");
+  auto error = expect_clean_failure({"validate", recipe.string()});
+  EXPECT_HAS(error, "/dev/zero is not a regular file");
+}
+
+TEST(BadInputTest, RecipeThatIsAFolderIsRefused) {
+  TempDir dir;
+  fs::create_directories(dir.path() / "folder.toml");
+  auto error = expect_clean_failure({"validate", (dir.path() / "folder.toml").string()});
+  EXPECT_HAS(error, "folder.toml is not a regular file");
+}
+
+TEST(BadInputTest, OversizedRecipeIsRefused) {
+  TempDir dir;
+  std::string comment_lines;
+  for (int line = 0; line < 40000; ++line) comment_lines += "# a recipe padded with comments\n";
+  auto recipe = dir.write("big.toml", comment_lines + kValidRecipe);
+  auto error = expect_clean_failure({"validate", recipe.string()});
+  EXPECT_HAS(error, "a recipe is at most 1048576 bytes");
+}
+
 TEST(BadInputTest, ValueOutOfItsDeclaredRangeIsRefusedByValidate) {
   TempDir dir;
   auto recipe = dir.write("r.toml", std::string(kValidRecipe) + "[loader]\nworkers = -3\n");
