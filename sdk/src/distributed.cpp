@@ -12,6 +12,8 @@
 #include <torch/csrc/jit/serialization/pickle.h>
 
 #include <cctype>
+#include <csignal>
+#include <cstdio>
 #include <cerrno>
 #include <cstdint>
 #include <cstdlib>
@@ -216,9 +218,29 @@ c10::intrusive_ptr<c10d::TCPStore> make_store(const std::string& address, int po
 
 }  // namespace
 
+c10::intrusive_ptr<c10d::Store> store_for_attempt(c10::intrusive_ptr<c10d::Store> store,
+                                                  int attempt) {
+  if (attempt == 0) return store;
+  return c10::make_intrusive<c10d::PrefixStore>("trainyard/attempt" + std::to_string(attempt),
+                                                std::move(store));
+}
+
+int restart_attempt_from_environment() {
+  const char* text = std::getenv(kRestartAttemptVariable);
+  if (!text || !*text) return 0;
+  char* end = nullptr;
+  const long attempt = std::strtol(text, &end, 10);
+  if (*end != '\0' || attempt < 0 || attempt > 1000000) {
+    throw Error(std::string(kRestartAttemptVariable) + " must be a count >= 0, got '" + text + "'");
+  }
+  return static_cast<int>(attempt);
+}
+
 c10::intrusive_ptr<c10d::Store> open_store(const Rendezvous& rendezvous, bool host) {
   int bound = 0;
-  return make_store(rendezvous.master_addr, rendezvous.master_port, host, rendezvous.timeout, bound);
+  return store_for_attempt(make_store(rendezvous.master_addr, rendezvous.master_port, host,
+                                      rendezvous.timeout, bound),
+                           restart_attempt_from_environment());
 }
 
 std::pair<c10::intrusive_ptr<c10d::Store>, int> host_store(const std::string& address, int port,
@@ -433,16 +455,41 @@ void rethrow_naming_failed_rank(FailureMonitor& monitor, int rank) {
   throw Error(me + ": " + message);
 }
 
+namespace {
+
+// Whether the test plan "attempt:rank:step,..." names this start, rank and step.
+bool planned_failure(const std::string& plan, int rank, std::int64_t step) {
+  static const int attempt = restart_attempt_from_environment();
+  std::istringstream entries(plan);
+  std::string entry;
+  while (std::getline(entries, entry, ',')) {
+    int planned_attempt = -1, planned_rank = -1;
+    long long planned_step = -1;
+    if (std::sscanf(entry.c_str(), "%d:%d:%lld", &planned_attempt, &planned_rank,
+                    &planned_step) == 3 &&
+        planned_attempt == attempt && planned_rank == rank && planned_step == step) {
+      return true;
+    }
+  }
+  return false;
+}
+
+}  // namespace
+
 void test_failure_hook(int rank, std::int64_t step) {
   static const std::optional<std::string> fail_rank = env("TRAINYARD_TEST_FAIL_RANK");
   static const std::optional<std::string> fail_step = env("TRAINYARD_TEST_FAIL_AT_STEP");
-  if (!fail_rank || !fail_step) return;
-  if (std::atoi(fail_rank->c_str()) != rank || std::atoll(fail_step->c_str()) != step) return;
+  static const std::optional<std::string> fail_plan = env("TRAINYARD_TEST_FAIL_PLAN");
+  const bool planned = fail_plan && planned_failure(*fail_plan, rank, step);
+  const bool named = fail_rank && fail_step && std::atoi(fail_rank->c_str()) == rank &&
+                     std::atoll(fail_step->c_str()) == step;
+  if (!planned && !named) return;
   const std::string mode = env("TRAINYARD_TEST_FAIL_MODE").value_or("exit");
   std::cerr << "rank " << rank << ": test hook: " << mode << " at step " << step << std::endl;
   if (mode == "hang") {
     for (;;) std::this_thread::sleep_for(std::chrono::seconds(1));
   }
+  if (mode == "kill") ::raise(SIGKILL);
   if (mode == "crash") {
     // A write to an unmapped page, as a memory bug in a plugin would make.
     static volatile std::uintptr_t unmapped_address = 0x10;

@@ -219,7 +219,8 @@ RunSummary Engine::run_steps() {
   }
   const std::int64_t total_steps = s.data->total_steps();
   s.reporter->begin({s.recipe.name(), total_steps, s.data->steps_per_epoch(), s.run.epochs,
-                     s.runtime->rank(), s.runtime->world_size(), s.run.output_dir.string()});
+                     s.runtime->rank(), s.runtime->world_size(), s.run.output_dir.string(),
+                     start.step});
   if (s.checkpointing) s.checkpointing->start_clock();
   const auto run_started = Clock::now();
   const std::int64_t first_step = s.step;

@@ -43,8 +43,15 @@ CommandResult run_one_process(const fs::path& recipe, const fs::path& out,
 CommandResult run_launched(int ranks, const fs::path& recipe, const fs::path& out,
                            const std::vector<std::string>& extra,
                            const std::vector<std::string>& env, int timeout_s) {
-  std::vector<std::string> argv = {host_binary().string(), "launch", "--nproc-per-node",
-                                   std::to_string(ranks)};
+  return run_launcher({"--nproc-per-node", std::to_string(ranks)}, recipe, out, extra, env,
+                      timeout_s);
+}
+
+CommandResult run_launcher(const std::vector<std::string>& launch_options, const fs::path& recipe,
+                           const fs::path& out, const std::vector<std::string>& extra,
+                           const std::vector<std::string>& env, int timeout_s) {
+  std::vector<std::string> argv = {host_binary().string(), "launch"};
+  argv.insert(argv.end(), launch_options.begin(), launch_options.end());
   for (auto& arg : run_arguments(recipe, out, extra)) argv.push_back(arg);
   return run_command(argv, source_dir(), timeout_s, env);
 }

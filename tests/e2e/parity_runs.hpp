@@ -21,6 +21,13 @@ CommandResult run_launched(int ranks, const std::filesystem::path& recipe,
                            const std::filesystem::path& out, const std::vector<std::string>& extra,
                            const std::vector<std::string>& env = {}, int timeout_s = 600);
 
+// `trainyard launch LAUNCH_OPTIONS recipe`, as above (launch_options: --nproc-per-node N and
+// any others).
+CommandResult run_launcher(const std::vector<std::string>& launch_options,
+                           const std::filesystem::path& recipe, const std::filesystem::path& out,
+                           const std::vector<std::string>& extra,
+                           const std::vector<std::string>& env = {}, int timeout_s = 600);
+
 // `trainyard checkpoint export CHECKPOINT --format safetensors` into `out`, read back by the
 // safetensors backend: the whole model the checkpoint's pieces assemble into. Empty (with a
 // test failure naming the command's output) when the export fails.

@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <map>
@@ -33,6 +34,37 @@ class CsvTable {
  public:
   explicit CsvTable(fs::path path) : path_(std::move(path)) {}
 
+  // Continues the table an earlier run wrote: its rows up to `resumed_at_step` stay (later ones
+  // were lost with the failure and are written again), under the same header.
+  void continue_from(std::int64_t resumed_at_step) {
+    std::ifstream in(path_);
+    std::string header;
+    if (!in || !std::getline(in, header)) return;
+    columns_ = split(header);
+    const auto step_column = std::find(columns_.begin(), columns_.end(), "step");
+    if (step_column == columns_.end()) {
+      columns_.clear();
+      return;
+    }
+    const auto step_index = static_cast<std::size_t>(step_column - columns_.begin());
+    std::string line;
+    while (std::getline(in, line)) {
+      std::vector<std::string> cells = split(line);
+      // A row cut short by the failure has fewer cells than the header.
+      if (cells.size() != columns_.size()) continue;
+      char* end = nullptr;
+      const long long step = std::strtoll(cells[step_index].c_str(), &end, 10);
+      if (*end != '\0' || step > resumed_at_step) continue;
+      std::map<std::string, std::string> row;
+      for (std::size_t i = 0; i < cells.size(); ++i) {
+        if (!cells[i].empty()) row.emplace(columns_[i], cells[i]);
+      }
+      rows_.push_back(std::move(row));
+    }
+    in.close();
+    rewrite();
+  }
+
   void add(const MetricRecord& record) {
     std::map<std::string, std::string> row = {{"step", std::to_string(record.step)},
                                               {"epoch", std::to_string(record.epoch)},
@@ -55,6 +87,17 @@ class CsvTable {
   }
 
  private:
+  static std::vector<std::string> split(const std::string& line) {
+    std::vector<std::string> cells;
+    std::size_t start = 0;
+    for (;;) {
+      const std::size_t comma = line.find(',', start);
+      cells.push_back(line.substr(start, comma - start));
+      if (comma == std::string::npos) return cells;
+      start = comma + 1;
+    }
+  }
+
   void write_row(std::ofstream& out, const std::map<std::string, std::string>& row) const {
     for (std::size_t i = 0; i < columns_.size(); ++i) {
       auto it = row.find(columns_[i]);
@@ -91,6 +134,13 @@ class Csv final : public MetricsSink {
     run_ = run;
     if (!folder_.empty()) run_.output_dir = folder_.string();
     fs::create_directories(run_.output_dir);
+    if (run_.resumed_at_step > 0) {
+      for (const char* phase : {"train", "eval"}) {
+        const fs::path path = per_rank_file(run_, std::string("metrics.") + phase, ".csv");
+        if (!fs::exists(path)) continue;
+        tables_.emplace(phase, CsvTable(path)).first->second.continue_from(run_.resumed_at_step);
+      }
+    }
   }
 
   void write(const MetricRecord& record) override {

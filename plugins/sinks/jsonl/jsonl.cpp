@@ -24,6 +24,43 @@ std::string json_number(double value) {
   return out.str();
 }
 
+// Whether a line of an earlier run's file stays when the run continues from `resumed_at_step`:
+// a whole record of training or evaluation up to that step. Summaries, later records and a line
+// cut short by the failure go.
+bool kept_on_resume(const std::string& line, std::int64_t resumed_at_step) {
+  try {
+    JsonValue record = parse_json(line, "metrics line");
+    const JsonValue* phase = record.find("phase");
+    const JsonValue* step = record.find("step");
+    if (!phase || !step || !phase->is(JsonValue::Type::kString) ||
+        !step->is(JsonValue::Type::kNumber)) {
+      return false;
+    }
+    return phase->as_string() != "summary" && step->as_number() <= static_cast<double>(resumed_at_step);
+  } catch (const Error&) {
+    return false;
+  }
+}
+
+// Rewrites `path` with the lines kept on resume, through a temporary file renamed into place, so
+// a failure now loses nothing the earlier run wrote.
+void keep_records_up_to(const fs::path& path, std::int64_t resumed_at_step) {
+  std::ifstream in(path);
+  if (!in) return;
+  std::string kept, line;
+  while (std::getline(in, line)) {
+    if (kept_on_resume(line, resumed_at_step)) kept += line + "\n";
+  }
+  in.close();
+  const fs::path partial = path.string() + ".partial";
+  {
+    std::ofstream out(partial, std::ios::out | std::ios::trunc);
+    out << kept;
+    if (!out.flush()) throw Error("cannot write metrics file " + partial.string());
+  }
+  fs::rename(partial, path);
+}
+
 class Jsonl final : public MetricsSink {
  public:
   explicit Jsonl(const Config& options)
@@ -35,7 +72,9 @@ class Jsonl final : public MetricsSink {
       path = per_rank_file(run, "metrics", ".jsonl");
     }
     if (path.has_parent_path()) fs::create_directories(path.parent_path());
-    out_.open(path, std::ios::out | std::ios::trunc);
+    const bool continues = run.resumed_at_step > 0 && fs::exists(path);
+    if (continues) keep_records_up_to(path, run.resumed_at_step);
+    out_.open(path, std::ios::out | (continues ? std::ios::app : std::ios::trunc));
     if (!out_) throw Error("cannot write metrics file " + path.string());
     rank_ = run.rank;
   }

@@ -31,6 +31,20 @@ std::optional<Rendezvous> rendezvous_from_environment();
 // to it instead of starting its own.
 constexpr const char* kAgentStoreVariable = "TORCHELASTIC_USE_AGENT_STORE";
 
+// Set by `trainyard launch` to the number of the group's current start (0 for the first, 1
+// after the first restart, ...). Each start's ranks meet under their own store prefix, so keys
+// left by an earlier start (heartbeats, a recorded failure, process-group rendezvous counters)
+// never reach the next one.
+constexpr const char* kRestartAttemptVariable = "TRAINYARD_RESTART_ATTEMPT";
+
+// `store` as the ranks of start `attempt` see it: itself for the first start, else a view under
+// the prefix "trainyard/attempt<N>".
+c10::intrusive_ptr<c10d::Store> store_for_attempt(c10::intrusive_ptr<c10d::Store> store,
+                                                  int attempt);
+
+// The start this process belongs to, from kRestartAttemptVariable (0 when unset).
+int restart_attempt_from_environment();
+
 // A TCP socket listening on `address` only (never on every interface), port 0 letting the
 // kernel pick a free one. Throws Error naming the address.
 struct ListeningSocket {
@@ -116,7 +130,10 @@ class FailureMonitor {
 // Test hook (documented in README): when TRAINYARD_TEST_FAIL_RANK equals `rank` and
 // TRAINYARD_TEST_FAIL_AT_STEP equals `step`, the process exits with status 3
 // (TRAINYARD_TEST_FAIL_MODE=exit, the default), stops calling collectives forever (=hang) or
-// crashes with a segmentation fault (=crash).
+// crashes with a segmentation fault (=crash), or kills itself with SIGKILL (=kill).
+// TRAINYARD_TEST_FAIL_PLAN="A:R:S[,A:R:S...]" instead fails rank R before step S in the group's
+// start number A only (see kRestartAttemptVariable), so a restarted group meets each failure
+// once.
 void test_failure_hook(int rank, std::int64_t step);
 
 // Writes `tensors` as a pickled dict of name -> tensor (torch.load / torch::pickle_load read it).

@@ -20,6 +20,10 @@ struct RunInfo {
   int rank = 0;
   int world_size = 1;
   std::string output_dir;  // where sinks put files unless configured otherwise
+  // The step of the checkpoint the run resumed from (0: it starts from scratch). Sinks that write
+  // files continue them: records up to this step are kept, later ones (written before a failure
+  // and lost with it) are replaced by the run's new ones.
+  std::int64_t resumed_at_step = 0;
 };
 
 // A sink's file in the run's output folder: `<stem><extension>`, or `<stem>.rank<R><extension>`
