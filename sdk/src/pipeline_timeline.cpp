@@ -13,6 +13,7 @@
 #include <utility>
 
 #include "trainyard/error.hpp"
+#include "trainyard/json_quote.hpp"
 #include "trainyard/strict_json.hpp"
 
 namespace trainyard {

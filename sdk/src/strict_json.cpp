@@ -172,14 +172,4 @@ Json parse_strict_json(std::string_view text, const std::string& source, int max
   return std::move(builder.document());
 }
 
-std::string json_quote(std::string_view value) {
-  try {
-    return Json(std::string(value)).dump();
-  } catch (const Json::type_error&) {
-    const std::string shown =
-        Json(std::string(value)).dump(-1, ' ', false, Json::error_handler_t::replace);
-    throw Error("cannot write " + shortened(shown) + " as JSON: it is not valid UTF-8");
-  }
-}
-
 }  // namespace trainyard

@@ -11,6 +11,7 @@
 
 #include "test_support.hpp"
 #include "trainyard/error.hpp"
+#include "trainyard/json_quote.hpp"
 
 namespace trainyard::testing {
 namespace {

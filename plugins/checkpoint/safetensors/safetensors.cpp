@@ -21,6 +21,7 @@
 
 #include "trainyard/checkpoint.hpp"
 #include "trainyard/error.hpp"
+#include "trainyard/json_quote.hpp"
 #include "trainyard/plugin.hpp"
 #include "trainyard/strict_json.hpp"
 

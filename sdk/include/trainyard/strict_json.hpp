@@ -2,7 +2,7 @@
 // Reading JSON that arrives from files (metric lines, pipeline timelines, safetensors headers)
 // with nlohmann::json, strictly: RFC 8259 text only, nesting bounded, a member name at most once
 // per object, and every error one line naming the source and the byte offset. Writers quote
-// strings with json_quote.
+// strings with json_quote (json_quote.hpp).
 
 #include <nlohmann/json.hpp>
 #include <string>
@@ -20,9 +20,5 @@ constexpr int kDefaultJsonDepth = 64;
 // `max_depth` deep, or a name repeated within one object.
 nlohmann::json parse_strict_json(std::string_view text, const std::string& source,
                                  int max_depth = kDefaultJsonDepth);
-
-// `value` as a JSON string literal, quotes included, control characters escaped. Throws Error
-// when `value` is not valid UTF-8 (no strict reader would take the text back).
-std::string json_quote(std::string_view value);
 
 }  // namespace trainyard
