@@ -26,7 +26,7 @@
 #include "cli.hpp"
 #include "compare_report.hpp"
 #include "trainyard/error.hpp"
-#include "trainyard/json.hpp"
+#include "trainyard/strict_json.hpp"
 #include "trainyard/pipeline_timeline.hpp"
 #include "trainyard/recipe.hpp"
 
@@ -305,22 +305,23 @@ std::vector<Record> read_records(const fs::path& file) {
   for (std::string line; std::getline(in, line);) {
     ++number;
     if (line.empty()) continue;
-    JsonValue object = parse_json(line, file.string() + ":" + std::to_string(number));
-    if (!object.is(JsonValue::Type::kObject)) {
+    const nlohmann::json object =
+        parse_strict_json(line, file.string() + ":" + std::to_string(number));
+    if (!object.is_object()) {
       throw Error(file.string() + ":" + std::to_string(number) +
                   ": a record must be a JSON object");
     }
     Record record;
-    for (const auto& [name, value] : object.as_object()) {
-      if (name == "phase" && value.is(JsonValue::Type::kString)) {
-        record.phase = value.as_string();
-      } else if (name == "step" && value.is(JsonValue::Type::kNumber)) {
-        record.step = static_cast<std::int64_t>(value.as_number());
+    for (const auto& [name, value] : object.items()) {
+      if (name == "phase" && value.is_string()) {
+        record.phase = value.get<std::string>();
+      } else if (name == "step" && value.is_number()) {
+        record.step = value.get<std::int64_t>();
       } else if (name == "epoch" || name == "rank" || name == "elapsed_s") {
         continue;
-      } else if (value.is(JsonValue::Type::kNumber)) {
-        record.values[name] = value.as_number();
-      } else if (value.is(JsonValue::Type::kNull)) {
+      } else if (value.is_number()) {
+        record.values[name] = value.get<double>();
+      } else if (value.is_null()) {
         record.values[name] = std::numeric_limits<double>::quiet_NaN();
       }
     }

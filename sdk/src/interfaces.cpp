@@ -148,6 +148,18 @@ double MetricRecord::get(const std::string& name, double fallback) const {
   return fallback;
 }
 
+bool is_count_metric(std::string_view name) {
+  if (name.starts_with("eval_")) name.remove_prefix(5);
+  for (std::string_view count : {"steps", "samples", "tokens", "epoch"}) {
+    if (name == count) return true;
+  }
+  for (std::string_view suffix :
+       {"_steps", "_samples", "_tokens", "_bytes", "_calls", "_count", "_total"}) {
+    if (name.ends_with(suffix)) return true;
+  }
+  return false;
+}
+
 bool Precision::should_step(const torch::Tensor& found_inf) {
   return !found_inf.defined() || found_inf.item<double>() == 0;
 }

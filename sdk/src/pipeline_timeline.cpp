@@ -13,12 +13,14 @@
 #include <utility>
 
 #include "trainyard/error.hpp"
-#include "trainyard/json.hpp"
+#include "trainyard/json_quote.hpp"
+#include "trainyard/strict_json.hpp"
 
 namespace trainyard {
 namespace {
 
 namespace fs = std::filesystem;
+using Json = nlohmann::json;
 
 constexpr std::string_view kOneProcessName = "pipeline_timeline.json";
 constexpr std::string_view kRankPrefix = "pipeline_timeline.rank";
@@ -60,36 +62,40 @@ std::string json_time(double value, const fs::path& file) {
 // Reads the members of one JSON object, naming `context` ("actions[3]") in errors.
 class MemberReader {
  public:
-  MemberReader(const JsonValue& object, const fs::path& file, std::string context)
+  // Json::is_string, is_number, ...: the kind a member must have.
+  using KindCheck = bool (Json::*)() const noexcept;
+
+  MemberReader(const Json& object, const fs::path& file, std::string context)
       : object_(object), file_(file), context_(std::move(context)) {
-    if (!object.is(JsonValue::Type::kObject)) fail_here("expected a JSON object");
+    if (!object.is_object()) fail_here("expected a JSON object");
   }
 
-  const JsonValue& get(std::string_view name, JsonValue::Type type, const char* what) const {
-    const JsonValue* value = object_.find(name);
-    if (!value) fail_here("missing \"" + std::string(name) + "\"");
-    if (!value->is(type)) fail_here("\"" + std::string(name) + "\" must be " + what);
+  const Json& get(std::string_view name, KindCheck is_kind, const char* what) const {
+    const auto value = object_.find(name);
+    if (value == object_.end()) fail_here("missing \"" + std::string(name) + "\"");
+    if (!((*value).*is_kind)()) fail_here("\"" + std::string(name) + "\" must be " + what);
     return *value;
   }
 
   std::string string(std::string_view name) const {
-    return get(name, JsonValue::Type::kString, "a string").as_string();
+    return get(name, &Json::is_string, "a string").get<std::string>();
   }
 
   // An integer in [minimum, maximum].
   std::int64_t integer(std::string_view name, std::int64_t minimum,
                        std::int64_t maximum = INT_MAX) const {
-    const double value = get(name, JsonValue::Type::kNumber, "a number").as_number();
+    const Json& number = get(name, &Json::is_number, "a number");
+    const auto value = number.get<double>();
     if (value != std::floor(value) || value < static_cast<double>(minimum) ||
         value > static_cast<double>(maximum)) {
       fail_here("\"" + std::string(name) + "\" must be an integer in [" + std::to_string(minimum) +
-                ", " + std::to_string(maximum) + "], got " + object_.find(name)->number_text());
+                ", " + std::to_string(maximum) + "], got " + number.dump());
     }
     return static_cast<std::int64_t>(value);
   }
 
   double number(std::string_view name) const {
-    return get(name, JsonValue::Type::kNumber, "a number").as_number();
+    return get(name, &Json::is_number, "a number").get<double>();
   }
 
   [[noreturn]] void fail_here(const std::string& message) const {
@@ -97,7 +103,7 @@ class MemberReader {
   }
 
  private:
-  const JsonValue& object_;
+  const Json& object_;
   const fs::path& file_;
   std::string context_;
 };
@@ -178,7 +184,7 @@ RankTimeline read_rank_timeline(const fs::path& file) {
   std::ifstream in(file, std::ios::binary);
   if (!in) fail(file, "cannot read the pipeline timeline");
   const std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-  const JsonValue root = parse_json(text, file.string());
+  const Json root = parse_strict_json(text, file.string());
 
   const MemberReader top(root, file, "");
   RankTimeline t;
@@ -192,7 +198,7 @@ RankTimeline read_rank_timeline(const fs::path& file) {
   t.dp_rank = static_cast<int>(top.integer("dp_rank", 0));
   const std::int64_t stages = static_cast<std::int64_t>(t.ranks) * t.virtual_stages;
 
-  const auto& actions = top.get("actions", JsonValue::Type::kArray, "an array").as_array();
+  const Json& actions = top.get("actions", &Json::is_array, "an array");
   for (std::size_t i = 0; i < actions.size(); ++i) {
     const MemberReader item(actions[i], file, "actions[" + std::to_string(i) + "]");
     MeasuredAction measured;
@@ -203,9 +209,8 @@ RankTimeline read_rank_timeline(const fs::path& file) {
     measured.start_us = item.number("start_us");
     measured.end_us = item.number("end_us");
     if (measured.start_us < 0 || measured.end_us < measured.start_us) {
-      item.fail_here("needs 0 <= start_us <= end_us, got " +
-                     actions[i].find("start_us")->number_text() + " and " +
-                     actions[i].find("end_us")->number_text());
+      item.fail_here("needs 0 <= start_us <= end_us, got " + actions[i]["start_us"].dump() +
+                     " and " + actions[i]["end_us"].dump());
     }
     t.actions.push_back(measured);
   }

@@ -174,6 +174,63 @@ TEST_F(SafetensorsTest, MalformedHeadersAreRefused) {
   EXPECT_HAS(read_error(tiny), "shorter than the 8-byte header length");
 }
 
+TEST_F(SafetensorsTest, AmbiguousOrHostileHeadersAreRefused) {
+  const std::string u8_entry = R"({"dtype":"U8","shape":[1],"data_offsets":[0,1]})";
+  EXPECT_HAS(read_error(craft("array.safetensors", "[]", 0)), "header is not a JSON object");
+  EXPECT_HAS(read_error(craft("not_entry.safetensors", R"({"a":[0,1]})", 1)),
+             "tensor 'a' lacks a valid dtype, shape or data_offsets");
+  EXPECT_HAS(read_error(craft("three_offsets.safetensors",
+                              R"({"a":{"dtype":"U8","shape":[1],"data_offsets":[0,1,1]}})", 1)),
+             "tensor 'a' lacks a valid dtype, shape or data_offsets");
+  // A name given twice anywhere leaves the reader to guess which one counts.
+  EXPECT_HAS(read_error(craft("dup_metadata.safetensors",
+                              R"({"__metadata__":{"a":"1"},"__metadata__":{"b":"2"}})", 0)),
+             "duplicate entry '__metadata__'");
+  EXPECT_HAS(read_error(craft("dup_metadata_key.safetensors",
+                              R"({"__metadata__":{"k":"1","k":"2"}})", 0)),
+             "duplicate entry 'k'");
+  EXPECT_HAS(read_error(craft("dup_field.safetensors",
+                              R"({"a":{"dtype":"U8","dtype":"F32","shape":[1],)"
+                              R"("data_offsets":[0,1]}})",
+                              1)),
+             "duplicate entry 'dtype'");
+  EXPECT_HAS(read_error(craft("metadata_number.safetensors", R"({"__metadata__":{"k":1}})", 0)),
+             "__metadata__ entry 'k' is not a string");
+  // Deep nesting is refused before it costs memory or stack.
+  const std::string deep = R"({"__metadata__":)" + std::string(100000, '[') + "]}";
+  EXPECT_HAS(read_error(craft("deep.safetensors", deep, 0)), "nested deeper than 64");
+  // Offsets are read exactly as 64-bit integers: 2^53 + 1 has no double.
+  EXPECT_HAS(read_error(craft("big_offset.safetensors",
+                              R"({"a":{"dtype":"U8","shape":[1],)"
+                              R"("data_offsets":[9007199254740993,9007199254740994]}})",
+                              1)),
+             "claims bytes [9007199254740993, 9007199254740994) of a 1-byte data section");
+  EXPECT_HAS(read_error(craft("max_offset.safetensors",
+                              R"({"a":{"dtype":"U8","shape":[1],)"
+                              R"("data_offsets":[0,18446744073709551615]}})",
+                              1)),
+             "claims bytes [0, 18446744073709551615)");
+  for (const char* bad : {"18446744073709551616", "1.0", "1e0", "-0", "0.5"}) {
+    const std::string header =
+        std::string(R"({"a":{"dtype":"U8","shape":[1],"data_offsets":[0,)") + bad + "]}}";
+    EXPECT_HAS(read_error(craft("offset.safetensors", header, 1)),
+               "tensor 'a' data offset is not a non-negative integer")
+        << bad;
+  }
+  EXPECT_HAS(read_error(craft("string_offset.safetensors",
+                              R"({"a":{"dtype":"U8","shape":[1],"data_offsets":[0,"1"]}})", 1)),
+             "tensor 'a' data offset is not a number");
+  EXPECT_HAS(read_error(craft("huge_shape.safetensors",
+                              R"({"a":{"dtype":"F32","shape":[4294967296,4294967296,2],)"
+                              R"("data_offsets":[0,4]}})",
+                              4)),
+             "tensor 'a' has an impossible shape");
+  EXPECT_HAS(read_error(craft("bom.safetensors", "\xEF\xBB\xBF{}", 0)), "byte order mark");
+  EXPECT_HAS(read_error(craft("utf8.safetensors", "{\"\xff\":" + u8_entry + "}", 1)),
+             "invalid JSON at byte 2");
+  EXPECT_HAS(read_error(craft("trailing_json.safetensors", "{} {}", 0)), "invalid JSON at byte 3");
+}
+
 // A short run that leaves one checkpoint; returns its folder.
 fs::path train_with_checkpoint(const TempDir& dir, const std::string& backend) {
   auto recipe = dir.write("recipe.toml", R"(

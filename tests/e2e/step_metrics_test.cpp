@@ -12,7 +12,7 @@
 
 #include "metrics_file.hpp"
 #include "test_support.hpp"
-#include "trainyard/json.hpp"
+#include "trainyard/strict_json.hpp"
 
 namespace trainyard::testing {
 namespace {
@@ -131,14 +131,14 @@ TEST_F(CnnRunWithEverySink, CsvTablesHaveOneRowPerRecordUnderOneHeader) {
 TEST_F(CnnRunWithEverySink, TraceHasEveryStepsPhasesBackToBack) {
   ASSERT_EQ(result_->exit_code, 0) << describe(*result_);
   const std::filesystem::path file = dir_->path() / "trace.json";
-  JsonValue trace = parse_json(read_text(file), file.string());
-  std::map<std::int64_t, std::vector<const JsonValue*>> by_step;
+  const nlohmann::json trace = parse_strict_json(read_text(file), file.string());
+  ASSERT_TRUE(trace.is_array());
+  std::map<std::int64_t, std::vector<const nlohmann::json*>> by_step;
   std::set<std::string> names;
-  for (const JsonValue& event : trace.as_array()) {
-    if (event.find("ph")->as_string() != "X") continue;
-    names.insert(event.find("name")->as_string());
-    by_step[static_cast<std::int64_t>(event.find("args")->find("step")->as_number())].push_back(
-        &event);
+  for (const nlohmann::json& event : trace) {
+    if (event.at("ph") != "X") continue;
+    names.insert(event.at("name").get<std::string>());
+    by_step[event.at("args").at("step").get<std::int64_t>()].push_back(&event);
   }
   EXPECT_EQ(names, (std::set<std::string>{"data_wait", "h2d", "forward", "backward", "optimizer"}));
   ASSERT_EQ(by_step.size(), 60u);
@@ -146,8 +146,8 @@ TEST_F(CnnRunWithEverySink, TraceHasEveryStepsPhasesBackToBack) {
     ASSERT_EQ(events.size(), 5u) << "step " << step;
     for (std::size_t i = 1; i < events.size(); ++i) {
       const double end =
-          events[i - 1]->find("ts")->as_number() + events[i - 1]->find("dur")->as_number();
-      EXPECT_NEAR(events[i]->find("ts")->as_number(), end, 0.01);
+          events[i - 1]->at("ts").get<double>() + events[i - 1]->at("dur").get<double>();
+      EXPECT_NEAR(events[i]->at("ts").get<double>(), end, 0.01);
     }
   }
 }

@@ -21,8 +21,9 @@
 
 #include "trainyard/checkpoint.hpp"
 #include "trainyard/error.hpp"
-#include "trainyard/json.hpp"
+#include "trainyard/json_quote.hpp"
 #include "trainyard/plugin.hpp"
+#include "trainyard/strict_json.hpp"
 
 namespace trainyard {
 namespace {
@@ -97,14 +98,14 @@ class MappedFile {
   std::uint64_t size_ = 0;
 };
 
-std::uint64_t to_u64(const JsonValue& value, const std::string& what) {
-  if (!value.is(JsonValue::Type::kNumber)) throw Error(what + " is not a number");
-  const std::string& text = value.number_text();
-  if (text.empty() || text.find_first_not_of("0123456789") != std::string::npos ||
-      text.size() > 19) {
-    throw Error(what + " is not a non-negative integer: " + text);
+// Offsets and sizes exactly as written: the strict reader keeps integers up to 2^64 - 1 as
+// unsigned 64-bit numbers; negative ones, fractions, exponents and larger values are refused.
+std::uint64_t to_u64(const nlohmann::json& value, const std::string& what) {
+  if (!value.is_number()) throw Error(what + " is not a number");
+  if (!value.is_number_unsigned()) {
+    throw Error(what + " is not a non-negative integer: " + value.dump());
   }
-  return std::stoull(text);
+  return value.get<std::uint64_t>();
 }
 
 class Safetensors final : public CheckpointBackend {
@@ -189,8 +190,11 @@ class Safetensors final : public CheckpointBackend {
                   std::to_string(mapped.size()) + "-byte file (truncated?)");
     }
     std::string_view header_text(reinterpret_cast<const char*>(mapped.data() + 8), header_length);
-    JsonValue header = parse_json(header_text, "safetensors header of " + file.string());
-    if (!header.is(JsonValue::Type::kObject)) throw Error("header is not a JSON object");
+    // The strict reader refuses repeated names (a tensor or metadata key given twice) and
+    // bounds the nesting.
+    const nlohmann::json header =
+        parse_strict_json(header_text, "safetensors header of " + file.string());
+    if (!header.is_object()) throw Error("header is not a JSON object");
 
     const std::uint64_t data_start = 8 + header_length;
     const std::uint64_t data_size = mapped.size() - data_start;
@@ -200,34 +204,33 @@ class Safetensors final : public CheckpointBackend {
       std::string name;
     };
     std::vector<Range> ranges;
-    for (const auto& [name, entry] : header.as_object()) {
-      if (state.tensors.count(name) || (name == kMetadataKey && !state.metadata.empty())) {
-        throw Error("duplicate entry '" + name + "' in the header");
-      }
+    for (const auto& [name, entry] : header.items()) {
       if (name == kMetadataKey) {
-        if (!entry.is(JsonValue::Type::kObject)) throw Error("__metadata__ is not an object");
-        for (const auto& [key, value] : entry.as_object()) {
-          if (!value.is(JsonValue::Type::kString)) {
+        if (!entry.is_object()) throw Error("__metadata__ is not an object");
+        for (const auto& [key, value] : entry.items()) {
+          if (!value.is_string()) {
             throw Error("__metadata__ entry '" + key + "' is not a string");
           }
-          state.metadata[key] = value.as_string();
+          state.metadata[key] = value.get<std::string>();
         }
         continue;
       }
       const std::string what = "tensor '" + name + "'";
-      const JsonValue* dtype = entry.find("dtype");
-      const JsonValue* shape = entry.find("shape");
-      const JsonValue* offsets = entry.find("data_offsets");
-      if (!dtype || !shape || !offsets || !dtype->is(JsonValue::Type::kString) ||
-          !shape->is(JsonValue::Type::kArray) || !offsets->is(JsonValue::Type::kArray) ||
-          offsets->as_array().size() != 2) {
+      if (!entry.is_object()) throw Error(what + " lacks a valid dtype, shape or data_offsets");
+      const auto dtype = entry.find("dtype");
+      const auto shape = entry.find("shape");
+      const auto offsets = entry.find("data_offsets");
+      if (dtype == entry.end() || shape == entry.end() || offsets == entry.end() ||
+          !dtype->is_string() || !shape->is_array() || !offsets->is_array() ||
+          offsets->size() != 2) {
         throw Error(what + " lacks a valid dtype, shape or data_offsets");
       }
-      auto type = dtype_of(dtype->as_string());
-      if (!type) throw Error(what + " has unknown dtype '" + dtype->as_string() + "'");
+      const std::string& dtype_text = dtype->get_ref<const std::string&>();
+      auto type = dtype_of(dtype_text);
+      if (!type) throw Error(what + " has unknown dtype '" + dtype_text + "'");
       std::vector<std::int64_t> sizes;
       std::uint64_t numel = 1;
-      for (const auto& dimension : shape->as_array()) {
+      for (const auto& dimension : *shape) {
         std::uint64_t d = to_u64(dimension, what + " shape entry");
         if (d > static_cast<std::uint64_t>(std::numeric_limits<std::int64_t>::max()) ||
             (d != 0 && numel > std::numeric_limits<std::uint64_t>::max() / d)) {
@@ -236,8 +239,8 @@ class Safetensors final : public CheckpointBackend {
         numel *= d;
         sizes.push_back(static_cast<std::int64_t>(d));
       }
-      const std::uint64_t begin = to_u64(offsets->as_array()[0], what + " data offset");
-      const std::uint64_t end = to_u64(offsets->as_array()[1], what + " data offset");
+      const std::uint64_t begin = to_u64((*offsets)[0], what + " data offset");
+      const std::uint64_t end = to_u64((*offsets)[1], what + " data offset");
       const std::uint64_t element = c10::elementSize(*type);
       if (begin > end || end > data_size) {
         throw Error(what + " claims bytes [" + std::to_string(begin) + ", " + std::to_string(end) +

@@ -5,6 +5,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstdio>
 #include <string>
 
@@ -21,6 +22,19 @@ std::string duration(double seconds) {
     std::snprintf(text, sizeof text, "%lldh%02lldm", total / 3600, total / 60 % 60);
   } else {
     std::snprintf(text, sizeof text, "%lldm%02llds", total / 60, total % 60);
+  }
+  return text;
+}
+
+// A figure as the line shows it: a count (is_count_metric) holding a whole number without
+// decimals, anything else through `format` (printf, one double).
+std::string figure(const std::string& name, double value, const char* format) {
+  char text[64];
+  if (is_count_metric(name) && std::isfinite(value) && value == std::trunc(value) &&
+      std::fabs(value) < 9.0e18) {
+    std::snprintf(text, sizeof text, "%lld", static_cast<long long>(value));
+  } else {
+    std::snprintf(text, sizeof text, format, value);
   }
   return text;
 }
@@ -62,10 +76,7 @@ class Console final : public MetricsSink {
       line = buffer;
       for (const char* extra : {"grad_norm", "loss_scale", "skipped_steps", "mfu"}) {
         for (const auto& [name, value] : record.values) {
-          if (name == extra) {
-            std::snprintf(buffer, sizeof buffer, "  %s %.4g", extra, value);
-            line += buffer;
-          }
+          if (name == extra) line += "  " + name + " " + figure(name, value, "%.4g");
         }
       }
     } else {
@@ -73,8 +84,7 @@ class Console final : public MetricsSink {
                     static_cast<long long>(record.step), static_cast<long long>(record.epoch));
       line = buffer;
       for (const auto& [name, value] : record.values) {
-        std::snprintf(buffer, sizeof buffer, "  %s %.4f", name.c_str(), value);
-        line += buffer;
+        line += "  " + name + " " + figure(name, value, "%.4f");
       }
     }
     if (bar_ && record.phase == "train") {

@@ -8,7 +8,7 @@
 #include <sstream>
 
 #include "trainyard/error.hpp"
-#include "trainyard/json.hpp"
+#include "trainyard/json_quote.hpp"
 #include "trainyard/metrics.hpp"
 #include "trainyard/plugin.hpp"
 

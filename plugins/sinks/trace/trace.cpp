@@ -7,7 +7,7 @@
 #include <string>
 
 #include "trainyard/error.hpp"
-#include "trainyard/json.hpp"
+#include "trainyard/json_quote.hpp"
 #include "trainyard/metrics.hpp"
 #include "trainyard/plugin.hpp"
 
