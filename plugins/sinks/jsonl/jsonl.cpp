@@ -9,6 +9,7 @@
 
 #include "trainyard/error.hpp"
 #include "trainyard/json_quote.hpp"
+#include "trainyard/strict_json.hpp"
 #include "trainyard/metrics.hpp"
 #include "trainyard/plugin.hpp"
 
@@ -29,14 +30,15 @@ std::string json_number(double value) {
 // cut short by the failure go.
 bool kept_on_resume(const std::string& line, std::int64_t resumed_at_step) {
   try {
-    JsonValue record = parse_json(line, "metrics line");
-    const JsonValue* phase = record.find("phase");
-    const JsonValue* step = record.find("step");
-    if (!phase || !step || !phase->is(JsonValue::Type::kString) ||
-        !step->is(JsonValue::Type::kNumber)) {
+    const nlohmann::json record = parse_strict_json(line, "metrics line");
+    const auto phase = record.find("phase");
+    const auto step = record.find("step");
+    if (phase == record.end() || step == record.end() || !phase->is_string() ||
+        !step->is_number()) {
       return false;
     }
-    return phase->as_string() != "summary" && step->as_number() <= static_cast<double>(resumed_at_step);
+    return phase->get<std::string>() != "summary" &&
+           step->get<double>() <= static_cast<double>(resumed_at_step);
   } catch (const Error&) {
     return false;
   }
