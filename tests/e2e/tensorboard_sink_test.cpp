@@ -4,6 +4,7 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <filesystem>
 #include <map>
@@ -14,6 +15,9 @@
 
 #include "metrics_file.hpp"
 #include "test_support.hpp"
+#include "trainyard/build_context.hpp"
+#include "trainyard/metrics.hpp"
+#include "trainyard/registry.hpp"
 #include "venv_python.hpp"
 
 namespace trainyard::testing {
@@ -150,6 +154,55 @@ TEST(TensorBoardSinkTest, KilledRunLeavesReadableEventFiles) {
   for (std::size_t i = 0; i < std::min(event_steps.size(), jsonl_steps.size()); ++i) {
     EXPECT_EQ(event_steps[i], jsonl_steps[i]);
   }
+}
+
+// The event files each rank of a two-rank run writes with these options.
+std::vector<fs::path> event_files_of_two_ranks(const TempDir& dir, bool all_ranks) {
+  static Registry* registry = [] {
+    auto* r = new Registry;
+    load_bundled_plugins(*r);
+    return r;
+  }();
+  for (int rank = 0; rank < 2; ++rank) {
+    auto table = std::make_shared<Table>();
+    table->set("all_ranks", Value(all_ranks));
+    auto sink = registry->create<MetricsSink>("tensorboard", Config(table, "sinks.tensorboard"),
+                                              BuildContext{});
+    RunInfo run;
+    run.name = "ranks";
+    run.rank = rank;
+    run.world_size = 2;
+    run.output_dir = dir.path().string();
+    sink->begin(run);
+    MetricRecord record;
+    record.phase = "train";
+    record.step = 1;
+    record.values = {{"loss", 1.0}};
+    sink->write(record);
+    sink->end();
+  }
+  std::vector<fs::path> files;
+  for (const auto& entry : fs::recursive_directory_iterator(dir.path())) {
+    if (entry.is_regular_file()) files.push_back(fs::relative(entry.path(), dir.path()));
+  }
+  std::sort(files.begin(), files.end());
+  return files;
+}
+
+TEST(TensorBoardSinkTest, RankZeroWritesByDefaultEveryRankInItsFolderWhenAsked) {
+  TempDir only_first;
+  const auto first = event_files_of_two_ranks(only_first, false);
+  ASSERT_EQ(first.size(), 1u);
+  EXPECT_EQ(first[0].parent_path(), "tensorboard");
+  EXPECT_EQ(first[0].filename().string().rfind("events.out.tfevents.", 0), 0u) << first[0];
+
+  TempDir every;
+  const auto all = event_files_of_two_ranks(every, true);
+  ASSERT_EQ(all.size(), 2u);
+  EXPECT_EQ(all[0].parent_path(), fs::path("tensorboard") / "rank0");
+  EXPECT_EQ(all[1].parent_path(), fs::path("tensorboard") / "rank1");
+  // TensorBoard reads both, one run per rank folder.
+  EXPECT_EQ(read_event_scalars(every / "tensorboard").size(), 2u * 3u);
 }
 
 }  // namespace
