@@ -22,8 +22,13 @@ using trainyard::kStepPhaseCount;
 class SinkConformance : public ::testing::TestWithParam<std::string> {
  protected:
   std::shared_ptr<MetricsSink> build() {
+    auto options = std::make_shared<trainyard::Table>();
+    // Sinks that serve a port take any free one, so that test runs side by side never collide.
+    if (trainyard::conformance::has_option("sink", GetParam(), "port")) {
+      options->set("port", trainyard::Value(std::int64_t{0}));
+    }
     return trainyard::conformance::registry().create<MetricsSink>(
-        GetParam(), trainyard::conformance::section("sinks." + GetParam()),
+        GetParam(), trainyard::conformance::section("sinks." + GetParam(), options),
         trainyard::conformance::classification_context());
   }
 
