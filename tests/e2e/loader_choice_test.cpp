@@ -28,6 +28,7 @@ eval = false
 batch_size = 256
 [dataset]
 plugin = "test_slow"
+samples = 10240
 prepare_us_per_sample = 16
 [model]
 plugin = "mlp"
