@@ -11,7 +11,8 @@ the automatic loader's measuring steps), and a side's time is the median over it
 Environment: PEERS_RECIPES (default all three), PEERS_REPEATS (runs per side, default 5),
 PEERS_SWEEP_REPEATS (runs per sweep configuration, default 3; 0: no sweep), PEERS_STEPS_SCALE
 (multiplies each recipe's steps, default 1), PEERS_SMOKE=1 (3 intervals of 2 steps a run, one
-repeat, every configuration of the sweep once, no floors checked: proves the benchmark runs).
+repeat, the default and two corners of the sweep once, no floors checked: proves the benchmark
+runs).
 
 Exits 1 when a ratio Python / trainyard is under its recipe's floor or the default is more than
 3% slower than the sweep's best configuration (not in smoke runs).
@@ -122,6 +123,10 @@ class Bench:
         threads = sorted({1, max(1, cores // 2), cores})
         workers = sorted({0, 1, min(2, cores)})
         grid = [(w, t) for w in workers for t in threads]
+        if self.smoke:
+            # The corners of the grid: enough to prove that every kind of run works.
+            workers, threads = [workers[0], workers[-1]], [threads[0], threads[-1]]
+            grid = [(workers[0], threads[0]), (workers[-1], threads[-1])]
         ok = True
         for recipe in recipes:
             configurations = [None] + grid
@@ -142,7 +147,8 @@ class Bench:
                   f"columns run.threads)")
             print("workers " + "".join(f"{t:>9}" for t in threads))
             for w in workers:
-                print(f"{w:7} " + "".join(f"{medians[(w, t)]:9.3f}" for t in threads))
+                print(f"{w:7} " + "".join(f"{medians[(w, t)]:9.3f}" if (w, t) in medians
+                                          else f"{'-':>9}" for t in threads))
             print(f"default {default:.3f} ms, best {medians[best]:.3f} ms (workers {best[0]}, "
                   f"threads {best[1]}): default / best {default / medians[best]:.3f}"
                   f"{'' if passed else '  MORE THAN 3% SLOWER'}")
