@@ -1,6 +1,7 @@
 #include "trainyard/engine.hpp"
 
 #include <ATen/ATen.h>
+#include <ATen/Parallel.h>
 
 #include <chrono>
 #include <iostream>
@@ -18,6 +19,7 @@
 #include "trainyard/device.hpp"
 #include "trainyard/error.hpp"
 #include "trainyard/loader.hpp"
+#include "trainyard/loader_tuning.hpp"
 #include "trainyard/scheduler.hpp"
 #include "trainyard/step_phases.hpp"
 
@@ -40,6 +42,9 @@ struct Engine::State {
   std::unique_ptr<Checkpointing> checkpointing;  // null without [checkpoint]
   std::unique_ptr<Evaluation> evaluation;        // null without evaluation
   std::unique_ptr<MetricsReporter> reporter;
+  // Chooses the loader's workers and the compute threads over the first steps; null when the
+  // recipe sets the workers or the split is a stream.
+  std::unique_ptr<LoaderTuner> loader_tuner;
   std::int64_t step = 0;
 
   State(Recipe r, RunControls c) : recipe(std::move(r)), controls(std::move(c)) {}
@@ -99,6 +104,14 @@ Engine::Engine(Recipe recipe, const Registry& registry, RunControls controls)
   s.data = std::make_unique<TrainingData>(
       *s.components.dataset, s.recipe.section("dataset").get_string("plugin"), s.loader, s.run,
       s.placement, s.runtime->data_parallel_place(), s.runtime->cores(), s.runtime->local_ranks());
+  if (s.data->chooses_workers()) {
+    LoaderTuningSettings tuning;
+    tuning.cores = std::max(1, static_cast<int>(s.runtime->cores()) /
+                                   std::max(1, s.runtime->local_ranks()));
+    tuning.threads = at::get_num_threads();
+    tuning.tune_threads = s.run.threads == 0;
+    s.loader_tuner = std::make_unique<LoaderTuner>(tuning);
+  }
   if (!s.data->eval_split().empty()) {
     LoaderOptions options;
     options.batch_size = s.loader.evaluation_batch_size();
@@ -200,6 +213,45 @@ StepResult Engine::train_one_step(std::span<const Batch> micro_batches) {
   return result;
 }
 
+namespace {
+
+std::string describe_loader(int workers, int threads) {
+  return std::to_string(workers) + (workers == 1 ? " loader worker, " : " loader workers, ") +
+         std::to_string(threads) + (threads == 1 ? " compute thread" : " compute threads");
+}
+
+}  // namespace
+
+void Engine::announce_loader() {
+  State& s = *state_;
+  if (s.runtime->rank() != 0) return;
+  if (s.loader_tuner) {
+    s.log("trainyard: loader.workers = -1: timing batch preparation in line over the first "
+          "steps, then choosing the workers");
+    return;
+  }
+  const std::string why = s.loader.workers == -1
+                              ? " (a streaming split's order depends on its worker count: a "
+                                "quarter of the cores, fixed at start)"
+                              : " (loader.workers)";
+  s.log("trainyard: loader: " + describe_loader(s.data->loader().workers(), at::get_num_threads()) +
+        why);
+}
+
+void Engine::tune_loader(double wait_s, double step_s) {
+  State& s = *state_;
+  const std::optional<LoaderChoice> choice = s.loader_tuner->observe(wait_s, step_s);
+  if (!choice) return;
+  if (choice->workers != s.data->loader().workers()) s.data->loader().set_workers(choice->workers);
+  if (choice->threads != at::get_num_threads()) at::set_num_threads(choice->threads);
+  if (!s.loader_tuner->settled()) return;
+  s.reporter->set_loader_choice(s.loader_tuner->prepare_ms(), s.loader_tuner->prepare_share());
+  if (s.runtime->rank() == 0) {
+    s.log("trainyard: loader: " + describe_loader(choice->workers, choice->threads) + " after " +
+          std::to_string(s.step) + " steps: " + choice->reason);
+  }
+}
+
 RunSummary Engine::run() {
   State& s = *state_;
   return s.runtime->naming_failures([&] {
@@ -218,6 +270,7 @@ RunSummary Engine::run_steps() {
     s.step = start.step;
   }
   const std::int64_t total_steps = s.data->total_steps();
+  announce_loader();
   s.reporter->begin({s.recipe.name(), total_steps, s.data->steps_per_epoch(), s.run.epochs,
                      s.runtime->rank(), s.runtime->world_size(), s.run.output_dir.string(),
                      start.step});
@@ -231,10 +284,17 @@ RunSummary Engine::run_steps() {
        epoch < s.run.epochs && s.step < total_steps; ++epoch, first_batch = 0) {
     s.data->loader().start_epoch(epoch, first_batch);
     while (s.step < total_steps) {
+      const auto step_started = Clock::now();
       std::vector<Batch> micro = next_micro_batches();
       if (micro.empty()) break;
+      const auto batches_ready = Clock::now();
       s.runtime->before_step(s.step);
       train_one_step(micro);
+      if (s.loader_tuner && !s.loader_tuner->settled()) {
+        using Seconds = std::chrono::duration<double>;
+        tune_loader(Seconds(batches_ready - step_started).count(),
+                    Seconds(Clock::now() - step_started).count());
+      }
       const bool log_boundary = s.step % s.run.log_every == 0;
       if (log_boundary) s.reporter->flush_train(s.step, epoch, s.elapsed());
       // Throughput and step time measure training, not saving.

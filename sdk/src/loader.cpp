@@ -221,6 +221,20 @@ Batch Loader::make_batch(const std::vector<std::int64_t>& indices, std::int64_t 
   return batch;
 }
 
+void Loader::set_workers(int count) {
+  if (stream_) throw Error("a streaming split keeps the worker count it started with");
+  if (count < 0) throw Error("loader.workers must be >= 0");
+  if (count == options_.workers) return;
+  workers_.reset();
+  options_.workers = count;
+  if (count == 0) return;
+  workers_ = std::make_unique<Workers>(*this);
+  std::unique_lock<std::mutex> lock(workers_->mutex);
+  workers_->restart_locked(next_batch_);
+  lock.unlock();
+  workers_->wake_all();
+}
+
 std::optional<Batch> Loader::next() {
   if (stream_) return stream_->next();
   if (next_batch_ >= num_batches_) return std::nullopt;

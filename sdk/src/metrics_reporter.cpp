@@ -1,5 +1,7 @@
 #include "metrics_reporter.hpp"
 
+#include <ATen/Parallel.h>
+
 #include <algorithm>
 
 #include "trainyard/device.hpp"
@@ -43,6 +45,18 @@ void MetricsReporter::emit(const MetricRecord& record) {
 
 // Memory as the device's allocator (or the process, on the host) sees it, and what the strategy
 // holds in parameters, gradients and optimizer state.
+void MetricsReporter::set_loader_choice(double prepare_ms, double prepare_share) {
+  loader_choice_ = {{"loader_prepare_ms", prepare_ms}, {"loader_prepare_share", prepare_share}};
+}
+
+// The loader's workers and the compute threads in effect (the automatic loader changes them
+// over the first steps).
+void MetricsReporter::append_loader_figures(
+    std::vector<std::pair<std::string, double>>& values) const {
+  values.emplace_back("loader_workers", static_cast<double>(run_.loader->workers()));
+  values.emplace_back("compute_threads", static_cast<double>(at::get_num_threads()));
+}
+
 void MetricsReporter::append_memory_figures(
     std::vector<std::pair<std::string, double>>& values) const {
   const DeviceMemory memory = run_.placement.backend->memory(run_.placement.index);
@@ -72,6 +86,7 @@ void MetricsReporter::flush_train(std::int64_t step, std::int64_t epoch, double 
                                                          static_cast<double>(std::max<std::int64_t>(
                                                              1, loader.batches_per_epoch())));
   for (const auto& metric : run_.precision->metrics()) record.values.push_back(metric);
+  append_loader_figures(record.values);
   append_memory_figures(record.values);
   if (!figures.spans.empty()) {
     for (auto& sink : sinks_) {
@@ -112,6 +127,8 @@ RunSummary MetricsReporter::finish(RunSummary summary, std::int64_t epoch, doubl
     record.values.emplace_back(std::string(step_phase_name(phase)) + "_share",
                                meter_->phase_share(phase));
   }
+  append_loader_figures(record.values);
+  for (const auto& figure : loader_choice_) record.values.push_back(figure);
   append_memory_figures(record.values);
   if (run_.rank == 0) {
     for (const auto& line : meter_->bottleneck_report()) log_("trainyard: " + line);

@@ -57,10 +57,14 @@ class MetricsReporter {
   // Adds the last train loss and evaluation to `summary`, writes the summary record (rank 0 logs
   // the bottleneck report) and ends every sink.
   RunSummary finish(RunSummary summary, std::int64_t epoch, double elapsed_s);
+  // What the automatic loader measured before it chose (LoaderTuner): the milliseconds to
+  // prepare a step's batches in line and their share of the step, for the summary.
+  void set_loader_choice(double prepare_ms, double prepare_share);
 
  private:
   void emit(const MetricRecord& record);
   void append_memory_figures(std::vector<std::pair<std::string, double>>& values) const;
+  void append_loader_figures(std::vector<std::pair<std::string, double>>& values) const;
 
   ReportedRun run_;
   std::function<void(const std::string&)> log_;
@@ -68,6 +72,7 @@ class MetricsReporter {
   std::unique_ptr<TrainingMeter> meter_;
   double final_train_loss_ = 0;
   std::map<std::string, double> last_eval_;
+  std::vector<std::pair<std::string, double>> loader_choice_;
 };
 
 }  // namespace trainyard

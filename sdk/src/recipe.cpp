@@ -356,7 +356,8 @@ const OptionSpecs& loader_options() {
   static const OptionSpecs specs = {
       option("batch_size", 64, "samples per micro-batch on each rank").at_least(1),
       option("eval_batch_size", 0, "samples per evaluation batch (0: 4 x batch_size)"),
-      option("workers", -1, "loader threads (-1: derived from the cores and local ranks)")
+      option("workers", -1,
+             "loader threads (-1: chosen from the preparation and step times of the first steps)")
           .at_least(0)
           .or_exactly(-1, "for automatic"),
       option("prefetch", 2, "batches each worker prepares ahead").at_least(1),

@@ -25,7 +25,10 @@ TrainingData::TrainingData(const Dataset& dataset, const std::string& dataset_pl
   train.batch_size = loader.batch_size;
   train.shuffle = loader.shuffle;
   train.drop_last = loader.drop_last;
-  train.workers = loader.worker_count(cores, local_ranks);
+  // A stream's order depends on its worker count, so only a map-style split's count is left
+  // to what the first steps measure (LoaderTuner).
+  chooses_workers_ = loader.workers == -1 && dataset.map_split(loader.train_split) != nullptr;
+  train.workers = chooses_workers_ ? 0 : loader.worker_count(cores, local_ranks);
   train.prefetch = static_cast<int>(loader.prefetch);
   train.seed = run.seed;
   train.place = place;

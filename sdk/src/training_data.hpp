@@ -33,6 +33,9 @@ class TrainingData {
   std::int64_t total_steps() const { return total_steps_; }
   // Empty: no evaluation.
   const std::string& eval_split() const { return eval_split_; }
+  // Whether the worker count is the run's to choose (`loader.workers = -1` on a map-style split,
+  // whose batches do not depend on it): the loader then starts without workers.
+  bool chooses_workers() const { return chooses_workers_; }
   // Whether the loader's epoch has too few batches left for another optimizer step.
   bool epoch_complete() const;
 
@@ -42,6 +45,7 @@ class TrainingData {
   std::int64_t steps_per_epoch_ = 0;
   std::int64_t total_steps_ = 0;
   std::string eval_split_;
+  bool chooses_workers_ = false;
 };
 
 }  // namespace trainyard

@@ -600,5 +600,34 @@ TEST(LoaderTest, EmptySource) {
   EXPECT_FALSE(loader.next().has_value());
 }
 
+// The automatic loader changes the worker count mid-epoch: the batches and their order must be
+// those of any fixed count.
+TEST(LoaderTest, ChangingTheWorkersMidEpochKeepsTheBatches) {
+  auto source = std::make_shared<CountingSource>(53);
+  Loader reference(source, options_with(4, true, true, 0, 5));
+  reference.start_epoch(2);
+  const auto expected = drain(reference);
+  ASSERT_EQ(expected.size(), 13u);
+  Loader loader(source, options_with(4, true, true, 0, 5));
+  loader.start_epoch(2);
+  std::vector<Batch> got;
+  const std::vector<int> counts = {0, 2, 1, 3, 0};
+  for (std::size_t i = 0; i < expected.size(); ++i) {
+    if (i % 3 == 1) loader.set_workers(counts[(i / 3) % counts.size()] + 1);
+    if (i % 3 == 2) loader.set_workers(counts[(i / 3) % counts.size()]);
+    auto batch = loader.next();
+    ASSERT_TRUE(batch);
+    got.push_back(std::move(*batch));
+  }
+  EXPECT_FALSE(loader.next());
+  expect_same_batches(got, expected);
+  // The count holds into the next epoch.
+  loader.set_workers(2);
+  EXPECT_EQ(loader.workers(), 2);
+  loader.start_epoch(2);
+  expect_same_batches(drain(loader), expected);
+  EXPECT_THROW(loader.set_workers(-1), Error);
+}
+
 }  // namespace
 }  // namespace trainyard

@@ -64,6 +64,10 @@ class Engine {
 
  private:
   RunSummary run_steps();
+  // Logs the loader's workers and compute threads, or that the first steps will choose them.
+  void announce_loader();
+  // Feeds one step's data wait and time to the loader tuner and applies what it chooses.
+  void tune_loader(double wait_s, double step_s);
   struct State;
   std::unique_ptr<State> state_;
 };

@@ -68,6 +68,12 @@ class Loader {
   // Index of the batch next() returns next.
   std::int64_t position() const;
   const LoaderOptions& options() const { return options_; }
+  // Worker threads preparing batches (0: prepared by the caller of next()).
+  int workers() const { return options_.workers; }
+  // Prepares the rest of the epoch, from position(), with `count` workers instead: batches
+  // prepared ahead are dropped and prepared again. The batches and their order stay the same
+  // (map-style splits only: a stream's order depends on its worker count, so it refuses).
+  void set_workers(int count);
   // The position beyond (epoch, batch), for a checkpoint's per-rank state: a stream's reader
   // states (a map-style split needs none: its order follows from the seed). load_state keeps it
   // for the next start_epoch of the same epoch and batch.
