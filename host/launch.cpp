@@ -15,7 +15,9 @@
 #include <thread>
 
 #include "group_resize.hpp"
+#include "progress_watch.hpp"
 #include "trainyard/distributed.hpp"
+#include "trainyard/heartbeat.hpp"
 #include "trainyard/error.hpp"
 
 extern char** environ;
@@ -40,6 +42,12 @@ options:
   --master-addr A          address of machine 0; the store listens there only (default 127.0.0.1)
   --master-port P          port of the store (default: a free port; required when --nnodes > 1)
   --grace-period S         seconds the other ranks get to stop before SIGKILL (default 5)
+  --stop-grace-period S    seconds the ranks get to save and stop after the launcher forwards
+                           SIGTERM, SIGINT or SIGHUP to them, before SIGKILL (default 120)
+  --watchdog S             a rank whose heartbeat stops (frozen, SIGSTOP) or a group in which
+                           no rank begins a step for S seconds is a failure: the launcher kills
+                           the stuck ranks (then restarts with --max-restarts). Longer than the
+                           longest evaluation or checkpoint save (default 0: off)
   --max-restarts K         when a rank fails, stop the group and start it again, up to K times,
                            resuming from the newest valid checkpoint (--resume auto; default 0)
   --restart-backoff S      seconds before the first restart, doubled for each next one, at
@@ -93,6 +101,17 @@ void forward_lines(std::string& partial, const char* data, std::size_t size, con
   }
 }
 
+// The signal a rank stopped on, having saved a checkpoint (it exits with 128 + the signal, see
+// run.stop_signals), or 0.
+int stop_signal_of(int status) {
+  if (!WIFEXITED(status) || WEXITSTATUS(status) <= 128) return 0;
+  const int signal = WEXITSTATUS(status) - 128;
+  for (int stop : {SIGTERM, SIGINT, SIGHUP, SIGUSR1, SIGUSR2, SIGXCPU}) {
+    if (signal == stop) return signal;
+  }
+  return 0;
+}
+
 std::string describe(int status) {
   if (WIFEXITED(status)) return "exited with status " + std::to_string(WEXITSTATUS(status));
   if (WIFSIGNALED(status)) return std::string("was killed by signal ") + strsignal(WTERMSIG(status));
@@ -112,6 +131,8 @@ struct LaunchOptions {
   std::string address = "127.0.0.1";
   int port = 0;
   int grace_s = 5;
+  int stop_grace_s = 120;
+  double watchdog_s = 0;  // 0: off
   int max_restarts = 0;
   double restart_backoff_s = 1;
   int min_nproc = 0;  // 0: restart at full size
@@ -159,6 +180,10 @@ std::optional<LaunchOptions> parse_options(const std::vector<std::string>& args)
       options.port = parse_int(name, value);
     } else if (name == "--grace-period") {
       options.grace_s = parse_int(name, value);
+    } else if (name == "--stop-grace-period") {
+      options.stop_grace_s = parse_int(name, value);
+    } else if (name == "--watchdog") {
+      options.watchdog_s = parse_seconds(name, value);
     } else if (name == "--max-restarts" || name == "--max_restarts") {
       options.max_restarts = parse_int(name, value);
     } else if (name == "--restart-backoff") {
@@ -182,6 +207,7 @@ std::optional<LaunchOptions> parse_options(const std::vector<std::string>& args)
     throw Error("launch: --master-port is required when --nnodes > 1");
   }
   if (options.grace_s < 0) throw Error("launch: --grace-period must be >= 0");
+  if (options.stop_grace_s < 0) throw Error("launch: --stop-grace-period must be >= 0");
   if (options.max_restarts < 0) throw Error("launch: --max-restarts must be >= 0");
   if (options.min_nproc < 0 || options.min_nproc > options.nproc) {
     throw Error("launch: --min-nproc must be in 1..--nproc-per-node");
@@ -225,6 +251,8 @@ struct GroupOutcome {
   std::optional<std::pair<int, int>> first_failure;  // rank, wait status
   std::string failure;  // what the failing rank recorded in the store, if anything
   int forwarded_signal = 0;
+  // The signal the ranks stopped on, saving a checkpoint (they exit with 128 + it).
+  int stopped_by = 0;
   // Ranks that failed on their own (not stopped by the launcher): on a restart that shrinks, the
   // ranks taken as lost.
   int lost = 0;
@@ -298,14 +326,20 @@ GroupOutcome run_group(const LaunchOptions& options, const GroupStart& start,
   }
 
   GroupOutcome outcome;
+  std::optional<ProgressWatch> watch;
+  if (options.watchdog_s > 0 && store) {
+    watch.emplace(std::chrono::milliseconds(static_cast<std::int64_t>(options.watchdog_s * 1000)),
+                  start.nproc * options.nnodes);
+  }
+  auto last_watch = Clock::now();
   std::optional<Clock::time_point> kill_at;
   bool stopping = false;  // the launcher has asked the ranks to stop
-  auto stop_others = [&](int signal) {
+  auto stop_others = [&](int signal, int grace_s) {
     stopping = true;
     for (auto& r : ranks) {
       if (r.running) ::kill(r.pid, signal);
     }
-    if (!kill_at) kill_at = Clock::now() + std::chrono::seconds(options.grace_s);
+    if (!kill_at) kill_at = Clock::now() + std::chrono::seconds(grace_s);
   };
   char buffer[65536];
   auto drain = [&](Rank& r, int& fd, std::string& partial, int target, bool final) {
@@ -333,7 +367,8 @@ GroupOutcome run_group(const LaunchOptions& options, const GroupStart& start,
       outcome.forwarded_signal = g_signal;
       std::cerr << "trainyard launch: " << strsignal(outcome.forwarded_signal)
                 << ": forwarding to the ranks" << std::endl;
-      stop_others(outcome.forwarded_signal);
+      // The ranks stop at the next step boundary with a checkpoint (run.stop_signals).
+      stop_others(outcome.forwarded_signal, options.stop_grace_s);
     }
     std::vector<pollfd> fds;
     std::vector<std::pair<Rank*, bool>> owners;  // rank, is stderr
@@ -369,6 +404,13 @@ GroupOutcome run_group(const LaunchOptions& options, const GroupStart& start,
       r.running = false;
       drain(r, r.out, r.out_partial, STDOUT_FILENO, true);
       drain(r, r.err, r.err_partial, STDERR_FILENO, true);
+      if (const int signal = stop_signal_of(status)) {
+        // Stopped on a signal after saving: the others agreed to stop at the same step.
+        outcome.stopped_by = signal;
+        std::cerr << "trainyard launch: rank " << r.rank << " stopped on SIG" << sigabbrev_np(signal)
+                  << " after saving a checkpoint" << std::endl;
+        continue;
+      }
       const bool failed = !(WIFEXITED(status) && WEXITSTATUS(status) == 0);
       // Lost: it failed before the launcher asked anything of it, or was ended by a signal the
       // launcher never sends (SIGKILL from outside, a crash).
@@ -381,15 +423,42 @@ GroupOutcome run_group(const LaunchOptions& options, const GroupStart& start,
       if (failed && !outcome.first_failure && outcome.forwarded_signal == 0) {
         outcome.first_failure = std::make_pair(r.rank, status);
         std::cerr << "trainyard launch: rank " << r.rank << " " << describe(status) << std::endl;
-        outcome.failure = recorded_failure(store);
+        if (std::string recorded = recorded_failure(store); !recorded.empty()) {
+          outcome.failure = recorded;
+        }
         if (!outcome.failure.empty()) {
           std::cerr << "trainyard launch: failure: " << outcome.failure << std::endl;
         }
         std::cerr << "trainyard launch: stopping the other ranks" << std::endl;
-        stop_others(SIGTERM);
+        // A rank that catches SIGTERM (run.stop_signals) ends when its next collective finds the
+        // failed rank gone; one that does not within the grace period is killed.
+        stop_others(SIGTERM, options.grace_s);
       }
     }
     if (!any_running) break;
+    if (watch && !stopping && Clock::now() - last_watch > std::chrono::milliseconds(500)) {
+      last_watch = Clock::now();
+      std::optional<Hang> hang;
+      try {
+        hang = watch->observe(read_heartbeats(*store, start.nproc * options.nnodes), last_watch);
+      } catch (const std::exception&) {
+        // The store answers again on the next round, or the ranks' own monitors end the job.
+      }
+      if (hang) {
+        std::cerr << "trainyard launch: watchdog: " << hang->reason << "; killing rank"
+                  << (hang->ranks.size() == 1 ? " " : "s ");
+        for (std::size_t k = 0; k < hang->ranks.size(); ++k) {
+          std::cerr << (k ? ", " : "") << hang->ranks[k];
+        }
+        std::cerr << std::endl;
+        outcome.failure = "watchdog: " + hang->reason;
+        for (int blamed : hang->ranks) {
+          for (auto& r : ranks) {
+            if (r.rank == blamed && r.running) ::kill(r.pid, SIGKILL);
+          }
+        }
+      }
+    }
     if (kill_at && Clock::now() > *kill_at) {
       for (auto& r : ranks) {
         if (r.running) {
@@ -432,6 +501,7 @@ std::vector<std::string> restart_arguments(const std::vector<std::string>& run_a
 int exit_code_of(const GroupOutcome& outcome) {
   if (outcome.first_failure) return exit_code_of(outcome.first_failure->second);
   if (outcome.forwarded_signal != 0) return 128 + outcome.forwarded_signal;
+  if (outcome.stopped_by != 0) return 128 + outcome.stopped_by;
   return 0;
 }
 

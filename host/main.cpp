@@ -91,7 +91,10 @@ int command_run(const std::vector<std::string>& args, bool validate_only, Regist
   RunControls controls;
   controls.resume = resume;
   Engine engine(resolved, registry, controls);
-  engine.run();
+  const RunSummary summary = engine.run();
+  // The shell's convention for a process ended by a signal, which schedulers (Slurm's requeue)
+  // and `trainyard launch` read as "stopped, not failed".
+  if (summary.stopped_by_signal != 0) return 128 + summary.stopped_by_signal;
   return 0;
 }
 

@@ -176,6 +176,7 @@ void Checkpointing::at_end(const TrainingPosition& position) {
 }
 
 void Checkpointing::save(const TrainingPosition& position) {
+  last_saved_step_ = position.step;
   CheckpointState state;
   run_.strategy->save_state(state);
   run_.precision->save_state(state.shared);

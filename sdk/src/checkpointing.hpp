@@ -92,6 +92,8 @@ class Checkpointing {
   // When the run ends: the final state, when the policy keeps one.
   void at_end(const TrainingPosition& position);
   void save(const TrainingPosition& position);
+  // Whether this run saved the state after `step` (it would save the same state again).
+  bool saved_at(std::int64_t step) const { return last_saved_step_ == step; }
   void commit_pending();
   const std::optional<std::filesystem::path>& last_checkpoint() const { return last_checkpoint_; }
 
@@ -103,6 +105,7 @@ class Checkpointing {
   std::unique_ptr<CheckpointStore> store_;
   Clock::time_point last_save_ = Clock::now();
   std::optional<std::filesystem::path> last_checkpoint_;
+  std::int64_t last_saved_step_ = -1;
 };
 
 }  // namespace trainyard

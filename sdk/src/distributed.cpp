@@ -26,6 +26,7 @@
 #include <vector>
 
 #include "trainyard/error.hpp"
+#include "trainyard/heartbeat.hpp"
 
 namespace trainyard {
 
@@ -83,13 +84,7 @@ std::atomic<bool> g_collective_failed{false};
 const std::string kFailureKey = "trainyard/failure";
 std::string beat_key(int rank) { return "trainyard/heartbeat/" + std::to_string(rank); }
 
-struct Beat {
-  bool present = false;
-  std::int64_t counter = 0;
-  std::int64_t step = 0;
-  bool waiting = false;
-  bool finished = false;
-};
+using Beat = Heartbeat;
 
 Beat parse_beat(const std::vector<uint8_t>& value) {
   Beat beat;
@@ -379,13 +374,7 @@ std::string FailureMonitor::diagnose() {
     std::string recorded = text_of(store->get(kFailureKey));
     return recorded.substr(recorded.find('|') + 1);
   };
-  auto read_beats = [&] {
-    std::vector<Beat> beats(static_cast<std::size_t>(world_size_));
-    for (int r = 0; r < world_size_; ++r) {
-      if (store->check({beat_key(r)})) beats[static_cast<std::size_t>(r)] = parse_beat(store->get(beat_key(r)));
-    }
-    return beats;
-  };
+  auto read_beats = [&] { return read_heartbeats(*store, world_size_); };
   try {
     if (auto recorded = read_failure()) return *recorded;
     std::vector<Beat> before = read_beats();
@@ -455,6 +444,15 @@ void rethrow_naming_failed_rank(FailureMonitor& monitor, int rank) {
   throw Error(me + ": " + message);
 }
 
+std::vector<Heartbeat> read_heartbeats(c10d::Store& store, int world_size) {
+  std::vector<Heartbeat> beats(static_cast<std::size_t>(world_size));
+  for (int r = 0; r < world_size; ++r) {
+    // get() waits for a missing key: read only those that exist.
+    if (store.check({beat_key(r)})) beats[static_cast<std::size_t>(r)] = parse_beat(store.get(beat_key(r)));
+  }
+  return beats;
+}
+
 namespace {
 
 // Whether the test plan "attempt:rank:step,..." names this start, rank and step.
@@ -490,6 +488,13 @@ void test_failure_hook(int rank, std::int64_t step) {
     for (;;) std::this_thread::sleep_for(std::chrono::seconds(1));
   }
   if (mode == "kill") ::raise(SIGKILL);
+  // Frozen, every thread with it, until SIGCONT.
+  if (mode == "stop") ::raise(SIGSTOP);
+  if (mode == "term") {
+    // As a scheduler's warning before preemption: the run goes on and stops at a step boundary.
+    ::raise(SIGTERM);
+    return;
+  }
   if (mode == "crash") {
     // A write to an unmapped page, as a memory bug in a plugin would make.
     static volatile std::uintptr_t unmapped_address = 0x10;

@@ -107,6 +107,7 @@ void DistributedRuntime::before_step(std::int64_t step) {
 
 void DistributedRuntime::finish() {
   if (!monitor_) return;
+  finish_stop_agreement();
   monitor_->finish();
   communicator_->barrier();
 }
@@ -120,6 +121,27 @@ std::vector<double> DistributedRuntime::sum(std::vector<double> values) const {
     values[i] = reduced[static_cast<std::int64_t>(i)].item<double>();
   }
   return values;
+}
+
+int DistributedRuntime::finish_stop_agreement() {
+  if (!stop_agreement_) return 0;
+  {
+    CollectiveWait wait;
+    stop_agreement_->wait();
+  }
+  stop_agreement_.reset();
+  return stop_flag_.front().cpu().item<int>();
+}
+
+int DistributedRuntime::agreed_stop_signal(int received) {
+  if (!communicator_) return received;
+  const int agreed = finish_stop_agreement();
+  if (agreed != 0) return agreed;
+  stop_flag_ = {on_device(at::full({1}, received, at::TensorOptions(at::kInt)), device_)};
+  c10d::AllreduceOptions options;
+  options.reduceOp = c10d::ReduceOp::MAX;
+  stop_agreement_ = communicator_->world()->allreduce(stop_flag_, options);
+  return 0;
 }
 
 std::int64_t DistributedRuntime::max(std::int64_t value) const {

@@ -80,7 +80,16 @@ class DistributedRuntime {
   // Whether `ok` holds on every rank; null in a single process, which needs no agreement.
   std::function<bool(bool ok)> agreement() const;
 
+  // After each optimizer step, with the stop signal this rank received (0: none): the signal the
+  // ranks agree to stop on, or 0. Every rank gets the same answer at the same step, one step
+  // after the signal arrived: the agreement (a MAX all-reduce) runs in the background during
+  // the next step instead of holding this one. A single process stops at once.
+  int agreed_stop_signal(int received);
+
  private:
+  // Waits for the agreement in flight, if any, and returns its result.
+  int finish_stop_agreement();
+
   std::optional<Rendezvous> rendezvous_;
   MeshLayout layout_;
   unsigned cores_ = 1;
@@ -89,6 +98,8 @@ class DistributedRuntime {
   std::shared_ptr<Communicator> communicator_;
   std::unique_ptr<FailureMonitor> monitor_;
   std::shared_ptr<ProcessMesh> mesh_;
+  c10::intrusive_ptr<c10d::Work> stop_agreement_;
+  std::vector<at::Tensor> stop_flag_;
 };
 
 }  // namespace trainyard

@@ -4,6 +4,7 @@
 #include <ATen/Parallel.h>
 
 #include <chrono>
+#include <cstring>
 #include <iostream>
 
 #include "checkpointing.hpp"
@@ -14,6 +15,7 @@
 #include "metrics_reporter.hpp"
 #include "model_export.hpp"
 #include "run_options.hpp"
+#include "stop_signals.hpp"
 #include "training_data.hpp"
 #include "trainyard/collective_counter.hpp"
 #include "trainyard/device.hpp"
@@ -252,6 +254,22 @@ void Engine::tune_loader(double wait_s, double step_s) {
   }
 }
 
+void Engine::stop_on_signal(int signal, std::int64_t epoch) {
+  State& s = *state_;
+  s.reporter->flush_train(s.step, epoch, s.elapsed());
+  std::string saved = "no [checkpoint] section: nothing saved";
+  if (s.checkpointing) {
+    if (!s.checkpointing->saved_at(s.step)) s.checkpointing->save(s.position(epoch));
+    s.checkpointing->commit_pending();
+    saved = "checkpoint " + s.checkpointing->last_checkpoint()->string() +
+            " saved; --resume auto continues";
+  }
+  if (s.runtime->rank() == 0) {
+    s.log(std::string("trainyard: stopping at step ") + std::to_string(s.step) + " on SIG" +
+          sigabbrev_np(signal) + ": " + saved);
+  }
+}
+
 RunSummary Engine::run() {
   State& s = *state_;
   return s.runtime->naming_failures([&] {
@@ -279,6 +297,8 @@ RunSummary Engine::run_steps() {
   const std::int64_t first_step = s.step;
   TrainingMeter& meter = s.reporter->meter();
   meter.restart_clock();
+  const StopSignals stop_signals(s.run.stop_signals);
+  int stopped_by = 0;  // the signal the ranks agreed to stop on
   std::int64_t epoch = start.epoch;
   for (std::int64_t first_batch = start.batch_in_epoch;
        epoch < s.run.epochs && s.step < total_steps; ++epoch, first_batch = 0) {
@@ -302,6 +322,12 @@ RunSummary Engine::run_steps() {
           s.checkpointing->after_step(s.position(epoch), total_steps, log_boundary)) {
         meter.restart_clock();
       }
+      stopped_by = s.runtime->agreed_stop_signal(StopSignals::received());
+      if (stopped_by != 0) break;
+    }
+    if (stopped_by != 0) {
+      stop_on_signal(stopped_by, epoch);
+      break;
     }
     const bool finished = s.step >= total_steps;
     s.reporter->flush_train(s.step, epoch, s.elapsed());
@@ -318,10 +344,12 @@ RunSummary Engine::run_steps() {
   }
 
   if (s.checkpointing) s.checkpointing->commit_pending();
-  if (!s.run.final_model_file.empty()) {
+  // A run stopped by a signal has not finished: it leaves a checkpoint, not a final model.
+  if (!s.run.final_model_file.empty() && stopped_by == 0) {
     export_final_model(s.strategy(), s.runtime->rank(), s.run.final_model_file);
   }
   RunSummary summary;
+  summary.stopped_by_signal = stopped_by;
   summary.steps = s.step;
   summary.wall_s = std::chrono::duration<double>(Clock::now() - run_started).count();
   summary.samples = (s.step - first_step) * s.run.grad_accumulation * s.loader.batch_size;

@@ -8,6 +8,7 @@
 #include <set>
 #include <sstream>
 
+#include "stop_signals.hpp"
 #include "trainyard/activation_checkpoint.hpp"
 #include "trainyard/error.hpp"
 
@@ -346,6 +347,9 @@ const OptionSpecs& run_options() {
              "the device's peak TFLOP/s per rank for model FLOPs utilisation (0: measured by a "
              "short matmul probe at start, when the model reports its FLOPs)")
           .at_least(0),
+      option("stop_signals", std::vector<std::string>{"SIGTERM", "SIGUSR1"},
+             "signals that stop the run at the next step boundary with a checkpoint (the ranks "
+             "agree on the step), ending it with status 128 + the signal"),
       option("final_model_file", "",
              "rank 0 writes the model's parameters and buffers here at the end (a pickled dict)"),
   };
@@ -497,6 +501,13 @@ Recipe resolve_recipe(const Recipe& recipe, const Registry& registry) {
     ActivationCheckpointing::parse(run.get_string("activation_checkpointing"));
   } catch (const Error& error) {
     run.fail("activation_checkpointing", error.what());
+  }
+  for (const auto& name : run.get_string_list("stop_signals")) {
+    try {
+      stop_signal_number(name);
+    } catch (const Error& error) {
+      run.fail("stop_signals", error.what());
+    }
   }
   put("run", run);
   put("loader", validate_section(require_table(root, "loader"), loader_options(), {}));

@@ -1,5 +1,7 @@
 #include "run_options.hpp"
 
+#include "stop_signals.hpp"
+#include "trainyard/error.hpp"
 #include "trainyard/loader.hpp"
 
 namespace trainyard {
@@ -31,6 +33,13 @@ RunOptions RunOptions::read(const Recipe& recipe) {
     options.final_model_file = run.get_path("final_model_file");
   }
   options.peak_tflops = run.get_float("peak_tflops");
+  for (const auto& name : run.get_string_list("stop_signals")) {
+    try {
+      options.stop_signals.push_back(stop_signal_number(name));
+    } catch (const Error& error) {
+      run.fail("stop_signals", error.what());
+    }
+  }
   options.section = run;
   return options;
 }

@@ -6,6 +6,7 @@
 #include <cstdint>
 #include <filesystem>
 #include <string>
+#include <vector>
 
 #include "trainyard/activation_checkpoint.hpp"
 #include "trainyard/config.hpp"
@@ -30,6 +31,7 @@ struct RunOptions {
   std::filesystem::path output_dir;        // runs/<recipe name> unless the recipe says
   std::filesystem::path final_model_file;  // empty: none
   double peak_tflops = 0;                  // 0: measured when the model reports its FLOPs
+  std::vector<int> stop_signals;           // caught: stop at the next step with a checkpoint
   // The section itself, to locate errors found later (a device that is not present).
   Config section;
 

@@ -4,6 +4,7 @@
 
 #include <gtest/gtest.h>
 
+#include <chrono>
 #include <filesystem>
 #include <numeric>
 #include <random>
@@ -157,6 +158,122 @@ TEST(Restart, MinNprocNeedsMaxRestarts) {
       run_launcher({"--nproc-per-node", "2", "--min-nproc", "1"}, recipe, dir / "out", {});
   EXPECT_EQ(result.exit_code, 1) << describe(result);
   EXPECT_HAS(result.err, "--min-nproc needs --max-restarts");
+}
+
+// The launcher's watchdog finds a frozen rank (SIGSTOP: its heartbeat stops) and a stuck one
+// (it beats but begins no step) well before the collectives' time-out, and the group restarts.
+void expect_watchdog_restarts(const std::string& mode, const std::string& reason) {
+  TempDir dir;
+  auto recipe = dir.write("recipe.toml", recipe_text("ddp"));
+  auto uninterrupted = run_launched(2, recipe, dir / "uninterrupted", {});
+  ASSERT_EQ(uninterrupted.exit_code, 0) << describe(uninterrupted);
+  const auto started = std::chrono::steady_clock::now();
+  auto restarted = run_launcher({"--nproc-per-node", "2", "--max-restarts", "1", "--watchdog", "3",
+                                 "--restart-backoff", "0"},
+                                recipe, dir / "restarted", {},
+                                {"TRAINYARD_TEST_FAIL_PLAN=0:1:6", "TRAINYARD_TEST_FAIL_MODE=" + mode},
+                                240);
+  const double seconds =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
+  ASSERT_EQ(restarted.exit_code, 0) << describe(restarted);
+  EXPECT_HAS(restarted.err, "watchdog: " + reason);
+  EXPECT_HAS(restarted.err, "restart 1 of 1");
+  // Found within the period (and the run's own seconds), not after [comm] timeout_s (300 s).
+  EXPECT_LT(seconds, 60) << restarted.err;
+  expect_same_model_within(dir / "uninterrupted" / "final.pt", dir / "restarted" / "final.pt", 0,
+                           0);
+}
+
+TEST(Watchdog, FrozenRankIsKilledAndTheGroupRestarts) {
+  expect_watchdog_restarts("stop", "rank 1's heartbeat stopped");
+}
+
+TEST(Watchdog, RankStuckOutsideCollectivesIsKilledAndTheGroupRestarts) {
+  expect_watchdog_restarts("hang", "no rank began a step for 3 s");
+}
+
+// Preemption: a scheduler's SIGTERM stops every rank at the same step boundary with a
+// checkpoint, and --resume auto continues exactly.
+std::string preemptible_recipe() {
+  std::string text = recipe_text("ddp");
+  // No periodic checkpoints: the one the signal asks for is the only one.
+  text.replace(text.find("every_steps = 4"), 15, "every_steps = 0");
+  return text;
+}
+
+std::size_t train_records(const fs::path& metrics) {
+  if (!fs::exists(metrics)) return 0;
+  return of_phase(read_metrics(metrics), "train").size();
+}
+
+TEST(Preemption, SigtermToOneRankStopsEveryRankWithACheckpointThatResumesBitwise) {
+  TempDir dir;
+  auto recipe = dir.write("recipe.toml", preemptible_recipe());
+  auto uninterrupted = run_launched(2, recipe, dir / "uninterrupted", {});
+  ASSERT_EQ(uninterrupted.exit_code, 0) << describe(uninterrupted);
+  // Rank 1 gets SIGTERM during step 10; the ranks agree on it after step 11.
+  auto stopped = run_launched(2, recipe, dir / "preempted", {},
+                              {"TRAINYARD_TEST_FAIL_PLAN=0:1:9", "TRAINYARD_TEST_FAIL_MODE=term"});
+  EXPECT_EQ(stopped.exit_code, 128 + SIGTERM) << describe(stopped);
+  EXPECT_HAS(stopped.err, "rank 0 stopped on SIGTERM after saving a checkpoint");
+  EXPECT_HAS(stopped.err, "rank 1 stopped on SIGTERM after saving a checkpoint");
+  EXPECT_HAS(stopped.out + stopped.err, "stopping at step 11 on SIGTERM");
+  EXPECT_TRUE(fs::exists(dir / "preempted" / "checkpoints" / "step-000000011"));
+  EXPECT_FALSE(fs::exists(dir / "preempted" / "final.pt"));
+  auto resumed = run_launched(2, recipe, dir / "preempted", {"--resume", "auto"});
+  ASSERT_EQ(resumed.exit_code, 0) << describe(resumed);
+  expect_same_model_within(dir / "uninterrupted" / "final.pt", dir / "preempted" / "final.pt", 0,
+                           0);
+}
+
+TEST(Preemption, SigtermToTheLauncherStopsEveryRankWithACheckpointThatResumesBitwise) {
+  TempDir dir;
+  auto recipe = dir.write("recipe.toml", preemptible_recipe());
+  auto uninterrupted = run_launched(2, recipe, dir / "uninterrupted", {});
+  ASSERT_EQ(uninterrupted.exit_code, 0) << describe(uninterrupted);
+  const fs::path out = dir / "preempted";
+  std::vector<std::string> argv = {host_binary().string(), "launch", "--nproc-per-node", "2",
+                                   recipe.string(), "--set", "run.threads=1",
+                                   "--set", "run.output_dir=" + out.string(),
+                                   "--set", "run.final_model_file=" + (out / "final.pt").string(),
+                                   // Slow enough steps that the signal lands mid-run.
+                                   "--set", "model.hidden=[512, 512]"};
+  auto stopped = run_command(
+      argv, source_dir(), 300, {},
+      [&] { return train_records(out / "metrics.rank0.jsonl") >= 3; }, SIGTERM);
+  EXPECT_TRUE(stopped.killed);
+  EXPECT_EQ(stopped.exit_code, 128 + SIGTERM) << describe(stopped);
+  EXPECT_HAS(stopped.err, "forwarding to the ranks");
+  EXPECT_HAS(stopped.out + stopped.err, "saved; --resume auto continues");
+  argv.insert(argv.end(), {"--resume", "auto"});
+  auto resumed = run_command(argv, source_dir(), 300);
+  ASSERT_EQ(resumed.exit_code, 0) << describe(resumed);
+  // The same run without the signal.
+  auto whole = run_launched(2, recipe, dir / "whole", {"--set", "model.hidden=[512, 512]"});
+  ASSERT_EQ(whole.exit_code, 0) << describe(whole);
+  expect_same_model_within(dir / "whole" / "final.pt", out / "final.pt", 0, 0);
+}
+
+TEST(Preemption, OneProcessStopsOnSigtermWithACheckpoint) {
+  TempDir dir;
+  auto recipe = dir.write("recipe.toml", preemptible_recipe());
+  const fs::path out = dir / "single";
+  auto stopped = run_command(
+      {host_binary().string(), "run", recipe.string(), "--set", "strategy.plugin=single",
+       "--set", "run.threads=1", "--set", "model.hidden=[512, 512]", "--set",
+       "run.output_dir=" + out.string()},
+      source_dir(), 300, {}, [&] { return train_records(out / "metrics.jsonl") >= 3; }, SIGTERM);
+  EXPECT_EQ(stopped.exit_code, 128 + SIGTERM) << describe(stopped);
+  EXPECT_HAS(stopped.out + stopped.err, "on SIGTERM: checkpoint");
+  EXPECT_FALSE(fs::is_empty(out / "checkpoints"));
+}
+
+TEST(Preemption, UnknownStopSignalIsRefused) {
+  TempDir dir;
+  auto recipe = dir.write("recipe.toml", preemptible_recipe());
+  auto result = run_host({"validate", recipe.string(), "--set", "run.stop_signals=[\"SIGKILL\"]"});
+  EXPECT_EQ(result.exit_code, 1) << describe(result);
+  EXPECT_HAS(result.err, "uncatchable signal 'SIGKILL'");
 }
 
 }  // namespace

@@ -37,7 +37,7 @@ void load_bundled_plugins(Registry& registry) {
 
 CommandResult run_command(const std::vector<std::string>& argv, const fs::path& cwd, int timeout_s,
                           const std::vector<std::string>& env,
-                          const std::function<bool()>& kill_when) {
+                          const std::function<bool()>& kill_when, int kill_signal) {
   int out_pipe[2], err_pipe[2];
   if (::pipe(out_pipe) != 0 || ::pipe(err_pipe) != 0) throw std::runtime_error("pipe failed");
   pid_t pid = ::fork();
@@ -78,7 +78,11 @@ CommandResult run_command(const std::vector<std::string>& argv, const fs::path& 
     }
     if (kill_when && !result.killed && kill_when()) {
       result.killed = true;
-      ::kill(-pid, SIGKILL);
+      if (kill_signal == SIGKILL) {
+        ::kill(-pid, SIGKILL);
+      } else {
+        ::kill(pid, kill_signal);
+      }
     }
     int ready = ::poll(fds, 2, static_cast<int>(std::min<long long>(left, kill_when ? 2 : 1000)));
     if (ready < 0) break;

@@ -3,6 +3,7 @@
 
 #include <gtest/gtest.h>
 
+#include <csignal>
 #include <exception>
 #include <filesystem>
 #include <functional>
@@ -38,10 +39,12 @@ struct CommandResult {
 // `timeout_s`. Environment entries in `env` ("NAME=value") are added to the current one.
 // `kill_when`, polled every few milliseconds while the command runs, sends SIGKILL to it (and
 // its process group) the first time it returns true: a crash at a moment the test chooses.
+// Another `kill_signal` goes to the command alone (a scheduler's SIGTERM to a launcher), which
+// is then waited for as usual.
 CommandResult run_command(const std::vector<std::string>& argv,
                           const std::filesystem::path& cwd = {}, int timeout_s = 600,
                           const std::vector<std::string>& env = {},
-                          const std::function<bool()>& kill_when = {});
+                          const std::function<bool()>& kill_when = {}, int kill_signal = SIGKILL);
 
 // Exit status and both streams, for assertion messages.
 std::string describe(const CommandResult& result);

@@ -130,7 +130,8 @@ class FailureMonitor {
 // Test hook (documented in README): when TRAINYARD_TEST_FAIL_RANK equals `rank` and
 // TRAINYARD_TEST_FAIL_AT_STEP equals `step`, the process exits with status 3
 // (TRAINYARD_TEST_FAIL_MODE=exit, the default), stops calling collectives forever (=hang) or
-// crashes with a segmentation fault (=crash), or kills itself with SIGKILL (=kill).
+// crashes with a segmentation fault (=crash), kills itself with SIGKILL (=kill), freezes with
+// SIGSTOP (=stop), or sends itself SIGTERM and carries on (=term).
 // TRAINYARD_TEST_FAIL_PLAN="A:R:S[,A:R:S...]" instead fails rank R before step S in the group's
 // start number A only (see kRestartAttemptVariable), so a restarted group meets each failure
 // once.

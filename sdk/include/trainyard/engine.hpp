@@ -38,6 +38,9 @@ struct RunSummary {
   double wall_s = 0;
   double samples_per_s = 0;
   std::optional<std::filesystem::path> last_checkpoint;
+  // The signal (run.stop_signals) the run stopped on before its last step, after saving a
+  // checkpoint; 0 when it ran to the end.
+  int stopped_by_signal = 0;
 };
 
 class Engine {
@@ -68,6 +71,8 @@ class Engine {
   void announce_loader();
   // Feeds one step's data wait and time to the loader tuner and applies what it chooses.
   void tune_loader(double wait_s, double step_s);
+  // The ranks agreed to stop on `signal` after this step: its metrics, a checkpoint of it.
+  void stop_on_signal(int signal, std::int64_t epoch);
   struct State;
   std::unique_ptr<State> state_;
 };
