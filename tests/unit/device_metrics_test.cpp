@@ -14,6 +14,7 @@
 
 #include "nvml.hpp"
 #include "test_support.hpp"
+#include "trainyard/build_context.hpp"
 #include "trainyard/cpu_binding.hpp"
 #include "trainyard/device.hpp"
 #include "trainyard/host_cpu.hpp"
