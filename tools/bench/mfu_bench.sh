@@ -42,7 +42,7 @@ for run in range(1, runs + 1):
     records = [json.loads(line) for line in open(f"{work}/run{run}/metrics.jsonl")]
     train = [r for r in records if r["phase"] == "train"][1:]  # the first interval warms up
     mfus = [r["mfu"] for r in train if "mfu" in r]
-    info = tomllib.load(open(f"{work}/run{run}/run_info.toml"))["peak_flops"]
+    info = tomllib.load(open(f"{work}/run{run}/run_info.toml", "rb"))["peak_flops"]
     mfu = statistics.median(mfus) if mfus else float("nan")
     if not (math.isfinite(mfu) and mfu > 0):
         problems.append(f"run {run}: no finite positive mfu")
