@@ -18,6 +18,7 @@
 #include "trainyard/dataset.hpp"
 #include "trainyard/device.hpp"
 #include "trainyard/error.hpp"
+#include "trainyard/peak_flops.hpp"
 #include "trainyard/recipe.hpp"
 #include "trainyard/version.hpp"
 
@@ -30,8 +31,9 @@ namespace {
 constexpr const char* kDoctorUsage = R"(usage: trainyard doctor [RECIPE] [options]
 
 Checks LibTorch and its build, threads and BLAS, every plugin folder and plugin, every device
-(with a tensor round trip), and with a RECIPE what it needs (plugins, device, dataset). One line
-per check; exits 1 when something required is missing or broken.)";
+(with a tensor round trip, and its peak matmul FLOP/s in each dtype it computes fast: cached, or
+measured and cached for runs to use), and with a RECIPE what it needs (plugins, device, dataset).
+One line per check; exits 1 when something required is missing or broken.)";
 
 // Prints checks and remembers whether any required one failed.
 class Report {
@@ -164,6 +166,21 @@ void check_plugins(Report& report, PluginLoader& loader, const CommonOptions& co
   }
 }
 
+// The peak a run on this device divides by (at this process's thread count), in every dtype the
+// device computes fast: the cached figure, or a probe measured now and cached.
+void check_peak_flops(Report& report, DeviceBackend& backend, int index) {
+  const std::string device = backend.device(index).str();
+  for (const c10::ScalarType dtype : backend.fast_compute_dtypes(index)) {
+    const PeakFlops peak = cached_or_measured_peak(
+        backend, index, dtype, peak_cache_folder(),
+        [&](const std::string& warning) { report.info(warning); });
+    const std::string line = "device " + device + " peak " + dtype_name(dtype) + ": " +
+                             describe_peak(peak) + ", " + std::to_string(at::get_num_threads()) +
+                             " threads";
+    peak.flops_per_s > 0 ? report.ok(line) : report.fail(line);
+  }
+}
+
 void check_devices(Report& report, const Registry& registry) {
   if (!registry.contains("device", "cpu")) report.fail("device cpu: no plugin provides it");
   for (const auto& name : registry.names("device")) {
@@ -184,6 +201,7 @@ void check_devices(Report& report, const Registry& registry) {
         const std::string line = "device " + device.str() + ": " + gib(total) +
                                  ", tensor round trip " + (round_trip ? "ok" : "WRONG VALUES");
         round_trip ? report.ok(line) : report.fail(line);
+        check_peak_flops(report, *backend, index);
       }
     } catch (const std::exception& error) {
       report.fail("device " + name + ": " + error.what());

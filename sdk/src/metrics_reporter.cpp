@@ -3,8 +3,13 @@
 #include <ATen/Parallel.h>
 
 #include <algorithm>
+#include <filesystem>
+#include <fstream>
+#include <iomanip>
+#include <sstream>
 
 #include "trainyard/device.hpp"
+#include "trainyard/error.hpp"
 #include "trainyard/loader.hpp"
 #include "trainyard/precision.hpp"
 #include "trainyard/scheduler.hpp"
@@ -26,17 +31,57 @@ MetricsReporter::MetricsReporter(const Recipe& recipe, const Registry& registry,
   }
   phases.keep_spans(std::any_of(sinks_.begin(), sinks_.end(),
                                 [](const auto& sink) { return sink->wants_phase_spans(); }));
-  if (peak_tflops > 0) {
-    meter.peak_flops = peak_tflops * 1e12;
-  } else if (meter.flops_per_sample > 0) {
-    meter.peak_flops = measure_peak_flops(*run_.placement.backend, run_.placement.index,
-                                          run_.precision->autocast_dtype().has_value());
+  if (peak_tflops > 0 || meter.flops_per_sample > 0) {
+    peak_ = resolve_peak_flops(peak_tflops, *run_.placement.backend, run_.placement.index,
+                               run_.precision->autocast_dtype(), peak_cache_folder(), log_);
+    meter.peak_flops = peak_->flops_per_s;
+    if (run_.rank == 0) log_("trainyard: peak " + describe_peak(*peak_) + " per rank");
   }
   meter_ = std::make_unique<TrainingMeter>(meter, phases);
 }
 
+namespace {
+
+// A TOML basic string.
+std::string toml_string(const std::string& text) {
+  std::string out = "\"";
+  for (char c : text) {
+    if (c == '"' || c == '\\') out += '\\';
+    out += c;
+  }
+  return out + "\"";
+}
+
+}  // namespace
+
+void MetricsReporter::write_run_info(const RunInfo& info) const {
+  const std::filesystem::path file = per_rank_file(info, "run_info", ".toml");
+  std::error_code error;
+  if (file.has_parent_path()) std::filesystem::create_directories(file.parent_path(), error);
+  std::ostringstream text;
+  const DeviceBackend& backend = *run_.placement.backend;
+  text << "# What this run's figures depend on, written at its start.\n[device]\nkind = "
+       << toml_string(run_.placement.device.str())
+       << "\nname = " << toml_string(backend.device_name(run_.placement.index)) << "\n";
+  if (peak_) {
+    text << "\n[peak_flops]\ntflops = " << std::setprecision(17) << peak_->flops_per_s / 1e12
+         << "\nsource = " << toml_string(peak_source_name(peak_->source)) << "\n";
+    if (peak_->source != PeakSource::Declared) {
+      text << "dtype = " << toml_string(dtype_name(peak_->dtype))
+           << "\ncache_file = " << toml_string(peak_->cache_file.string()) << "\n";
+    }
+  }
+  std::ofstream out(file, std::ios::out | std::ios::trunc);
+  out << text.str();
+  if (!out) throw Error("cannot write " + file.string());
+}
+
 void MetricsReporter::begin(const RunInfo& info) {
   for (auto& sink : sinks_) sink->begin(info);
+  write_run_info(info);
+  // The first train record's utilisation covers the run from here.
+  run_.placement.backend->utilisation(run_.placement.index);
+  process_cpu_.share_since_last();
 }
 
 void MetricsReporter::emit(const MetricRecord& record) {
@@ -68,6 +113,18 @@ void MetricsReporter::append_memory_figures(
   values.emplace_back("held_optimizer_bytes", static_cast<double>(held.optimizer_state));
 }
 
+// How busy the device and this process's CPUs were since the previous train record (the device's
+// figures only where its backend reports them).
+void MetricsReporter::append_utilisation_figures(
+    std::vector<std::pair<std::string, double>>& values) {
+  const DeviceUtilisation device = run_.placement.backend->utilisation(run_.placement.index);
+  if (device.compute_share) values.emplace_back("device_util", *device.compute_share);
+  if (device.memory_used_bytes) {
+    values.emplace_back("device_memory_used_bytes", static_cast<double>(*device.memory_used_bytes));
+  }
+  if (const auto cpu = process_cpu_.share_since_last()) values.emplace_back("cpu_util", *cpu);
+}
+
 void MetricsReporter::flush_train(std::int64_t step, std::int64_t epoch, double elapsed_s) {
   if (meter_->interval_empty()) return;
   IntervalFigures figures = meter_->close_interval();
@@ -88,6 +145,7 @@ void MetricsReporter::flush_train(std::int64_t step, std::int64_t epoch, double 
   for (const auto& metric : run_.precision->metrics()) record.values.push_back(metric);
   append_loader_figures(record.values);
   append_memory_figures(record.values);
+  append_utilisation_figures(record.values);
   if (!figures.spans.empty()) {
     for (auto& sink : sinks_) {
       if (sink->wants_phase_spans()) sink->write_phase_spans(figures.spans);
@@ -130,8 +188,12 @@ RunSummary MetricsReporter::finish(RunSummary summary, std::int64_t epoch, doubl
   append_loader_figures(record.values);
   for (const auto& figure : loader_choice_) record.values.push_back(figure);
   append_memory_figures(record.values);
+  if (peak_) record.values.emplace_back("peak_tflops", peak_->flops_per_s / 1e12);
   if (run_.rank == 0) {
-    for (const auto& line : meter_->bottleneck_report()) log_("trainyard: " + line);
+    const DeviceBackend& backend = *run_.placement.backend;
+    const auto precision = faster_precision(backend.fast_compute_dtypes(run_.placement.index),
+                                            run_.precision->autocast_dtype());
+    for (const auto& line : meter_->bottleneck_report(precision)) log_("trainyard: " + line);
   }
   for (const auto& [name, value] : summary.eval) record.values.emplace_back("eval_" + name, value);
   emit(record);

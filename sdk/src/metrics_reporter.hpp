@@ -1,13 +1,15 @@
 #pragma once
 // The run's records to every metric sink: one train record per logging interval (the meter's
 // figures, the loss over the ranks that hold one, the learning rate, progress, precision and
-// memory figures), one per evaluation, and the summary at the end with the bottleneck report.
+// memory and utilisation figures), one per evaluation, and the summary at the end with the
+// bottleneck report. Also where the peak FLOP/s comes from, said at start and written down.
 
 #include <chrono>
 #include <cstdint>
 #include <functional>
 #include <map>
 #include <memory>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -16,7 +18,9 @@
 #include "training_meter.hpp"
 #include "trainyard/build_context.hpp"
 #include "trainyard/engine.hpp"
+#include "trainyard/host_cpu.hpp"
 #include "trainyard/metrics.hpp"
+#include "trainyard/peak_flops.hpp"
 #include "trainyard/recipe.hpp"
 #include "trainyard/registry.hpp"
 
@@ -42,12 +46,15 @@ struct ReportedRun {
 class MetricsReporter {
  public:
   // Builds the enabled [sinks.*]; `meter` holds the model's FLOPs and the peak they are a
-  // fraction of (`peak_tflops`, or 0: measured on the device when the model reports its FLOPs).
+  // fraction of (`peak_tflops`, or 0: cached or measured on the device when the model reports
+  // its FLOPs; see peak_flops.hpp). Rank 0 logs the peak and its source.
   MetricsReporter(const Recipe& recipe, const Registry& registry, const BuildContext& build,
                   PhaseClock& phases, MeterSetup meter, double peak_tflops, ReportedRun run,
                   std::function<void(const std::string&)> log);
 
   TrainingMeter& meter() { return *meter_; }
+  // Starts the sinks and the utilisation intervals, and writes `run_info.toml` (per rank) into the
+  // run's folder: the peak FLOP/s with its source, and the device.
   void begin(const RunInfo& info);
   // The interval's train record, when a step was taken since the last one. Collective in a
   // multi-process run, so every rank flushes at the same steps.
@@ -65,11 +72,15 @@ class MetricsReporter {
   void emit(const MetricRecord& record);
   void append_memory_figures(std::vector<std::pair<std::string, double>>& values) const;
   void append_loader_figures(std::vector<std::pair<std::string, double>>& values) const;
+  void append_utilisation_figures(std::vector<std::pair<std::string, double>>& values);
+  void write_run_info(const RunInfo& info) const;
 
   ReportedRun run_;
   std::function<void(const std::string&)> log_;
   std::vector<std::shared_ptr<MetricsSink>> sinks_;
   std::unique_ptr<TrainingMeter> meter_;
+  std::optional<PeakFlops> peak_;  // none when the model reports no FLOPs and none is declared
+  ProcessCpuUsage process_cpu_;
   double final_train_loss_ = 0;
   std::map<std::string, double> last_eval_;
   std::vector<std::pair<std::string, double>> loader_choice_;

@@ -132,8 +132,20 @@ PhaseRollup PhaseClock::rollup() {
   return rollup;
 }
 
+std::optional<std::string> faster_precision(const std::vector<c10::ScalarType>& fast_dtypes,
+                                            std::optional<c10::ScalarType> run_autocast) {
+  if (run_autocast && *run_autocast != c10::kFloat) return std::nullopt;
+  auto fast = [&](c10::ScalarType dtype) {
+    return std::find(fast_dtypes.begin(), fast_dtypes.end(), dtype) != fast_dtypes.end();
+  };
+  if (fast(c10::kBFloat16)) return "bf16";
+  if (fast(c10::kHalf)) return "fp16";
+  return std::nullopt;
+}
+
 std::vector<std::string> describe_bottleneck(const std::array<double, kStepPhaseCount>& total_ms,
-                                             std::int64_t steps, double step_time_ms) {
+                                             std::int64_t steps, double step_time_ms,
+                                             const std::optional<std::string>& faster_precision) {
   std::vector<std::string> lines;
   if (steps <= 0) return lines;
   double all_ms = 0;
@@ -178,11 +190,16 @@ std::vector<std::string> describe_bottleneck(const std::array<double, kStepPhase
                   "copy-bound: host-to-device copies take %.0f%% of the step; keep more batches "
                   "in flight (loader.prefetch) so copies overlap compute",
                   100.0 * copy);
+  } else if (faster_precision) {
+    std::snprintf(buffer, sizeof buffer,
+                  "compute-bound: forward, backward and optimizer take %.0f%% of the step; "
+                  "consider %s precision (this device computes it natively) and a larger batch "
+                  "(activation checkpointing frees memory for one)",
+                  100.0 * compute, faster_precision->c_str());
   } else {
     std::snprintf(buffer, sizeof buffer,
                   "compute-bound: forward, backward and optimizer take %.0f%% of the step; "
-                  "consider bf16 precision and a larger batch (activation checkpointing frees "
-                  "memory for one)",
+                  "consider a larger batch (activation checkpointing frees memory for one)",
                   100.0 * compute);
   }
   lines.emplace_back(buffer);

@@ -4,7 +4,6 @@
 
 #include <algorithm>
 
-#include "trainyard/device.hpp"
 #include "trainyard/strategy.hpp"
 
 namespace trainyard {
@@ -84,36 +83,12 @@ double TrainingMeter::phase_share(StepPhase phase) const {
   return total > 0 ? total_phase_ms_[static_cast<std::size_t>(phase)] / total : 0;
 }
 
-std::vector<std::string> TrainingMeter::bottleneck_report() const {
+std::vector<std::string> TrainingMeter::bottleneck_report(
+    const std::optional<std::string>& faster_precision) const {
   if (total_steps_ == 0) return {};
   return describe_bottleneck(total_phase_ms_, total_steps_,
-                             1000.0 * total_train_s_ / static_cast<double>(total_steps_));
-}
-
-double measure_peak_flops(DeviceBackend& backend, int device_index, bool half_precision) {
-  const torch::Device device = backend.device(device_index);
-  // Large enough to reach the device's dense-matmul rate, small enough to take well under a
-  // second on the host.
-  const std::int64_t size = device.is_cpu() ? 512 : 8192;
-  const int repeats = device.is_cpu() ? 4 : 20;
-  at::NoGradGuard no_grad;
-  auto rate = [&](at::ScalarType dtype) {
-    at::Tensor a = at::randn({size, size}, at::TensorOptions(device)).to(dtype);
-    at::Tensor b = at::randn({size, size}, at::TensorOptions(device)).to(dtype);
-    at::Tensor c = at::mm(a, b);  // warm up the kernels and the allocator
-    backend.synchronize(device_index);
-    auto start = backend.create_event(device_index);
-    auto end = backend.create_event(device_index);
-    start->record();
-    for (int i = 0; i < repeats; ++i) at::mm_out(c, a, b);
-    end->record();
-    const double ms = start->elapsed_ms(*end);
-    return ms > 0 ? 2.0 * static_cast<double>(size * size * size) * repeats / (ms / 1000.0) : 0.0;
-  };
-  // The device's best dense rate among the dtypes the run computes in: bf16 on accelerators
-  // with bf16 units, fp32 on hosts that emulate bf16.
-  const double fp32 = rate(at::kFloat);
-  return half_precision ? std::max(fp32, rate(at::kBFloat16)) : fp32;
+                             1000.0 * total_train_s_ / static_cast<double>(total_steps_),
+                             faster_precision);
 }
 
 }  // namespace trainyard

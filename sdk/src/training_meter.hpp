@@ -10,6 +10,7 @@
 #include <functional>
 #include <map>
 #include <memory>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -19,7 +20,6 @@
 namespace trainyard {
 
 struct StepResult;
-class DeviceBackend;
 
 struct MeterSetup {
   std::int64_t tokens_per_sample = 0;  // 0: not a token model
@@ -54,8 +54,10 @@ class TrainingMeter {
   // Over the run's closed intervals.
   double train_seconds() const { return total_train_s_; }
   double phase_share(StepPhase phase) const;
-  // A few lines naming what bounds the run and what to try, with the numbers behind it.
-  std::vector<std::string> bottleneck_report() const;
+  // A few lines naming what bounds the run and what to try, with the numbers behind it;
+  // `faster_precision` is the precision plugin to suggest to a compute-bound run, if any.
+  std::vector<std::string> bottleneck_report(
+      const std::optional<std::string>& faster_precision) const;
 
  private:
   using Clock = std::chrono::steady_clock;
@@ -73,10 +75,5 @@ class TrainingMeter {
   std::int64_t total_steps_ = 0;
   std::array<double, kStepPhaseCount> total_phase_ms_{};
 };
-
-// Dense matmul FLOP/s of the device, measured by a short probe in fp32 and, for a half-precision
-// run, bf16 (the faster of the two): the peak that model FLOPs utilisation is a fraction of,
-// when the recipe does not state one.
-double measure_peak_flops(DeviceBackend& backend, int device_index, bool half_precision);
 
 }  // namespace trainyard

@@ -21,6 +21,23 @@ TEST(DoctorTest, PassesHereWithOneLinePerCheck) {
   EXPECT_EQ(result.out.find("FAIL"), std::string::npos) << result.out;
 }
 
+// The peak FLOP/s a run would divide by: measured and cached by the first doctor, read back by
+// the next.
+TEST(DoctorTest, PrintsTheCachedPeakOrMeasuresIt) {
+  TempDir cache;
+  auto doctor = [&] {
+    return run_command({host_binary().string(), "doctor"}, source_dir(), 600,
+                       {"TRAINYARD_CACHE=" + cache.path().string()});
+  };
+  const CommandResult first = doctor();
+  ASSERT_EQ(first.exit_code, 0) << describe(first);
+  EXPECT_HAS(first.out, "ok    device cpu peak float32: ");
+  EXPECT_HAS(first.out, "TFLOP/s (measured, float32 matmul probe, " + cache.path().string());
+  const CommandResult second = doctor();
+  ASSERT_EQ(second.exit_code, 0) << describe(second);
+  EXPECT_HAS(second.out, "TFLOP/s (cached, float32 matmul probe, " + cache.path().string());
+}
+
 TEST(DoctorTest, NamesAnEmptyPluginFolderAndFails) {
   TempDir empty;
   auto result = run_host({"doctor", "--no-default-plugins", "--plugin-path", empty.path().string()});

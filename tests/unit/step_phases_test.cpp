@@ -101,7 +101,7 @@ std::array<double, kStepPhaseCount> phases(double data, double copy, double forw
 
 TEST(Bottleneck, NamesTheLargestWaitThatCrossesItsThreshold) {
   auto verdict = [](const std::array<double, kStepPhaseCount>& total) {
-    auto lines = describe_bottleneck(total, 10, 10.0);
+    auto lines = describe_bottleneck(total, 10, 10.0, std::nullopt);
     EXPECT_EQ(lines.size(), 2u);
     return lines.size() == 2 ? lines[1] : std::string();
   };
@@ -112,10 +112,10 @@ TEST(Bottleneck, NamesTheLargestWaitThatCrossesItsThreshold) {
                 .rfind("compute-bound: forward, backward and optimizer take 85%", 0),
             0u);
   // The breakdown line carries the numbers: per-step milliseconds and shares.
-  auto lines = describe_bottleneck(phases(50, 0, 20, 20, 0, 10), 10, 10.0);
+  auto lines = describe_bottleneck(phases(50, 0, 20, 20, 0, 10), 10, 10.0, std::nullopt);
   EXPECT_NE(lines[0].find("step time 10.00 ms over 10 steps"), std::string::npos);
   EXPECT_NE(lines[0].find("data_wait 5.00 ms (50%)"), std::string::npos);
-  EXPECT_TRUE(describe_bottleneck(phases(0, 0, 0, 0, 0, 0), 0, 0).empty());
+  EXPECT_TRUE(describe_bottleneck(phases(0, 0, 0, 0, 0, 0), 0, 0, std::nullopt).empty());
 }
 
 }  // namespace

@@ -1,13 +1,16 @@
-// The host CPU as a device: steady-clock events and the process's resident memory.
+// The host CPU as a device: steady-clock events, the process's resident memory, its share of the
+// cores it may use, and the dtypes the CPU's instruction set makes fast.
 
 #include <sys/resource.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <fstream>
+#include <mutex>
 
 #include "trainyard/device.hpp"
 #include "trainyard/error.hpp"
+#include "trainyard/host_cpu.hpp"
 #include "trainyard/plugin.hpp"
 
 namespace trainyard {
@@ -37,10 +40,28 @@ class Cpu final : public DeviceBackend {
     memory.total_bytes = ::sysconf(_SC_PHYS_PAGES) * ::sysconf(_SC_PAGESIZE);
     return memory;
   }
+  // Memory is left unreported: memory() already gives the process's resident bytes.
+  DeviceUtilisation utilisation(int) override {
+    std::lock_guard<std::mutex> lock(mutex_);
+    DeviceUtilisation utilisation;
+    utilisation.compute_share = cpu_usage_.share_since_last();
+    return utilisation;
+  }
+  std::vector<at::ScalarType> fast_compute_dtypes(int) const override {
+    return cpu_fast_dtypes(host_cpu_flags());
+  }
+  std::string device_name(int) const override {
+    const std::string model = host_cpu_model_name();
+    return model.empty() ? "cpu" : model;
+  }
   // The CPU generator is torch's default one, seeded and saved by the engine itself.
   void manual_seed(std::uint64_t) override {}
   void save_rng_state(StateDict&) const override {}
   void load_rng_state(const StateDict&) override {}
+
+ private:
+  std::mutex mutex_;
+  ProcessCpuUsage cpu_usage_;
 };
 
 void register_components(Registry& registry) {

@@ -1,5 +1,5 @@
 // NVIDIA GPUs through LibTorch's CUDA runtime: events, caching-allocator statistics, pinned
-// staging memory and per-device generators.
+// staging memory and per-device generators; utilisation from NVML when the driver provides it.
 
 #include <ATen/cuda/CUDAContext.h>
 #include <ATen/cuda/CUDAEvent.h>
@@ -11,6 +11,8 @@
 
 #include <map>
 #include <mutex>
+
+#include "nvml.hpp"
 
 #include "trainyard/device.hpp"
 #include "trainyard/error.hpp"
@@ -69,6 +71,37 @@ class Cuda final : public DeviceBackend {
   void reset_peak_memory(int index) override {
     c10::cuda::CUDACachingAllocator::resetPeakStats(static_cast<c10::DeviceIndex>(index));
   }
+  // NVML's figures for the GPU this process calls `index` (found by PCI bus id, since
+  // CUDA_VISIBLE_DEVICES renumbers devices and NVML does not); nothing without NVML.
+  DeviceUtilisation utilisation(int index) override {
+    const Nvml* nvml = management_library();
+    if (nvml == nullptr) return {};
+    char bus_id[32] = {};
+    if (cudaDeviceGetPCIBusId(bus_id, sizeof bus_id, index) != cudaSuccess) {
+      (void)cudaGetLastError();  // not sticky; clear it so nobody else reports it
+      return {};
+    }
+    const std::optional<NvmlReading> reading = nvml->read(bus_id, static_cast<unsigned>(index));
+    DeviceUtilisation utilisation;
+    if (!reading) return utilisation;
+    if (reading->gpu_busy_percent) utilisation.compute_share = *reading->gpu_busy_percent / 100.0;
+    if (reading->memory_used_bytes) {
+      utilisation.memory_used_bytes = static_cast<std::int64_t>(*reading->memory_used_bytes);
+    }
+    return utilisation;
+  }
+  // Tensor cores: fp16 from compute capability 7.0 (Volta), bf16 from 8.0 (Ampere).
+  std::vector<at::ScalarType> fast_compute_dtypes(int index) const override {
+    const cudaDeviceProp* properties =
+        at::cuda::getDeviceProperties(static_cast<c10::DeviceIndex>(index));
+    std::vector<at::ScalarType> fast{at::kFloat};
+    if (properties->major >= 8) fast.push_back(at::kBFloat16);
+    if (properties->major >= 7) fast.push_back(at::kHalf);
+    return fast;
+  }
+  std::string device_name(int index) const override {
+    return at::cuda::getDeviceProperties(static_cast<c10::DeviceIndex>(index))->name;
+  }
   torch::Tensor pin(const torch::Tensor& host) const override { return host.pin_memory(); }
   // Copies on a side stream, so the copy runs while the kernels queued before it (the previous
   // step) still run on the current stream; the current stream then waits on an event for the
@@ -124,6 +157,12 @@ class Cuda final : public DeviceBackend {
   }
 
  private:
+  // NVML, opened on first use (null without it: utilisation is then not reported).
+  const Nvml* management_library() {
+    std::call_once(nvml_opened_, [this] { nvml_ = Nvml::open(); });
+    return nvml_.get();
+  }
+
   // Called with mutex_ held. Tensors already on the device stay as they are.
   Batch copy_on_side_stream(const Batch& host, c10::DeviceIndex device_index) {
     const torch::Device target(torch::kCUDA, device_index);
@@ -148,6 +187,8 @@ class Cuda final : public DeviceBackend {
   std::map<c10::DeviceIndex, c10::cuda::CUDAStream> copy_streams_;
   std::map<c10::DeviceIndex, at::cuda::CUDAEvent> copy_events_;
   std::mutex mutex_;
+  std::once_flag nvml_opened_;
+  std::unique_ptr<Nvml> nvml_;
 };
 
 void register_components(Registry& registry) {

@@ -6,6 +6,9 @@
 #include <chrono>
 #include <cstdint>
 #include <memory>
+#include <optional>
+#include <string>
+#include <vector>
 
 #include "trainyard/batch.hpp"
 #include "trainyard/component.hpp"
@@ -39,6 +42,16 @@ struct DeviceMemory {
   std::int64_t total_bytes = 0;  // device capacity; 0 when unknown
 };
 
+// How busy a device was. An empty field is one the backend does not report (no error: a figure
+// that cannot be measured on this machine is simply absent from the records).
+struct DeviceUtilisation {
+  // Share of the device's compute that was busy, 0 to 1: on the host, the process's CPU time over
+  // the wall time of the cores it may run on; on a GPU, the share of time a kernel ran.
+  std::optional<double> compute_share;
+  // Device memory in use by every process and the driver (not only this process's allocator).
+  std::optional<std::int64_t> memory_used_bytes;
+};
+
 // A device backend plugin, named after the device type it drives ("cpu", "cuda").
 class DeviceBackend : public Component {
  public:
@@ -50,6 +63,17 @@ class DeviceBackend : public Component {
   virtual std::unique_ptr<DeviceEvent> create_event(int index) = 0;
   virtual DeviceMemory memory(int index) const = 0;
   virtual void reset_peak_memory(int index) {}
+  // The device's utilisation since the previous call (the first call: since the backend was
+  // made), or over the device's own most recent sample period where that is all it reports.
+  virtual DeviceUtilisation utilisation(int /*index*/) { return {}; }
+  // The dtypes device `index` computes natively at full speed (float32 at least): the only ones
+  // worth recommending for autocast, and the ones its peak FLOP/s is probed in.
+  virtual std::vector<at::ScalarType> fast_compute_dtypes(int /*index*/) const {
+    return {at::kFloat};
+  }
+  // What the device is, for people and for keying what was measured on it ("NVIDIA H200", the
+  // CPU's model name).
+  virtual std::string device_name(int index) const { return device(index).str(); }
   // A host copy in page-locked memory when the device copies from it faster; else `host`.
   virtual torch::Tensor pin(const torch::Tensor& host) const { return host; }
   // `host` on device `index`, for the work queued on the current stream after this call. The

@@ -6,8 +6,11 @@
 #include <chrono>
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
+
+#include <c10/core/ScalarType.h>
 
 namespace trainyard {
 
@@ -40,8 +43,17 @@ struct PhaseRollup {
 // What bounds a run whose steps took `total_ms` per phase over `steps` steps of
 // `step_time_ms` each: a line with the breakdown, then a line naming the bottleneck (data-,
 // communication-, copy- or compute-bound) and what to try, after the seeds' self-check table.
+// A compute-bound run is told to try `faster_precision` only when there is one (see below).
 std::vector<std::string> describe_bottleneck(const std::array<double, kStepPhaseCount>& total_ms,
-                                             std::int64_t steps, double step_time_ms);
+                                             std::int64_t steps, double step_time_ms,
+                                             const std::optional<std::string>& faster_precision);
+
+// The precision plugin worth suggesting to a compute-bound run on a device that computes
+// `fast_dtypes` natively at full speed (DeviceBackend::fast_compute_dtypes): "bf16" when the
+// device is fast in bfloat16, else "fp16" when fast in float16; none when the run already
+// autocasts (`run_autocast`) or the device would only emulate half precision, which is slower.
+std::optional<std::string> faster_precision(const std::vector<c10::ScalarType>& fast_dtypes,
+                                            std::optional<c10::ScalarType> run_autocast);
 
 // The engine's clock of step phases. A step is a sequence of marks: the time between one mark
 // and the next belongs to the phase the later mark names. Data wait is host time (the host is

@@ -1,10 +1,12 @@
 // Device backend conformance: availability queries never crash; an available device has a
-// device 0 of its type, events that measure time, memory statistics, pinning that preserves
-// values and generator state that restores exactly.
+// device 0 of its type, events that measure time, memory statistics, utilisation within range
+// where reported, float32 among its fast dtypes, a name, pinning that preserves values and
+// generator state that restores exactly.
 
 #include <ATen/ATen.h>
 #include <torch/utils.h>
 
+#include <algorithm>
 #include <chrono>
 #include <vector>
 #include <thread>
@@ -99,6 +101,31 @@ TEST_P(DeviceConformance, MemoryStatistics) {
   EXPECT_GE(memory.total_bytes, 0);
   if (memory.total_bytes > 0) { EXPECT_LE(memory.current_bytes, memory.total_bytes); }
   EXPECT_EQ(held.sum().item<float>(), static_cast<float>(1 << 20));
+}
+
+TEST_P(DeviceConformance, UtilisationIsAShareWhereReported) {
+  AVAILABLE_OR_SKIP(backend);
+  backend->utilisation(0);
+  torch::Tensor x = torch::randn({256, 256}, torch::TensorOptions().device(backend->device(0)));
+  for (int i = 0; i < 8; ++i) x = x.matmul(x).tanh();
+  backend->synchronize(0);
+  const trainyard::DeviceUtilisation utilisation = backend->utilisation(0);
+  if (utilisation.compute_share) {
+    EXPECT_GE(*utilisation.compute_share, 0.0);
+    EXPECT_LE(*utilisation.compute_share, 1.05) << "a share of the device, at most all of it";
+  }
+  if (utilisation.memory_used_bytes) { EXPECT_GT(*utilisation.memory_used_bytes, 0); }
+  if (GetParam() == "cpu") {
+    EXPECT_TRUE(utilisation.compute_share.has_value()) << "the host always knows its CPU time";
+  }
+}
+
+TEST_P(DeviceConformance, DeclaresItsFastDtypesAndName) {
+  AVAILABLE_OR_SKIP(backend);
+  const auto fast = backend->fast_compute_dtypes(0);
+  EXPECT_NE(std::find(fast.begin(), fast.end(), at::kFloat), fast.end())
+      << "every device computes float32 at its own full speed";
+  EXPECT_FALSE(backend->device_name(0).empty());
 }
 
 TEST_P(DeviceConformance, PinPreservesValues) {
