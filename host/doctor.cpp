@@ -234,6 +234,15 @@ void check_recipe(Report& report, const fs::path& path, PluginLoader& loader,
     available ? report.ok("recipe device " + device + " is available")
               : report.fail("recipe device " + device + " is not available on this machine");
   }
+  // What multi-process runs of the recipe hand their communication backend.
+  if (resolved.has_section("comm")) {
+    const Config comm = resolved.section("comm");
+    std::string settings;
+    for (const auto& [key, value] : comm.table().entries()) {
+      settings += (settings.empty() ? "" : ", ") + key + " = " + value.to_toml();
+    }
+    report.info("recipe [comm]: " + settings);
+  }
   try {
     Config section = resolved.section("dataset");
     BuildContext context;

@@ -22,6 +22,11 @@ MetricsReporter::MetricsReporter(const Recipe& recipe, const Registry& registry,
                                  double peak_tflops, ReportedRun run,
                                  std::function<void(const std::string&)> log)
     : run_(std::move(run)), log_(std::move(log)) {
+  if (const Value* comm = recipe.root->find("comm"); comm && comm->type() == ValueType::kTable) {
+    Table settings;
+    settings.set("comm", *comm);
+    comm_settings_ = to_toml(settings);
+  }
   const Config sinks = recipe.section("sinks");
   for (const auto& [name, value] : sinks.table().entries()) {
     const Config section(value.table_ptr(), "sinks." + name);
@@ -71,6 +76,8 @@ void MetricsReporter::write_run_info(const RunInfo& info) const {
            << "\ncache_file = " << toml_string(peak_->cache_file.string()) << "\n";
     }
   }
+  // The communication settings the backend was given (they change speed, not results).
+  if (!comm_settings_.empty()) text << "\n" << comm_settings_;
   std::ofstream out(file, std::ios::out | std::ios::trunc);
   out << text.str();
   if (!out) throw Error("cannot write " + file.string());
@@ -88,8 +95,6 @@ void MetricsReporter::emit(const MetricRecord& record) {
   for (auto& sink : sinks_) sink->write(record);
 }
 
-// Memory as the device's allocator (or the process, on the host) sees it, and what the strategy
-// holds in parameters, gradients and optimizer state.
 void MetricsReporter::set_loader_choice(double prepare_ms, double prepare_share) {
   loader_choice_ = {{"loader_prepare_ms", prepare_ms}, {"loader_prepare_share", prepare_share}};
 }
@@ -102,6 +107,8 @@ void MetricsReporter::append_loader_figures(
   values.emplace_back("compute_threads", static_cast<double>(at::get_num_threads()));
 }
 
+// Memory as the device's allocator (or the process, on the host) sees it, and what the strategy
+// holds in parameters, gradients and optimizer state.
 void MetricsReporter::append_memory_figures(
     std::vector<std::pair<std::string, double>>& values) const {
   const DeviceMemory memory = run_.placement.backend->memory(run_.placement.index);

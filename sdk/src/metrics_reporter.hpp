@@ -79,6 +79,7 @@ class MetricsReporter {
   std::function<void(const std::string&)> log_;
   std::vector<std::shared_ptr<MetricsSink>> sinks_;
   std::unique_ptr<TrainingMeter> meter_;
+  std::string comm_settings_;  // the recipe's [comm] as TOML, for run_info.toml
   std::optional<PeakFlops> peak_;  // none when the model reports no FLOPs and none is declared
   ProcessCpuUsage process_cpu_;
   double final_train_loss_ = 0;

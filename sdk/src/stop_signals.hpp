@@ -3,6 +3,8 @@
 // at once: what clusters send before they preempt a job (Slurm: SIGTERM, or the signal named by
 // --signal, e.g. SIGUSR1, some time before the kill).
 
+#include <signal.h>
+
 #include <string>
 #include <vector>
 

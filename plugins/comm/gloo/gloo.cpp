@@ -11,13 +11,16 @@
 namespace trainyard {
 namespace {
 
+std::string first_line(const std::string& text) { return text.substr(0, text.find('\n')); }
+
 bool is_loopback(const std::string& address) {
   return address == "localhost" || address == "::1" || address.rfind("127.", 0) == 0;
 }
 
 class Gloo final : public C10dCommunicator {
  public:
-  explicit Gloo(const Config& options) : threads_(options.get_int("threads")) {
+  explicit Gloo(const Config& options)
+      : threads_(options.get_int("threads")), interface_(options.get_string("interface")) {
     if (threads_ < 1) options.fail("threads", "must be >= 1");
   }
 
@@ -31,12 +34,22 @@ class Gloo final : public C10dCommunicator {
   }
 
  private:
-  // Peers connect to the address the transport binds: loopback when the job is on this machine,
-  // else the interface GLOO_SOCKET_IFNAME names, else the address this host's name resolves to.
+  // Peers connect to the address the transport binds: the recipe's interface, else the one
+  // GLOO_SOCKET_IFNAME names, else loopback when the job is on this machine, else the address
+  // this host's name resolves to.
   std::shared_ptr<::gloo::transport::Device> transport_device() {
     if (device_) return device_;
-    if (const char* interface = std::getenv("GLOO_SOCKET_IFNAME"); interface && *interface) {
-      device_ = c10d::ProcessGroupGloo::createDeviceForInterface(interface);
+    std::string interface = interface_;
+    if (const char* named = std::getenv("GLOO_SOCKET_IFNAME"); interface.empty() && named) {
+      interface = named;
+    }
+    if (!interface.empty()) {
+      try {
+        device_ = c10d::ProcessGroupGloo::createDeviceForInterface(interface);
+      } catch (const std::exception& error) {
+        throw Error("comm 'gloo': cannot use network interface '" + interface +
+                    "' ([comm] interface or GLOO_SOCKET_IFNAME): " + first_line(error.what()));
+      }
     } else if (is_loopback(rendezvous().master_addr)) {
       device_ = c10d::ProcessGroupGloo::createDeviceForHostname("127.0.0.1");
     } else {
@@ -46,12 +59,17 @@ class Gloo final : public C10dCommunicator {
   }
 
   std::int64_t threads_;
+  std::string interface_;
   std::shared_ptr<::gloo::transport::Device> device_;
 };
 
 void register_components(Registry& registry) {
   registry.add<Communicator>(
-      "gloo", {option("threads", 2, "Gloo worker threads per process group")},
+      "gloo",
+      {option("threads", 2, "Gloo worker threads per process group").at_least(1),
+       option("interface", "",
+              "network interface the ranks connect through (e.g. eth0, ib0; default: "
+              "GLOO_SOCKET_IFNAME, else loopback on one machine, else the host name's address)")},
       "c10d ProcessGroupGloo: CPU collectives over TCP",
       [](const Config& options, const BuildContext&) { return std::make_unique<Gloo>(options); });
 }

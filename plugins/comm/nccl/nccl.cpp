@@ -5,6 +5,11 @@
 #include <c10/cuda/CUDAFunctions.h>
 #include <torch/csrc/distributed/c10d/ProcessGroupNCCL.hpp>
 
+#include <cstdlib>
+#include <string>
+#include <utility>
+#include <vector>
+
 #include "trainyard/c10d_communicator.hpp"
 #include "trainyard/error.hpp"
 #include "trainyard/plugin.hpp"
@@ -12,11 +17,33 @@
 namespace trainyard {
 namespace {
 
+// The recipe's NCCL settings and the environment variables NCCL reads them from when its first
+// communicator starts (empty or 0: NCCL's own default, or what the environment already says).
+struct NcclSetting {
+  const char* option;
+  const char* variable;
+};
+constexpr NcclSetting kSettings[] = {{"interface", "NCCL_SOCKET_IFNAME"},
+                                     {"algo", "NCCL_ALGO"},
+                                     {"proto", "NCCL_PROTO"},
+                                     {"buffer_size", "NCCL_BUFFSIZE"},
+                                     {"debug", "NCCL_DEBUG"}};
+
 class Nccl final : public C10dCommunicator {
  public:
-  explicit Nccl(const Config& options) : high_priority_(options.get_bool("high_priority_stream")) {}
+  explicit Nccl(const Config& options) : high_priority_(options.get_bool("high_priority_stream")) {
+    for (const auto& setting : kSettings) {
+      std::string value = std::string(setting.option) == "buffer_size"
+                              ? std::to_string(options.get_int(setting.option))
+                              : options.get_string(setting.option);
+      if (value.empty() || value == "0") continue;
+      environment_.emplace_back(setting.variable, std::move(value));
+    }
+  }
 
   void connect(const Rendezvous& rendezvous, const c10::Device& device) override {
+    // The recipe wins over the environment; NCCL reads it when the first communicator starts.
+    for (const auto& [variable, value] : environment_) ::setenv(variable.c_str(), value.c_str(), 1);
     if (!device.is_cuda()) {
       throw Error("comm 'nccl' needs a CUDA device (run.device = \"cuda\"); this run uses " +
                   device.str() + " (use comm 'gloo' on the CPU)");
@@ -36,11 +63,20 @@ class Nccl final : public C10dCommunicator {
 
  private:
   bool high_priority_;
+  std::vector<std::pair<std::string, std::string>> environment_;
 };
 
 void register_components(Registry& registry) {
   registry.add<Communicator>(
-      "nccl", {option("high_priority_stream", false, "run collectives on a high-priority stream")},
+      "nccl",
+      {option("high_priority_stream", false, "run collectives on a high-priority stream"),
+       option("interface", "", "network interface for NCCL's sockets (NCCL_SOCKET_IFNAME)"),
+       option("algo", "", "collective algorithms, e.g. Ring, Tree (NCCL_ALGO)"),
+       option("proto", "", "protocols, e.g. Simple, LL, LL128 (NCCL_PROTO)"),
+       option("buffer_size", 0, "bytes of each channel's buffer (NCCL_BUFFSIZE; 0: NCCL's)")
+           .at_least(0),
+       option("debug", "", "NCCL's log level (NCCL_DEBUG)")
+           .one_of({"", "VERSION", "WARN", "INFO", "TRACE"})},
       "c10d ProcessGroupNCCL: CUDA collectives (one GPU per rank)",
       [](const Config& options, const BuildContext&) { return std::make_unique<Nccl>(options); });
 }

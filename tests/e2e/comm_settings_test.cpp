@@ -1,0 +1,145 @@
+// [comm] settings reach the communication backend: the values are read back from the backend
+// (Gloo's process group) or from the environment NCCL reads at start, and recorded in the run's
+// run_info.toml and by `trainyard doctor`.
+
+#include <c10/core/Device.h>
+#include <gtest/gtest.h>
+#include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
+
+#include <cstdlib>
+#include <memory>
+#include <string>
+
+#include "parity_runs.hpp"
+#include "test_support.hpp"
+#include "trainyard/build_context.hpp"
+#include "trainyard/communicator.hpp"
+#include "trainyard/config.hpp"
+#include "trainyard/error.hpp"
+#include "trainyard/registry.hpp"
+
+namespace trainyard::testing {
+namespace {
+
+namespace fs = std::filesystem;
+
+// The `name` communicator with `settings` (and the defaults), as the engine creates it.
+std::shared_ptr<Communicator> communicator(Registry& registry, const std::string& name,
+                                           const std::shared_ptr<Table>& settings) {
+  return registry.create<Communicator>(name, Config(settings, "comm"), BuildContext{});
+}
+
+// One rank on its own: it hosts the store, so nothing else is needed to create its groups.
+Rendezvous alone() {
+  Rendezvous meet;
+  meet.master_addr = "127.0.0.1";
+  meet.master_port = free_loopback_port();
+  meet.timeout = std::chrono::seconds(30);
+  return meet;
+}
+
+TEST(CommSettings, GlooThreadsAndInterfaceReachTheProcessGroup) {
+  Registry registry;
+  load_bundled_plugins(registry);
+  auto settings = std::make_shared<Table>();
+  settings->set("threads", Value(3));
+  settings->set("interface", Value("lo"));
+  auto comm = communicator(registry, "gloo", settings);
+  comm->connect(alone(), c10::Device(c10::kCPU));
+  auto* gloo = dynamic_cast<c10d::ProcessGroupGloo*>(comm->world().get());
+  ASSERT_NE(gloo, nullptr);
+  EXPECT_EQ(gloo->getNumThreads(), 3);
+  // One transport device, created for the interface (a missing one is refused, below).
+  EXPECT_EQ(gloo->getOptions()->devices.size(), 1u);
+}
+
+TEST(CommSettings, GlooRefusesAMissingInterfaceWithItsName) {
+  Registry registry;
+  load_bundled_plugins(registry);
+  auto settings = std::make_shared<Table>();
+  settings->set("interface", Value("nosuchif0"));
+  auto comm = communicator(registry, "gloo", settings);
+  std::string message = error_of([&] { comm->connect(alone(), c10::Device(c10::kCPU)); });
+  EXPECT_HAS(message, "cannot use network interface 'nosuchif0'");
+  EXPECT_EQ(message.find('\n'), std::string::npos) << message;
+}
+
+TEST(CommSettings, NcclSettingsAreTheEnvironmentNcclStartsWith) {
+  Registry registry;
+  load_bundled_plugins(registry);
+  auto settings = std::make_shared<Table>();
+  settings->set("interface", Value("lo"));
+  settings->set("algo", Value("Ring"));
+  settings->set("proto", Value("Simple"));
+  settings->set("buffer_size", Value(std::int64_t{8} << 20));
+  settings->set("debug", Value("WARN"));
+  auto comm = communicator(registry, "nccl", settings);
+  // Set before anything else connect() does: here the CPU device is refused right after.
+  std::string message = error_of([&] { comm->connect(alone(), c10::Device(c10::kCPU)); });
+  EXPECT_HAS(message, "needs a CUDA device");
+  const std::pair<const char*, const char*> expected[] = {{"NCCL_SOCKET_IFNAME", "lo"},
+                                                          {"NCCL_ALGO", "Ring"},
+                                                          {"NCCL_PROTO", "Simple"},
+                                                          {"NCCL_BUFFSIZE", "8388608"},
+                                                          {"NCCL_DEBUG", "WARN"}};
+  for (const auto& [variable, value] : expected) {
+    const char* set = std::getenv(variable);
+    ASSERT_NE(set, nullptr) << variable;
+    EXPECT_EQ(std::string(set), value) << variable;
+    ::unsetenv(variable);
+  }
+}
+
+TEST(CommSettings, NcclRefusesAnUnknownDebugLevel) {
+  Registry registry;
+  load_bundled_plugins(registry);
+  auto settings = std::make_shared<Table>();
+  settings->set("debug", Value("LOUD"));
+  std::string message = error_of([&] { communicator(registry, "nccl", settings); });
+  EXPECT_HAS(message, "debug");
+  EXPECT_HAS(message, "LOUD");
+}
+
+TEST(CommSettings, RecordedInTheRunInfoAndByDoctor) {
+  TempDir dir;
+  auto recipe = dir.write("recipe.toml", R"([run]
+max_steps = 2
+eval = false
+[loader]
+workers = 0
+batch_size = 8
+[dataset]
+plugin = "synthetic"
+samples = 64
+input_shape = [1, 8, 8]
+[model]
+plugin = "mlp"
+hidden = [16]
+[optimizer]
+plugin = "sgd"
+[strategy]
+plugin = "ddp"
+[comm]
+plugin = "gloo"
+threads = 3
+interface = "lo"
+timeout_s = 60
+)");
+  auto run = run_launched(2, recipe, dir / "out", {});
+  ASSERT_EQ(run.exit_code, 0) << describe(run);
+  for (int rank = 0; rank < 2; ++rank) {
+    const std::string info =
+        read_text(dir / "out" / ("run_info.rank" + std::to_string(rank) + ".toml"));
+    EXPECT_HAS(info, "[comm]");
+    EXPECT_HAS(info, "interface = \"lo\"");
+    EXPECT_HAS(info, "threads = 3");
+    EXPECT_HAS(info, "timeout_s = 60");
+  }
+  auto doctor = run_host({"doctor", recipe.string()});
+  EXPECT_HAS(doctor.out, "recipe [comm]: ");
+  EXPECT_HAS(doctor.out, "interface = \"lo\"");
+  EXPECT_HAS(doctor.out, "threads = 3");
+}
+
+}  // namespace
+}  // namespace trainyard::testing
