@@ -118,7 +118,9 @@ namespace {
 void copy_into(at::Tensor& buffer, const at::Tensor& source) {
   if (source.device().is_cpu() && source.is_contiguous() && !source.is_conj() &&
       !source.is_neg()) {
-    if (source.nbytes() > 0) std::memcpy(buffer.data_ptr(), source.const_data_ptr(), source.nbytes());
+    if (source.nbytes() > 0) {
+      std::memcpy(buffer.data_ptr(), source.const_data_ptr(), source.nbytes());
+    }
   } else {
     buffer.copy_(source);
   }
@@ -230,7 +232,8 @@ std::vector<CheckpointFileInfo> CheckpointStore::write_files(std::int64_t step,
   return files;
 }
 
-fs::path CheckpointStore::commit(std::int64_t step, const std::vector<CheckpointFileInfo>& written) {
+fs::path CheckpointStore::commit(std::int64_t step,
+                                 const std::vector<CheckpointFileInfo>& written) {
   const fs::path final_path = folder_ / step_folder_name(step);
   const fs::path staging = folder_ / staging_name(step);
   bool ok = true;

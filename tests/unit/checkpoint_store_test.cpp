@@ -76,7 +76,9 @@ class RawBackend : public CheckpointBackend {
   }
 
  private:
-  static void put(CheckpointFileWriter& out, std::int64_t value) { out.append(&value, sizeof value); }
+  static void put(CheckpointFileWriter& out, std::int64_t value) {
+    out.append(&value, sizeof value);
+  }
   static void put_string(CheckpointFileWriter& out, const std::string& text) {
     put(out, static_cast<std::int64_t>(text.size()));
     out.append(text);

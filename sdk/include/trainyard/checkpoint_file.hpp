@@ -51,9 +51,10 @@ class CheckpointFileWriter {
   std::filesystem::path path_;
   int fd_ = -1;
   std::vector<unsigned char> gathered_;
-  std::uint64_t size_ = 0;     // bytes appended
-  std::uint64_t written_ = 0;  // bytes handed to the file
-  std::uint32_t crc_ = 0;      // CRC-32 of the written bytes
+  std::uint64_t size_ = 0;               // bytes appended
+  std::uint64_t written_ = 0;            // bytes handed to the file
+  std::uint64_t writeback_started_ = 0;  // the disk was asked to write the bytes before this
+  std::uint32_t crc_ = 0;                // CRC-32 of the written bytes
 };
 
 }  // namespace trainyard
