@@ -1,18 +1,18 @@
 #include "trainyard/checkpoint_store.hpp"
 
-#include <zlib.h>
-
 #include <ATen/ATen.h>
 
 #include <algorithm>
 #include <atomic>
-#include <exception>
 #include <cstdio>
+#include <exception>
+#include <future>
 #include <cstring>
 #include <fstream>
 #include <iomanip>
 #include <sstream>
 
+#include "trainyard/crc32.hpp"
 #include "trainyard/error.hpp"
 #include "trainyard/files.hpp"
 #include "trainyard/recipe.hpp"
@@ -30,17 +30,17 @@ constexpr const char* kPrefix = "step-";
 CheckpointFileInfo describe_file(const fs::path& file) {
   std::ifstream in(file, std::ios::binary);
   if (!in) throw Error("cannot read checkpoint file " + file.string());
-  uLong crc = crc32(0L, Z_NULL, 0);
+  std::uint32_t crc = 0;
   std::vector<char> buffer(1 << 20);
   std::int64_t bytes = 0;
   while (in) {
     in.read(buffer.data(), static_cast<std::streamsize>(buffer.size()));
     std::streamsize got = in.gcount();
     if (got <= 0) break;
-    crc = crc32(crc, reinterpret_cast<const Bytef*>(buffer.data()), static_cast<uInt>(got));
+    crc = update_crc32(crc, buffer.data(), static_cast<std::size_t>(got));
     bytes += got;
   }
-  return CheckpointFileInfo{file.filename().string(), bytes, static_cast<std::uint32_t>(crc)};
+  return CheckpointFileInfo{file.filename().string(), bytes, crc};
 }
 
 std::string step_folder_name(std::int64_t step) {
@@ -105,8 +105,28 @@ struct CheckpointStore::Pending {
   std::shared_ptr<CheckpointState> snapshot;
   std::thread writer;
   std::atomic<bool> written{false};
+  std::vector<CheckpointFileInfo> files;
   std::exception_ptr error;
 };
+
+namespace {
+
+// Copies `source` into `buffer` (host memory, same shape and dtype, contiguous). Host tensors are
+// copied with one memcpy on this thread: LibTorch's copy splits a large tensor over its intra-op
+// threads, which on a machine whose cores are busy (training's own threads, other processes) waits
+// on the slowest and is many times slower than a single thread's memcpy.
+void copy_into(at::Tensor& buffer, const at::Tensor& source) {
+  if (source.device().is_cpu() && source.is_contiguous() && !source.is_conj() &&
+      !source.is_neg()) {
+    if (source.nbytes() > 0) {
+      std::memcpy(buffer.data_ptr(), source.const_data_ptr(), source.nbytes());
+    }
+  } else {
+    buffer.copy_(source);
+  }
+}
+
+}  // namespace
 
 CheckpointState snapshot_to_host(const CheckpointState& state, CheckpointState* reuse) {
   auto copy = [](const StateDict& dict, StateDict* buffers) {
@@ -120,14 +140,19 @@ CheckpointState snapshot_to_host(const CheckpointState& state, CheckpointState* 
         auto it = buffers->tensors.find(name);
         if (it != buffers->tensors.end() && it->second.sizes().equals(source.sizes()) &&
             it->second.scalar_type() == source.scalar_type() && it->second.is_contiguous()) {
-          it->second.copy_(source);
+          copy_into(it->second, source);
           out.tensors.emplace(name, it->second);
           continue;
         }
       }
-      // A copy even on the host: training goes on changing the original in place.
-      out.tensors.emplace(name, source.to(at::kCPU, /*non_blocking=*/false, /*copy=*/true)
-                                    .contiguous());
+      // A copy even on the host: training goes on changing the original in place. Copies from
+      // a GPU land in page-locked memory, which the device writes at full speed, and which the
+      // next snapshot reuses.
+      at::Tensor buffer = at::empty(
+          source.sizes(),
+          at::TensorOptions().dtype(source.scalar_type()).pinned_memory(source.is_cuda()));
+      copy_into(buffer, source);
+      out.tensors.emplace(name, std::move(buffer));
     }
     return out;
   };
@@ -183,18 +208,32 @@ void CheckpointStore::prepare_staging(std::int64_t step) {
   }
 }
 
-void CheckpointStore::write_files(std::int64_t step, const CheckpointState& state) const {
+std::vector<CheckpointFileInfo> CheckpointStore::write_files(std::int64_t step,
+                                                             const CheckpointState& state) const {
   const fs::path staging = folder_ / staging_name(step);
   auto write_one = [&](const std::string& stem, const StateDict& dict) {
-    fs::path file = staging / (stem + backend_->extension());
-    backend_->write(file, dict);
-    sync_to_disk(file);
+    CheckpointFileWriter out(staging / (stem + backend_->extension()));
+    backend_->write_to(out, dict);
+    return out.finish();
   };
-  if (peers_.rank == 0) write_one("shared", state.shared);
-  write_one(rank_file_stem(peers_.rank), state.local);
+  if (peers_.rank != 0) return {write_one(rank_file_stem(peers_.rank), state.local)};
+  // Rank 0 writes two files: side by side, each with its own fsync.
+  auto own = std::async(std::launch::async,
+                        [&] { return write_one(rank_file_stem(peers_.rank), state.local); });
+  std::vector<CheckpointFileInfo> files;
+  std::exception_ptr shared_error;
+  try {
+    files.push_back(write_one("shared", state.shared));
+  } catch (...) {
+    shared_error = std::current_exception();
+  }
+  files.push_back(own.get());  // waits for the other file even when this one failed
+  if (shared_error) std::rethrow_exception(shared_error);
+  return files;
 }
 
-fs::path CheckpointStore::commit(std::int64_t step) {
+fs::path CheckpointStore::commit(std::int64_t step,
+                                 const std::vector<CheckpointFileInfo>& written) {
   const fs::path final_path = folder_ / step_folder_name(step);
   const fs::path staging = folder_ / staging_name(step);
   bool ok = true;
@@ -206,10 +245,17 @@ fs::path CheckpointStore::commit(std::int64_t step) {
       manifest.backend = backend_name_;
       manifest.framework_version = kFrameworkVersion;
       manifest.world_size = peers_.world_size;
-      manifest.files.push_back(describe_file(staging / ("shared" + backend_->extension())));
+      // This process's files are described as they were written; other ranks' files are read.
+      auto describe = [&](const std::string& stem) {
+        const std::string name = stem + backend_->extension();
+        for (const auto& info : written) {
+          if (info.name == name) return info;
+        }
+        return describe_file(staging / name);
+      };
+      manifest.files.push_back(describe("shared"));
       for (int rank = 0; rank < peers_.world_size; ++rank) {
-        manifest.files.push_back(
-            describe_file(staging / (rank_file_stem(rank) + backend_->extension())));
+        manifest.files.push_back(describe(rank_file_stem(rank)));
       }
       write_manifest(staging / kManifest, manifest);
       sync_to_disk(staging / kManifest);
@@ -245,8 +291,9 @@ fs::path CheckpointStore::save(std::int64_t step, const CheckpointState& state) 
   prepare_staging(step);
   bool ok = true;
   std::string problem;
+  std::vector<CheckpointFileInfo> written;
   try {
-    write_files(step, state);
+    written = write_files(step, state);
   } catch (const std::exception& error) {
     ok = false;
     problem = error.what();
@@ -255,7 +302,7 @@ fs::path CheckpointStore::save(std::int64_t step, const CheckpointState& state) 
     throw Error("checkpoint of step " + std::to_string(step) + " not saved: " +
                 (problem.empty() ? "another rank failed to write its files" : problem));
   }
-  return commit(step);
+  return commit(step, written);
 }
 
 void CheckpointStore::save_async(std::int64_t step, const CheckpointState& state) {
@@ -270,7 +317,7 @@ void CheckpointStore::save_async(std::int64_t step, const CheckpointState& state
   pending->snapshot = snapshot;
   pending->writer = std::thread([this, raw, snapshot] {
     try {
-      write_files(raw->step, *snapshot);
+      raw->files = write_files(raw->step, *snapshot);
     } catch (...) {
       raw->error = std::current_exception();
     }
@@ -300,7 +347,7 @@ std::optional<fs::path> CheckpointStore::commit_pending() {
     throw Error("checkpoint of step " + std::to_string(pending->step) + " not saved: " +
                 (problem.empty() ? "another rank failed to write its files" : problem));
   }
-  return commit(pending->step);
+  return commit(pending->step, pending->files);
 }
 
 std::string saved_rank_key(int rank, const std::string& key) {

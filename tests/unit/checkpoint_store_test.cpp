@@ -34,8 +34,7 @@ class RawBackend : public CheckpointBackend {
  public:
   std::string extension() const override { return ".raw"; }
 
-  void write(const fs::path& file, const StateDict& state) const override {
-    std::ofstream out(file, std::ios::binary | std::ios::trunc);
+  void write_to(CheckpointFileWriter& out, const StateDict& state) const override {
     put(out, static_cast<std::int64_t>(state.tensors.size()));
     for (const auto& [name, tensor] : state.tensors) {
       torch::Tensor data = tensor.contiguous().cpu();
@@ -43,14 +42,13 @@ class RawBackend : public CheckpointBackend {
       put(out, static_cast<std::int64_t>(data.scalar_type()));
       put(out, static_cast<std::int64_t>(data.dim()));
       for (auto size : data.sizes()) put(out, static_cast<std::int64_t>(size));
-      out.write(static_cast<const char*>(data.data_ptr()), static_cast<std::streamsize>(data.nbytes()));
+      out.append(data.data_ptr(), data.nbytes());
     }
     put(out, static_cast<std::int64_t>(state.metadata.size()));
     for (const auto& [key, value] : state.metadata) {
       put_string(out, key);
       put_string(out, value);
     }
-    if (!out) throw Error("cannot write " + file.string());
   }
 
   StateDict read(const fs::path& file) const override {
@@ -78,12 +76,12 @@ class RawBackend : public CheckpointBackend {
   }
 
  private:
-  static void put(std::ostream& out, std::int64_t value) {
-    out.write(reinterpret_cast<const char*>(&value), sizeof value);
+  static void put(CheckpointFileWriter& out, std::int64_t value) {
+    out.append(&value, sizeof value);
   }
-  static void put_string(std::ostream& out, const std::string& text) {
+  static void put_string(CheckpointFileWriter& out, const std::string& text) {
     put(out, static_cast<std::int64_t>(text.size()));
-    out.write(text.data(), static_cast<std::streamsize>(text.size()));
+    out.append(text);
   }
   static std::int64_t get(std::istream& in, const fs::path& file) {
     std::int64_t value = 0;
@@ -408,8 +406,8 @@ class ThreadAgreement {
 // Fails every write (a full disk, a dead file system) on the rank it is given to.
 class FailingBackend : public RawBackend {
  public:
-  void write(const fs::path& file, const StateDict&) const override {
-    throw Error("cannot write " + file.string() + ": no space left on device");
+  void write_to(CheckpointFileWriter& out, const StateDict&) const override {
+    throw Error("cannot write " + out.path().string() + ": no space left on device");
   }
 };
 

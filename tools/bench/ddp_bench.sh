@@ -19,13 +19,16 @@
 # ratio pairs runs that ran next to each other, and the table shows medians over the repeats.
 # Loader workers are the default (-1): one for the single process (a spare core), none for each
 # of 2 ranks on 2 cores (and none for the two side by side). STEPS (default 300) optimizer steps
-# per run; the first logging interval is left out.
+# per run, logged every LOG_EVERY (default 25) steps; the first logging interval is left out.
+# SKIP_BUILD=1: the caller (the test suite) has built everything.
 set -euo pipefail
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
-build="$here/${TRAINYARD_BUILD_DIR:-build}"
+build="${TRAINYARD_BUILD_DIR:-build}"
+[[ "$build" = /* ]] || build="$here/$build"
 steps="${STEPS:-300}"
 repeats="${REPEATS:-3}"
-"$here/tools/build" --target trainyard_all_plugins >/dev/null
+log_every="${LOG_EVERY:-25}"
+[ "${SKIP_BUILD:-0}" = 1 ] || "$here/tools/build" --target trainyard_all_plugins >/dev/null
 work="$(mktemp -d)"
 trap 'rm -rf "$work"' EXIT
 
@@ -38,7 +41,7 @@ device = "cpu"
 threads = 1
 max_steps = $steps
 epochs = 10
-log_every = 25
+log_every = $log_every
 eval = false
 [loader]
 batch_size = 64

@@ -3,17 +3,20 @@
 # step time of fsdp (sharding full and grad_op, and full without prefetching the next unit's
 # all-gather) against ddp on the same global batch. The ratio
 # is fsdp's median step time over ddp's (lower is better; sharding trades all-gathers for memory,
-# so above 1 is expected). STEPS (default 60) optimizer steps per run; the first logging
-# interval is left out.
+# so above 1 is expected). STEPS (default 60) optimizer steps per run, logged every LOG_EVERY
+# (default 10) steps; the first logging interval is left out. SKIP_BUILD=1: the caller (the test
+# suite) has built everything.
 set -euo pipefail
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
-build="$here/${TRAINYARD_BUILD_DIR:-build}"
+build="${TRAINYARD_BUILD_DIR:-build}"
+[[ "$build" = /* ]] || build="$here/$build"
 steps="${STEPS:-60}"
-"$here/tools/build" --target trainyard_all_plugins >/dev/null
+log_every="${LOG_EVERY:-10}"
+[ "${SKIP_BUILD:-0}" = 1 ] || "$here/tools/build" --target trainyard_all_plugins >/dev/null
 work="$(mktemp -d)"
 trap 'rm -rf "$work"' EXIT
 trainyard="$build/bin/trainyard"
-common=(--set run.threads=1 --set run.max_steps="$steps" --set run.log_every=10 --set run.eval=false
+common=(--set run.threads=1 --set run.max_steps="$steps" --set run.log_every="$log_every" --set run.eval=false
         --set loader.batch_size=8 --set dataset.cache="$work/cache")
 run() {
   local name="$1"

@@ -4,7 +4,8 @@
 //   batched     get_batch: one index_select per tensor and batch, what in-memory plugins do;
 //   per_sample  get(i) per sample and collate(), the shape of a Python per-item Dataset.
 //
-//   build/bin/loader_bench [workers=1] [batch_size=64] [epochs=3]
+//   build/bin/loader_bench [workers=1] [batch_size=64] [epochs=3] [samples=all]
+// (`samples`: the first N samples of the split only, for a short run)
 // prints "<way> <samples/s>" per line (the best epoch of each). tools/bench/loader_bench.py does
 // the same with PyTorch's DataLoader; tools/bench/run prints both side by side.
 
@@ -78,6 +79,13 @@ int main(int argc, char** argv) {
   const int workers = argc > 1 ? std::stoi(argv[1]) : 1;
   const std::int64_t batch_size = argc > 2 ? std::stoll(argv[2]) : 64;
   const int epochs = argc > 3 ? std::stoi(argv[3]) : 3;
+  const std::int64_t samples = argc > 4 ? std::stoll(argv[4]) : -1;
+  if (workers < 0 || batch_size < 1 || epochs < 1 || (argc > 4 && samples < batch_size)) {
+    std::fprintf(stderr,
+                 "loader_bench: workers must be >= 0, batch_size and epochs >= 1, samples >= "
+                 "batch_size\n");
+    return 2;
+  }
   // Like the Python side: one intra-op thread, the cores are the workers'.
   at::set_num_threads(1);
 
@@ -87,7 +95,8 @@ int main(int argc, char** argv) {
   auto dataset = registry->create<Dataset>(
       "fashion_mnist", Config(std::make_shared<Table>(), "dataset"), context);
   auto split = dataset->map_split("train");
-  std::vector<std::int64_t> all(static_cast<std::size_t>(split->size()));
+  const std::int64_t size = samples > 0 ? std::min(samples, split->size()) : split->size();
+  std::vector<std::int64_t> all(static_cast<std::size_t>(size));
   for (std::size_t i = 0; i < all.size(); ++i) all[i] = static_cast<std::int64_t>(i);
   TensorMap tensors = split->get_batch(all).tensors;
 

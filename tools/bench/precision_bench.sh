@@ -2,13 +2,15 @@
 # Step time of a recipe under each precision, side by side in one run, as ratios to fp32.
 # Each precision trains STEPS steps (no evaluation, no checkpoint) ROUNDS times, interleaved so
 # that drift on a shared machine spreads over all of them; the median step_time_ms of the
-# jsonl train records is reported (the first record, which includes warm-up, is dropped).
+# jsonl train records is reported (the first record, which includes warm-up, is dropped). Records
+# come every LOG_EVERY (default 20) steps.
 #
 #   tools/bench/precision_bench.sh [RECIPE] [PRECISION ...]
 #   STEPS=300 ROUNDS=3 DEVICE=cuda tools/bench/precision_bench.sh recipes/fashion_mnist_cnn.toml
 set -euo pipefail
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
-build="$here/${TRAINYARD_BUILD_DIR:-build}"
+build="${TRAINYARD_BUILD_DIR:-build}"
+[[ "$build" = /* ]] || build="$here/$build"
 recipe="${1:-$here/recipes/fashion_mnist_cnn.toml}"
 shift || true
 precisions=("$@")
@@ -16,13 +18,14 @@ precisions=("$@")
 steps="${STEPS:-200}"
 rounds="${ROUNDS:-3}"
 device="${DEVICE:-cpu}"
+log_every="${LOG_EVERY:-20}"
 [ -x "$build/bin/trainyard" ] || "$here/tools/build" --target trainyard_all_plugins >/dev/null
 out="$(mktemp -d)"
 trap 'rm -rf "$out"' EXIT
 for round in $(seq "$rounds"); do
   for precision in "${precisions[@]}"; do
     "$build/bin/trainyard" run "$recipe" --set "precision.plugin=$precision" \
-      --set "run.max_steps=$steps" --set run.log_every=20 --set run.eval=false \
+      --set "run.max_steps=$steps" --set run.log_every="$log_every" --set run.eval=false \
       --set "run.device=$device" --set checkpoint.at_end=false \
       --set sinks.console.enabled=false --set "run.output_dir=$out/$precision-$round" >/dev/null
   done

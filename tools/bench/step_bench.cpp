@@ -2,7 +2,8 @@
 // bare hand-written LibTorch loop over the same architecture, optimizer and batches.
 //
 //   build/bin/step_bench --benchmark_repetitions=5
-// tools/bench/run adds Python PyTorch from the same venv and prints the ratios.
+// tools/bench/run adds Python PyTorch from the same venv and prints the ratios. With --smoke each
+// benchmark takes 3 timed steps, a check that every one still runs (the test suite's run).
 
 #include <ATen/Parallel.h>
 #include <benchmark/benchmark.h>
@@ -17,6 +18,7 @@
 
 #include <memory>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "trainyard/engine.hpp"
@@ -119,11 +121,44 @@ void BM_BareLibTorch_Mlp(benchmark::State& state) {
   run_bare(state, "fashion_mnist_mlp.toml", bare_mlp());
 }
 
-BENCHMARK(BM_Trainyard_Cnn)->Unit(benchmark::kMillisecond)->MinTime(3.0);
-BENCHMARK(BM_BareLibTorch_Cnn)->Unit(benchmark::kMillisecond)->MinTime(3.0);
-BENCHMARK(BM_Trainyard_Mlp)->Unit(benchmark::kMillisecond)->MinTime(2.0);
-BENCHMARK(BM_BareLibTorch_Mlp)->Unit(benchmark::kMillisecond)->MinTime(2.0);
+struct BenchmarkCase {
+  const char* name;
+  void (*run)(benchmark::State&);
+  double min_seconds;
+};
+
+constexpr BenchmarkCase kCases[] = {
+    {"BM_Trainyard_Cnn", BM_Trainyard_Cnn, 3.0},
+    {"BM_BareLibTorch_Cnn", BM_BareLibTorch_Cnn, 3.0},
+    {"BM_Trainyard_Mlp", BM_Trainyard_Mlp, 2.0},
+    {"BM_BareLibTorch_Mlp", BM_BareLibTorch_Mlp, 2.0},
+};
 
 }  // namespace
 
-BENCHMARK_MAIN();
+int main(int argc, char** argv) {
+  bool smoke = false;
+  std::vector<char*> args;
+  for (int i = 0; i < argc; ++i) {
+    if (std::string_view(argv[i]) == "--smoke") {
+      smoke = true;
+    } else {
+      args.push_back(argv[i]);
+    }
+  }
+  for (const BenchmarkCase& bench : kCases) {
+    auto* registered = benchmark::RegisterBenchmark(bench.name, bench.run);
+    registered->Unit(benchmark::kMillisecond);
+    if (smoke) {
+      registered->Iterations(3);
+    } else {
+      registered->MinTime(bench.min_seconds);
+    }
+  }
+  int count = static_cast<int>(args.size());
+  benchmark::Initialize(&count, args.data());
+  if (benchmark::ReportUnrecognizedArguments(count, args.data())) return 1;
+  benchmark::RunSpecifiedBenchmarks();
+  benchmark::Shutdown();
+  return 0;
+}

@@ -16,7 +16,6 @@
 #include <algorithm>
 #include <bit>
 #include <cstring>
-#include <fstream>
 #include <limits>
 
 #include "trainyard/checkpoint.hpp"
@@ -112,7 +111,8 @@ class Safetensors final : public CheckpointBackend {
  public:
   std::string extension() const override { return ".safetensors"; }
 
-  void write(const std::filesystem::path& file, const StateDict& state) const override {
+  void write_to(CheckpointFileWriter& out, const StateDict& state) const override {
+    const std::filesystem::path& file = out.path();
     // Entries in name order (TensorMap is ordered), data packed back to back.
     std::vector<at::Tensor> contiguous;
     std::string header = "{";
@@ -148,19 +148,13 @@ class Safetensors final : public CheckpointBackend {
       throw Error("safetensors header of " + file.string() + " would exceed 100 MB");
     }
 
-    std::ofstream out(file, std::ios::binary | std::ios::trunc);
-    if (!out) throw Error("cannot create checkpoint file " + file.string());
     std::uint64_t length = header.size();
     unsigned char prefix[8];
     for (int i = 0; i < 8; ++i) prefix[i] = static_cast<unsigned char>(length >> (8 * i));
-    out.write(reinterpret_cast<const char*>(prefix), 8);
-    out.write(header.data(), static_cast<std::streamsize>(header.size()));
-    for (const auto& data : contiguous) {
-      out.write(static_cast<const char*>(data.const_data_ptr()),
-                static_cast<std::streamsize>(data.nbytes()));
-    }
-    out.flush();
-    if (!out) throw Error("cannot write checkpoint file " + file.string() + " (disk full?)");
+    out.append(prefix, 8);
+    out.append(header);
+    // Each tensor's bytes from its own memory; small tensors are gathered with their neighbours.
+    for (const auto& data : contiguous) out.append(data.const_data_ptr(), data.nbytes());
   }
 
   StateDict read(const std::filesystem::path& file) const override {

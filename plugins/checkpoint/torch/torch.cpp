@@ -1,7 +1,17 @@
 // Checkpoint files in LibTorch's archive format (readable from Python with torch.jit.load).
+//
+// Written as torch::serialize::OutputArchive writes them (a module holding each entry as an
+// attribute, exported as a zip container), with two differences that keep the write at disk
+// speed: the container streams into the checkpoint file, each tensor's storage written straight
+// from its memory, and its records carry no zip CRC-32 (LibTorch's readers do not check it; the
+// checkpoint's manifest holds a checksum of the whole file, verified before a load).
 
+#include <caffe2/serialize/inline_container.h>
+#include <torch/csrc/jit/api/module.h>
+#include <torch/csrc/jit/serialization/export.h>
 #include <torch/serialize/archive.h>
 
+#include <exception>
 #include <filesystem>
 
 #include "trainyard/checkpoint.hpp"
@@ -17,20 +27,48 @@ class TorchArchive final : public CheckpointBackend {
  public:
   std::string extension() const override { return ".pt"; }
 
-  void write(const std::filesystem::path& file, const StateDict& state) const override {
-    torch::serialize::OutputArchive archive;
-    for (const auto& [name, tensor] : state.tensors) {
-      archive.write(name, c10::IValue(tensor.detach().cpu()));
-    }
-    for (const auto& [key, value] : state.metadata) {
-      archive.write(kMetadataPrefix + key, c10::IValue(value));
-    }
+  void write_to(CheckpointFileWriter& out, const StateDict& state) const override {
+    torch::jit::Module archive("__torch__.Module", std::make_shared<torch::jit::CompilationUnit>());
+    auto add = [&](const std::string& key, const c10::IValue& value) {
+      archive.register_attribute(key, value.type(), value);
+    };
+    for (const auto& [name, tensor] : state.tensors) add(name, c10::IValue(tensor.detach().cpu()));
+    for (const auto& [key, value] : state.metadata) add(kMetadataPrefix + key, c10::IValue(value));
+
+    // The container calls its writer from C code, which an exception must not cross: a failed
+    // write is reported as a short one, and its reason rethrown below.
+    std::exception_ptr write_error;
+    caffe2::serialize::PyTorchStreamWriter container(
+        [&out, &write_error](const void* data, std::size_t bytes) -> std::size_t {
+          if (write_error) return 0;
+          try {
+            out.append(data, bytes);
+            return bytes;
+          } catch (...) {
+            write_error = std::current_exception();
+            return 0;
+          }
+        },
+        /*compute_crc32=*/false);
     try {
-      archive.save_to(file.string());
+      torch::jit::ScriptModuleSerializer serializer(container);
+      serializer.serialize(archive, {}, /*bytecode_format=*/false,
+                           /*save_mobile_debug_info=*/false);
+      container.writeEndOfFile();
     } catch (const c10::Error& error) {
-      throw Error("cannot write checkpoint file " + file.string() + ": " +
+      // The container's destructor would finish an unfinished archive and throw again, which
+      // ends the process; it is finished here, its failure ignored.
+      if (!container.finalized()) {
+        try {
+          container.writeEndOfFile();
+        } catch (const c10::Error&) {
+        }
+      }
+      if (write_error) std::rethrow_exception(write_error);
+      throw Error("cannot write checkpoint file " + out.path().string() + ": " +
                   error.what_without_backtrace());
     }
+    if (write_error) std::rethrow_exception(write_error);
   }
 
   StateDict read(const std::filesystem::path& file) const override {

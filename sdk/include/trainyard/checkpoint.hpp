@@ -4,6 +4,7 @@
 #include <filesystem>
 #include <string>
 
+#include "trainyard/checkpoint_file.hpp"
 #include "trainyard/component.hpp"
 #include "trainyard/state.hpp"
 
@@ -18,8 +19,17 @@ class CheckpointBackend : public Component {
   static constexpr const char* kKind = "checkpoint";
   // File name extension, with the dot (".pt").
   virtual std::string extension() const = 0;
-  virtual void write(const std::filesystem::path& file, const StateDict& state) const = 0;
+  // Appends the file's bytes to `out` in order, a tensor's data straight from its memory (no
+  // copy into a buffer first); the caller finishes the file.
+  virtual void write_to(CheckpointFileWriter& out, const StateDict& state) const = 0;
   virtual StateDict read(const std::filesystem::path& file) const = 0;
+
+  // `state` as `file`, on the disk when this returns.
+  void write(const std::filesystem::path& file, const StateDict& state) const {
+    CheckpointFileWriter out(file);
+    write_to(out, state);
+    out.finish();
+  }
 };
 
 }  // namespace trainyard

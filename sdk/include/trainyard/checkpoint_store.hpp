@@ -17,12 +17,6 @@
 
 namespace trainyard {
 
-struct CheckpointFileInfo {
-  std::string name;
-  std::int64_t bytes = 0;
-  std::uint32_t crc32 = 0;
-};
-
 struct CheckpointManifest {
   std::int64_t step = 0;
   std::string backend;
@@ -89,8 +83,11 @@ class CheckpointStore {
  private:
   struct Pending;
   void prepare_staging(std::int64_t step);
-  void write_files(std::int64_t step, const CheckpointState& state) const;
-  std::filesystem::path commit(std::int64_t step);
+  // This process's files of the checkpoint, written and synced; what the manifest says of them.
+  std::vector<CheckpointFileInfo> write_files(std::int64_t step,
+                                              const CheckpointState& state) const;
+  // `written`: this process's files as write_files described them (others are read back).
+  std::filesystem::path commit(std::int64_t step, const std::vector<CheckpointFileInfo>& written);
   bool agree(bool ok) const;
 
   std::shared_ptr<CheckpointBackend> backend_;

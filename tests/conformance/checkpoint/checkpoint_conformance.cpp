@@ -148,6 +148,49 @@ TEST_P(CheckpointConformance, GarbageFileIsAnErrorNamingIt) {
   expect_error_naming(*backend, file, "garbage bytes");
 }
 
+TEST_P(CheckpointConformance, LargeTensorsRoundTripAndTheWriterCountsEveryByte) {
+  // Tensors of several megabytes go from their memory straight to the file, in stretches, around
+  // small ones that are gathered: the order of the bytes must survive both ways.
+  auto backend = build();
+  trainyard::testing::TempDir dir;
+  torch::manual_seed(9);
+  StateDict expected;
+  expected.tensors["a.large"] = torch::randn({3 << 20});
+  expected.tensors["b.small"] = torch::arange(7, torch::kLong);
+  expected.tensors["c.large.view"] = torch::randn({1 << 10, 5 << 10}).t();
+  expected.tensors["d.tiny"] = torch::scalar_tensor(1.5);
+  expected.metadata["step"] = "12";
+  trainyard::CheckpointFileWriter out(dir / ("large" + backend->extension()));
+  backend->write_to(out, expected);
+  const trainyard::CheckpointFileInfo info = out.finish();
+  EXPECT_EQ(info.bytes, static_cast<std::int64_t>(fs::file_size(out.path())));
+  EXPECT_EQ(info.name, out.path().filename().string());
+  StateDict got = backend->read(out.path());
+  EXPECT_EQ(got.metadata, expected.metadata);
+  ASSERT_EQ(got.tensors.size(), expected.tensors.size());
+  for (const auto& [name, tensor] : expected.tensors) {
+    ASSERT_TRUE(got.tensors.count(name)) << name;
+    EXPECT_TRUE(at::equal(got.tensors.at(name), tensor)) << "'" << name << "' changed";
+  }
+}
+
+TEST_P(CheckpointConformance, FullDiskIsAnErrorNamingTheFile) {
+  // /dev/full accepts the open and fails every write with ENOSPC: the failure must come back as
+  // an Error, whichever layer of the backend meets it (never a crash).
+  auto backend = build();
+  StateDict state = sample_state();
+  state.tensors["large"] = torch::randn({1 << 20});
+  try {
+    trainyard::CheckpointFileWriter out("/dev/full");
+    backend->write_to(out, state);
+    out.finish();
+    ADD_FAILURE() << "writing to /dev/full succeeded";
+  } catch (const trainyard::Error& error) {
+    EXPECT_HAS(error.what(), "/dev/full");
+    EXPECT_HAS(error.what(), "No space left on device");
+  }
+}
+
 TEST_P(CheckpointConformance, MissingFileIsAnErrorNamingIt) {
   auto backend = build();
   trainyard::testing::TempDir dir;
