@@ -288,10 +288,10 @@ RunSummary Engine::run_steps() {
     s.step = start.step;
   }
   const std::int64_t total_steps = s.data->total_steps();
-  announce_loader();
   s.reporter->begin({s.recipe.name(), total_steps, s.data->steps_per_epoch(), s.run.epochs,
                      s.runtime->rank(), s.runtime->world_size(), s.run.output_dir.string(),
                      start.step});
+  announce_loader();
   if (s.checkpointing) s.checkpointing->start_clock();
   const auto run_started = Clock::now();
   const std::int64_t first_step = s.step;

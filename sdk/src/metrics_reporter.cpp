@@ -40,7 +40,6 @@ MetricsReporter::MetricsReporter(const Recipe& recipe, const Registry& registry,
     peak_ = resolve_peak_flops(peak_tflops, *run_.placement.backend, run_.placement.index,
                                run_.precision->autocast_dtype(), peak_cache_folder(), log_);
     meter.peak_flops = peak_->flops_per_s;
-    if (run_.rank == 0) log_("trainyard: peak " + describe_peak(*peak_) + " per rank");
   }
   meter_ = std::make_unique<TrainingMeter>(meter, phases);
 }
@@ -85,6 +84,9 @@ void MetricsReporter::write_run_info(const RunInfo& info) const {
 
 void MetricsReporter::begin(const RunInfo& info) {
   for (auto& sink : sinks_) sink->begin(info);
+  // Said once training starts: a run that fails before (a checkpoint that does not load, a sink
+  // that cannot open) says only why.
+  if (peak_ && run_.rank == 0) log_("trainyard: peak " + describe_peak(*peak_) + " per rank");
   write_run_info(info);
   // The first train record's utilisation covers the run from here.
   run_.placement.backend->utilisation(run_.placement.index);
