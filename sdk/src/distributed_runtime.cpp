@@ -137,7 +137,11 @@ int DistributedRuntime::agreed_stop_signal(int received) {
   if (!communicator_) return received;
   const int agreed = finish_stop_agreement();
   if (agreed != 0) return agreed;
-  stop_flag_ = {on_device(at::full({1}, received, at::TensorOptions(at::kInt)), device_)};
+  // One flag tensor for the whole run: the step allocates nothing for it.
+  if (stop_flag_.empty()) {
+    stop_flag_ = {on_device(at::zeros({1}, at::TensorOptions(at::kInt)), device_)};
+  }
+  stop_flag_.front().fill_(received);
   c10d::AllreduceOptions options;
   options.reduceOp = c10d::ReduceOp::MAX;
   stop_agreement_ = communicator_->world()->allreduce(stop_flag_, options);
