@@ -65,7 +65,8 @@ int command_run(const std::vector<std::string>& args, bool validate_only, Regist
   bool print_config = false;
   po::options_description options(validate_only ? "validate options" : "run options");
   options.add_options()("recipe", po::value(&recipe_path)->required(), "recipe file")(
-      "set", po::value(&overrides)->composing(), "override a recipe value: section.key=value")(
+      "set", po::value(&overrides)->composing(),
+      "override a recipe value: section.key=value (section.key=! removes the key)")(
       "print-config", po::bool_switch(&print_config),
       "print the resolved recipe with every default filled in");
   if (!validate_only) {
@@ -85,6 +86,7 @@ int command_run(const std::vector<std::string>& args, bool validate_only, Regist
   PluginLoader loader(registry);
   load_plugins(loader, common, recipe_plugin_paths(recipe));
   Recipe resolved = resolve_recipe(recipe, registry);
+  for (const auto& note : resolved.notes) std::cerr << "trainyard: note: " << note << "\n";
   if (print_config) {
     std::cout << to_toml(*resolved.root);
     return 0;
@@ -124,7 +126,11 @@ int command_plugins(const std::vector<std::string>& args, Registry& registry) {
     for (const auto& option : info.options) {
       std::cout << "    " << option.name << " : " << to_string(option.type) << " = "
                 << (option.default_value ? option.default_value->to_toml() : "(required)")
-                << "    " << option.help << "\n";
+                << "    " << option.help;
+      if (const std::string rule = option.rule(); !rule.empty()) {
+        std::cout << " [" << rule << "]";
+      }
+      std::cout << "\n";
     }
   }
   return 0;

@@ -41,6 +41,12 @@ const char* to_string(OptionType type) {
   return "?";
 }
 
+std::string with_article(const char* type_name) {
+  const std::string name = type_name;
+  const bool vowel = !name.empty() && std::string("aeiou").find(name[0]) != std::string::npos;
+  return (vowel ? "an " : "a ") + name;
+}
+
 Value::Value(bool v, SourceLocation where) : data_(v), where_(std::move(where)) {}
 Value::Value(std::int64_t v, SourceLocation where) : data_(v), where_(std::move(where)) {}
 Value::Value(double v, SourceLocation where) : data_(v), where_(std::move(where)) {}
@@ -191,9 +197,20 @@ void Table::set(const std::string& key, Value value) {
   entries_.emplace_back(key, std::move(value));
 }
 
+SourceLocation Table::key_where(const std::string& key) const {
+  if (auto it = key_locations_.find(key); it != key_locations_.end()) return it->second;
+  const Value* value = find(key);
+  return value ? value->where() : where;
+}
+
+void Table::set_key_where(const std::string& key, SourceLocation where) {
+  key_locations_[key] = std::move(where);
+}
+
 bool Table::erase(const std::string& key) {
   auto it = index_.find(key);
   if (it == index_.end()) return false;
+  key_locations_.erase(key);
   entries_.erase(entries_.begin() + static_cast<std::ptrdiff_t>(it->second));
   index_.clear();
   for (std::size_t i = 0; i < entries_.size(); ++i) index_[entries_[i].first] = i;
@@ -253,11 +270,25 @@ OptionSpec required_option(std::string name, OptionType type, std::string help) 
 
 OptionSpec& OptionSpec::at_least(double bound) {
   minimum = bound;
+  minimum_exclusive = false;
   return *this;
 }
 
 OptionSpec& OptionSpec::at_most(double bound) {
   maximum = bound;
+  maximum_exclusive = false;
+  return *this;
+}
+
+OptionSpec& OptionSpec::greater_than(double bound) {
+  minimum = bound;
+  minimum_exclusive = true;
+  return *this;
+}
+
+OptionSpec& OptionSpec::less_than(double bound) {
+  maximum = bound;
+  maximum_exclusive = true;
   return *this;
 }
 
@@ -284,20 +315,39 @@ std::string bound_text(double bound) {
   return out.str();
 }
 
+// ">= 0 and < 1, or -1 for automatic"; empty without bounds.
+std::string range_text(const OptionSpec& spec) {
+  std::string rule;
+  if (spec.minimum) rule += (spec.minimum_exclusive ? "> " : ">= ") + bound_text(*spec.minimum);
+  if (spec.minimum && spec.maximum) rule += " and ";
+  if (spec.maximum) rule += (spec.maximum_exclusive ? "< " : "<= ") + bound_text(*spec.maximum);
+  if (spec.sentinel && !rule.empty()) {
+    rule += ", or " + std::to_string(*spec.sentinel) + " " + spec.sentinel_meaning;
+  }
+  return rule;
+}
+
+// "auto, bar or lines".
+std::string choices_text(const OptionSpec& spec) {
+  std::string allowed;
+  for (std::size_t i = 0; i < spec.choices.size(); ++i) {
+    allowed += (i == 0 ? "" : i + 1 == spec.choices.size() ? " or " : ", ") +
+               (spec.choices[i].empty() ? std::string("\"\"") : spec.choices[i]);
+  }
+  return allowed;
+}
+
 std::optional<std::string> number_violation(const OptionSpec& spec, const Value& item) {
   if (spec.sentinel && item.type() == ValueType::kInteger && item.as_integer() == *spec.sentinel) {
     return std::nullopt;
   }
   const double number = item.as_float();
-  const bool below = spec.minimum && !(number >= *spec.minimum);
-  const bool above = spec.maximum && !(number <= *spec.maximum);
+  const bool below = spec.minimum && !(spec.minimum_exclusive ? number > *spec.minimum
+                                                              : number >= *spec.minimum);
+  const bool above = spec.maximum && !(spec.maximum_exclusive ? number < *spec.maximum
+                                                              : number <= *spec.maximum);
   if (!below && !above) return std::nullopt;
-  std::string rule = "must be ";
-  if (spec.minimum) rule += ">= " + bound_text(*spec.minimum);
-  if (spec.minimum && spec.maximum) rule += " and ";
-  if (spec.maximum) rule += "<= " + bound_text(*spec.maximum);
-  if (spec.sentinel) rule += ", or " + std::to_string(*spec.sentinel) + " " + spec.sentinel_meaning;
-  return rule + ", got " + item.to_toml();
+  return "must be " + range_text(spec) + ", got " + item.to_toml();
 }
 
 std::optional<std::string> choice_violation(const OptionSpec& spec, const Value& item) {
@@ -305,14 +355,17 @@ std::optional<std::string> choice_violation(const OptionSpec& spec, const Value&
       std::find(spec.choices.begin(), spec.choices.end(), item.as_string()) != spec.choices.end()) {
     return std::nullopt;
   }
-  std::string allowed;
-  for (std::size_t i = 0; i < spec.choices.size(); ++i) {
-    allowed += (i == 0 ? "" : i + 1 == spec.choices.size() ? " or " : ", ") + spec.choices[i];
-  }
-  return "must be " + allowed + ", got " + item.to_toml();
+  return "must be " + choices_text(spec) + ", got " + item.to_toml();
 }
 
 }  // namespace
+
+std::string OptionSpec::rule() const {
+  std::string range = range_text(*this);
+  std::string allowed = choices_text(*this);
+  if (!range.empty() && !allowed.empty()) return range + "; " + allowed;
+  return range.empty() ? allowed : range;
+}
 
 std::optional<std::string> OptionSpec::violation(const Value& value) const {
   auto check = [&](const Value& item) -> std::optional<std::string> {
@@ -356,8 +409,8 @@ void Config::fail(const std::string& key, const std::string& message) const {
 namespace {
 void expect(const Config& config, const std::string& key, OptionType type) {
   if (!value_matches(config.value(key), type)) {
-    config.fail(key, std::string("must be a ") + to_string(type) + ", got a " +
-                         to_string(config.value(key).type()));
+    config.fail(key, "must be " + with_article(to_string(type)) + ", got " +
+                         with_article(to_string(config.value(key).type())));
   }
 }
 }  // namespace
@@ -451,16 +504,17 @@ Config validate_section(const Config& section, const OptionSpecs& specs,
     if (!declared.count(key)) {
       std::string known;
       for (const auto& spec : specs) known += (known.empty() ? "" : ", ") + spec.name;
-      throw Error(value.where().str() + ": unknown option '" + section.qualified(key) +
+      throw Error(section.table().key_where(key).str() + ": unknown option '" +
+                  section.qualified(key) +
                   "' (known: " + (known.empty() ? "none" : known) + ")");
     }
   }
   for (const auto& spec : specs) {
     if (const Value* value = section.table().find(spec.name)) {
       if (!value_matches(*value, spec.type)) {
-        throw Error(value->where().str() + ": " + section.qualified(spec.name) + " must be a " +
-                    to_string(spec.type) + ", got " + value->to_toml() + " (a " +
-                    to_string(value->type()) + ")");
+        throw Error(value->where().str() + ": " + section.qualified(spec.name) + " must be " +
+                    with_article(to_string(spec.type)) + ", got " + value->to_toml() + " (" +
+                    with_article(to_string(value->type())) + ")");
       }
       if (auto broken = spec.violation(*value)) {
         throw Error(value->where().str() + ": " + section.qualified(spec.name) + " " + *broken);
@@ -471,6 +525,7 @@ Config validate_section(const Config& section, const OptionSpecs& specs,
         copy = Value(copy.as_float(), copy.where());
       }
       resolved->set(spec.name, std::move(copy));
+      resolved->set_key_where(spec.name, section.table().key_where(spec.name));
     } else if (spec.default_value) {
       resolved->set(spec.name, *spec.default_value);
     } else {

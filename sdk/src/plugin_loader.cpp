@@ -118,6 +118,7 @@ std::vector<fs::path> plugin_libraries(const fs::path& folder) {
 }
 
 void PluginLoader::load_folder(const fs::path& folder) {
+  registry_.note_searched(fs::absolute(folder).string());
   for (const auto& library : plugin_libraries(folder)) load_library(library);
 }
 
@@ -127,6 +128,7 @@ void PluginLoader::load_path(const fs::path& path) {
   if (fs::is_directory(absolute, ec)) {
     load_folder(absolute);
   } else if (fs::exists(absolute, ec)) {
+    registry_.note_searched(absolute.string());
     load_library(absolute);
   } else {
     throw Error("plugin path not found: " + path.string());

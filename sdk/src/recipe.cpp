@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cctype>
 #include <fstream>
+#include <optional>
 #include <set>
 #include <sstream>
 
@@ -30,15 +31,30 @@ std::shared_ptr<Table> convert_table(const toml::table& table, const std::string
   auto out = std::make_shared<Table>();
   out->where = location_of(table, file);
   // toml++ keeps keys sorted; a Table keeps them in the order they were written.
-  std::vector<std::pair<std::string, const toml::node*>> items;
-  for (const auto& [key, node] : table) items.emplace_back(std::string(key.str()), &node);
+  struct Item {
+    std::string key;
+    SourceLocation key_where;
+    const toml::node* node;
+  };
+  std::vector<Item> items;
+  for (const auto& [key, node] : table) {
+    SourceLocation key_where = location_of(node, file);
+    if (key.source().begin.line > 0) {
+      key_where = SourceLocation{file, static_cast<int>(key.source().begin.line),
+                                 static_cast<int>(key.source().begin.column)};
+    }
+    items.push_back({std::string(key.str()), std::move(key_where), &node});
+  }
   auto position = [](const toml::node* node) {
     return std::make_pair(node->source().begin.line, node->source().begin.column);
   };
-  std::stable_sort(items.begin(), items.end(), [&](const auto& a, const auto& b) {
-    return position(a.second) < position(b.second);
+  std::stable_sort(items.begin(), items.end(), [&](const Item& a, const Item& b) {
+    return position(a.node) < position(b.node);
   });
-  for (const auto& [key, node] : items) out->set(key, convert(*node, file));
+  for (const auto& item : items) {
+    out->set(item.key, convert(*item.node, file));
+    out->set_key_where(item.key, item.key_where);
+  }
   return out;
 }
 
@@ -83,6 +99,7 @@ std::shared_ptr<Table> merge(const Table& base, const Table& overlay) {
     } else {
       out->set(key, value);
     }
+    out->set_key_where(key, overlay.key_where(key));
   }
   return out;
 }
@@ -153,30 +170,41 @@ std::shared_ptr<const Table> load_chain(const fs::path& file, std::vector<fs::pa
   return merge(*base, *own);
 }
 
-// Sets a.b.c = value, creating tables on the way.
+// Sets a.b.c = value, creating tables on the way; without a value, removes a.b.c (a missing key
+// is already removed).
 std::shared_ptr<Table> set_path(const Table& table, const std::vector<std::string>& keys,
-                                std::size_t index, const Value& value, const std::string& origin) {
+                                std::size_t index, const std::optional<Value>& value,
+                                const SourceLocation& origin) {
   auto out = std::make_shared<Table>(table);
   const std::string& key = keys[index];
   if (index + 1 == keys.size()) {
-    out->set(key, value);
+    if (value) {
+      out->set(key, *value);
+      out->set_key_where(key, origin);
+    } else {
+      out->erase(key);
+    }
     return out;
   }
   const Value* existing = table.find(key);
+  if (!existing && !value) return out;
   Table inner;
   if (existing) {
     if (existing->type() != ValueType::kTable) {
-      throw Error(origin + ": '" + key + "' is not a table (set at " + existing->where().str() +
-                  ")");
+      throw Error(origin.file + ": '" + key + "' is not a table (set at " +
+                  existing->where().str() + ")");
     }
     inner = existing->as_table();
   } else {
-    inner.where = value.where();
+    inner.where = origin;
   }
   out->set(key, Value(std::shared_ptr<const Table>(set_path(inner, keys, index + 1, value, origin)),
-                      existing ? existing->where() : value.where()));
+                      existing ? existing->where() : origin));
   return out;
 }
+
+// `--set section.key=!` removes the key; the string "!" itself is written quoted ("\"!\"").
+constexpr const char* kRemoveValue = "!";
 
 std::shared_ptr<const Table> apply_override(const std::shared_ptr<const Table>& root,
                                             const std::string& assignment) {
@@ -194,6 +222,7 @@ std::shared_ptr<const Table> apply_override(const std::shared_ptr<const Table>& 
     keys.push_back(key);
   }
   SourceLocation where{origin, 0, 0};
+  if (text == kRemoveValue) return set_path(*root, keys, 0, std::nullopt, where);
   Value value(text, where);
   try {
     toml::table parsed = toml::parse("value = " + text);
@@ -202,7 +231,7 @@ std::shared_ptr<const Table> apply_override(const std::shared_ptr<const Table>& 
   } catch (const toml::parse_error&) {
     // Not TOML: a bare word such as cuda or adamw is taken as a string.
   }
-  return set_path(*root, keys, 0, value, origin);
+  return set_path(*root, keys, 0, value, where);
 }
 
 // A key as TOML writes it: bare when it can be, quoted otherwise ("my sink", "a.b").
@@ -251,9 +280,33 @@ Config require_table(const Table& root, const std::string& name) {
 }
 
 // Validates a plugin section against the runtime's keys for it plus the plugin's options.
+// True for a value given on the command line (--set) rather than written in a recipe file.
+bool from_command_line(const SourceLocation& where) { return where.line <= 0; }
+
+// A --set X.plugin=... that switches plugins leaves the file's options of the old plugin behind;
+// those the new plugin does not declare are dropped, with a note. Options given with --set stay,
+// so a mistyped one is still an error.
+Config drop_options_of_replaced_plugin(const Config& section, const std::string& plugin,
+                                       const OptionSpecs& specs, std::vector<std::string>& notes) {
+  const Value* written = section.table().find("plugin");
+  if (!written || !from_command_line(written->where())) return section;
+  auto kept = std::make_shared<Table>(section.table());
+  for (const auto& [key, value] : section.table().entries()) {
+    bool declared = key == "plugin" || std::any_of(specs.begin(), specs.end(), [&](const auto& s) {
+                      return s.name == key;
+                    });
+    if (declared || from_command_line(value.where())) continue;
+    kept->erase(key);
+    notes.push_back(section.table().key_where(key).str() + ": " + section.qualified(key) +
+                    " dropped: " + written->where().file + " names a " + plugin +
+                    " without that option");
+  }
+  return Config(kept, section.name());
+}
+
 Config resolve_plugin_section(const Config& section, const std::string& kind,
                               const std::string& default_plugin, const OptionSpecs& runtime_specs,
-                              const Registry& registry) {
+                              const Registry& registry, std::vector<std::string>& notes) {
   std::string plugin = default_plugin;
   if (section.has("plugin")) {
     const Value& value = section.value("plugin");
@@ -287,7 +340,8 @@ Config resolve_plugin_section(const Config& section, const std::string& kind,
                              [&](const OptionSpec& s) { return s.name == spec.name; });
     if (!clash) specs.push_back(spec);
   }
-  Config resolved = validate_section(section, specs);
+  Config resolved =
+      validate_section(drop_options_of_replaced_plugin(section, plugin, specs, notes), specs);
   auto table = std::make_shared<Table>();
   table->where = resolved.table().where;
   const Value* written = section.table().find("plugin");
@@ -320,7 +374,7 @@ Recipe load_recipe(const fs::path& file, const std::vector<std::string>& overrid
   std::vector<fs::path> chain;
   std::shared_ptr<const Table> root = load_chain(file, chain);
   for (const auto& assignment : overrides) root = apply_override(root, assignment);
-  return Recipe{root, file};
+  return Recipe{root, file, {}};
 }
 
 const OptionSpecs& run_options() {
@@ -469,6 +523,7 @@ Recipe resolve_recipe(const Recipe& recipe, const Registry& registry) {
   const Table& root = *recipe.root;
   auto out = std::make_shared<Table>();
   out->where = root.where;
+  std::vector<std::string> notes;
 
   std::set<std::string> known = top_level_keys();
   known.insert({"run", "loader", "parallel", "sinks"});
@@ -477,7 +532,8 @@ Recipe resolve_recipe(const Recipe& recipe, const Registry& registry) {
     if (!known.count(key)) {
       std::string names;
       for (const auto& name : known) names += (names.empty() ? "" : ", ") + name;
-      throw Error(value.where().str() + ": unknown recipe section '" + key + "' (known: " + names +
+      throw Error(root.key_where(key).str() + ": unknown recipe section '" + key + "' (known: " +
+                  names +
                   ")");
     }
   }
@@ -521,7 +577,8 @@ Recipe resolve_recipe(const Recipe& recipe, const Registry& registry) {
         auto empty = std::make_shared<Table>();
         empty->where = root.where;
         put(section.section, resolve_plugin_section(Config(empty, section.section), section.kind,
-                                                    section.default_plugin, {}, registry));
+                                                    section.default_plugin, {}, registry,
+                                                    notes));
       } else if (!section.optional) {
         throw Error(recipe.path.string() + ": missing section [" + section.section +
                     "] (plugin = one of: " +
@@ -545,7 +602,7 @@ Recipe resolve_recipe(const Recipe& recipe, const Registry& registry) {
                                  : section.section == "comm"     ? comm_options()
                                                                  : OptionSpecs{};
     put(section.section, resolve_plugin_section(require_table(root, section.section), section.kind,
-                                                section.default_plugin, runtime, registry));
+                                                section.default_plugin, runtime, registry, notes));
   }
 
   // Sinks: [sinks.<name>], each naming its plugin (default: its own name). Console by default.
@@ -567,11 +624,12 @@ Recipe resolve_recipe(const Recipe& recipe, const Registry& registry) {
   for (const auto& [key, value] :
        (root.contains("sinks") ? sink_tables.table() : *sinks).entries()) {
     Config section(value.table_ptr(), "sinks." + key);
-    Config resolved = resolve_plugin_section(section, "sink", key, sink_common_options(), registry);
+    Config resolved =
+        resolve_plugin_section(section, "sink", key, sink_common_options(), registry, notes);
     sinks->set(key, Value(resolved.table_ptr(), value.where()));
   }
   out->set("sinks", Value(std::shared_ptr<const Table>(sinks), sinks->where));
-  return Recipe{out, recipe.path};
+  return Recipe{out, recipe.path, std::move(notes)};
 }
 
 std::vector<fs::path> recipe_plugin_paths(const Recipe& recipe) {

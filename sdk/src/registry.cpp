@@ -1,5 +1,6 @@
 #include "trainyard/registry.hpp"
 
+#include <algorithm>
 #include <exception>
 
 #include "trainyard/error.hpp"
@@ -59,8 +60,19 @@ const Registry::Entry& Registry::entry(const std::string& kind, const std::strin
   if (it != entries_.end()) return it->second;
   std::string known;
   for (const auto& candidate : names(kind)) known += (known.empty() ? "" : ", ") + candidate;
+  std::string places;
+  for (const auto& place : searched_) places += (places.empty() ? "" : ", ") + place;
   throw Error("unknown " + kind + " plugin '" + name + "' (known: " +
-              (known.empty() ? "none loaded" : known) + ")");
+              (known.empty() ? "none loaded" : known) +
+              "; searched: " + (places.empty() ? "no plugin folder" : places) +
+              "); load its library with --plugin-path FOLDER_OR_FILE, TRAINYARD_PLUGIN_PATH or "
+              "the recipe's plugin_paths");
+}
+
+void Registry::note_searched(std::string place) {
+  if (std::find(searched_.begin(), searched_.end(), place) == searched_.end()) {
+    searched_.push_back(std::move(place));
+  }
 }
 
 bool Registry::contains(const std::string& kind, const std::string& name) const {

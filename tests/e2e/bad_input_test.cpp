@@ -61,8 +61,67 @@ TEST(BadInputTest, UnknownKeyIsLocatedByLineAndColumn) {
   TempDir dir;
   auto recipe = dir.write("r.toml", std::string(kValidRecipe) + "chanels = [1, 2]\n");
   auto error = expect_clean_failure({"validate", recipe.string()});
-  EXPECT_HAS(error, "r.toml:10:11");
-  EXPECT_HAS(error, "unknown option 'optimizer.chanels'");
+  // The key's column, not its value's.
+  EXPECT_HAS(error, "r.toml:10:1: unknown option 'optimizer.chanels'");
+}
+
+TEST(BadInputTest, ValuesOutsideAPluginsDeclaredRangeFailValidateAndDoctor) {
+  TempDir dir;
+  auto recipe = dir.write("r.toml", std::string(kValidRecipe) +
+                                        "[scheduler]\nplugin = \"warmup_linear\"\n"
+                                        "warmup_steps = -5\n");
+  auto error = expect_clean_failure({"validate", recipe.string()});
+  EXPECT_HAS(error, "r.toml:12:16: scheduler.warmup_steps must be >= 0, got -5");
+  auto hidden = expect_clean_failure({"validate", recipe.string(), "--set",
+                                      "scheduler.warmup_steps=0", "--set", "model.hidden=[-3]"});
+  EXPECT_HAS(hidden, "--set model.hidden=[-3]: model.hidden must be >= 1, got -3");
+  auto doctor = run_host({"doctor", recipe.string()}, {}, 120);
+  EXPECT_NE(doctor.exit_code, 0);
+  EXPECT_HAS(doctor.out, "scheduler.warmup_steps must be >= 0, got -5");
+}
+
+TEST(BadInputTest, PluginsListsEachOptionsRange) {
+  auto listed = run_host({"plugins", "model"}, {}, 120);
+  ASSERT_EQ(listed.exit_code, 0) << listed.err;
+  EXPECT_HAS(listed.out, "hidden : array of integers = [256, 128]    hidden layer widths [>= 1]");
+  EXPECT_HAS(listed.out, "dropout before the output layer [>= 0 and < 1]");
+  EXPECT_HAS(listed.out, "[mean or sum]");
+}
+
+TEST(BadInputTest, SwitchingAPluginWithSetDropsTheOldOptionsWithANote) {
+  TempDir dir;
+  auto recipe = dir.write("r.toml", std::string(kValidRecipe) +
+                                        "[scheduler]\nplugin = \"warmup_cosine\"\n"
+                                        "warmup_steps = 5\n");
+  auto switched = run_host({"validate", recipe.string(), "--set", "scheduler.plugin=constant"},
+                           {}, 120);
+  EXPECT_EQ(switched.exit_code, 0) << switched.err;
+  EXPECT_EQ(switched.err,
+            "trainyard: note: " + recipe.string() +
+                ":12:1: scheduler.warmup_steps dropped: --set scheduler.plugin=constant names a "
+                "constant without that option\n");
+  // The removal form: the option is gone and its default applies.
+  auto removed = run_host({"validate", recipe.string(), "--set", "scheduler.warmup_steps=!",
+                           "--print-config"},
+                          {}, 120);
+  EXPECT_EQ(removed.exit_code, 0) << removed.err;
+  EXPECT_HAS(removed.out, "warmup_steps = 0\n");
+}
+
+TEST(BadInputTest, UnknownPluginSaysHowToLoadOne) {
+  TempDir dir;
+  auto recipe = dir.write("r.toml", kValidRecipe);
+  auto error = expect_clean_failure({"validate", recipe.string(), "--set", "model.plugin=resnet"});
+  EXPECT_HAS(error, "searched: ");
+  EXPECT_HAS(error, "lib/trainyard/plugins");
+  EXPECT_HAS(error, "--plugin-path");
+}
+
+TEST(BadInputTest, TypeErrorsReadAsEnglish) {
+  TempDir dir;
+  auto recipe = dir.write("r.toml", kValidRecipe);
+  auto error = expect_clean_failure({"validate", recipe.string(), "--set", "run.epochs=\"two\""});
+  EXPECT_HAS(error, "run.epochs must be an integer, got \"two\" (a string)");
 }
 
 TEST(BadInputTest, WrongTypeIsLocatedByLineAndColumn) {

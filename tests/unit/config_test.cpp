@@ -216,6 +216,44 @@ TEST(ConfigTest, FailMessageFormat) {
             "recipes/x.toml:1:1: optimizer.momentum is required here");
 }
 
+TEST(ConfigTest, OpenBoundsAndTheirRules) {
+  OptionSpecs specs = {
+      option("eps", 1e-8, "epsilon").greater_than(0),
+      option("beta", 0.9, "decay").at_least(0).less_than(1),
+      option("every", 20, "interval").at_least(2).or_exactly(0, "for never"),
+      option("mode", "auto", "how").one_of({"auto", "bar"}),
+      option("name", "x", "free text"),
+  };
+  auto error = [&](const std::string& text) {
+    return error_of(
+        [&] { validate_section(section_from("[opt]\n" + text, "opt", "recipes/x.toml"), specs); });
+  };
+  EXPECT_EQ(error("eps = 0.0\n"), "recipes/x.toml:2:7: opt.eps must be > 0, got 0.0");
+  EXPECT_EQ(error("beta = 1\n"), "recipes/x.toml:2:8: opt.beta must be >= 0 and < 1, got 1");
+  EXPECT_EQ(error("every = 1\n"),
+            "recipes/x.toml:2:9: opt.every must be >= 2, or 0 for never, got 1");
+  EXPECT_NO_THROW(validate_section(
+      section_from("[opt]\neps = 1e-12\nbeta = 0\nevery = 0\n", "opt"), specs));
+  // The rules as `trainyard plugins` lists them.
+  EXPECT_EQ(specs[0].rule(), "> 0");
+  EXPECT_EQ(specs[1].rule(), ">= 0 and < 1");
+  EXPECT_EQ(specs[2].rule(), ">= 2, or 0 for never");
+  EXPECT_EQ(specs[3].rule(), "auto or bar");
+  EXPECT_EQ(specs[4].rule(), "");
+}
+
+TEST(ConfigTest, TypeNamesTakeTheRightArticle) {
+  EXPECT_EQ(with_article(to_string(OptionType::kInteger)), "an integer");
+  EXPECT_EQ(with_article(to_string(OptionType::kIntegerList)), "an array of integers");
+  EXPECT_EQ(with_article(to_string(OptionType::kFloat)), "a float");
+  EXPECT_EQ(with_article(to_string(ValueType::kBool)), "a boolean");
+  auto table = std::make_shared<Table>();
+  table->set("n", Value("3", SourceLocation{"recipes/x.toml", 2, 5}));
+  Config config(table, "run");
+  EXPECT_EQ(error_of([&] { config.get_int("n"); }),
+            "recipes/x.toml:2:5: run.n must be an integer, got a string");
+}
+
 TEST(ConfigTest, DeclaredRangesAreCheckedWhereTheValueEnters) {
   OptionSpecs specs = {
       option("epochs", 1, "passes").at_least(1),

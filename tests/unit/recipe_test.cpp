@@ -304,7 +304,7 @@ TEST_F(RecipeTest, ResolvedRecipePrintsAndReparsesEqual) {
   // Printed again, the text is stable.
   EXPECT_EQ(to_toml(*reparsed), text);
   // The same recipe resolves again to the same thing.
-  Recipe again = resolve_recipe(Recipe{reparsed, resolved.path}, registry());
+  Recipe again = resolve_recipe(Recipe{reparsed, resolved.path, {}}, registry());
   EXPECT_EQ(table_value(again.root), table_value(resolved.root));
 }
 
@@ -447,6 +447,127 @@ TEST_F(RecipeTest, ParallelBadSizesAreLocatedErrors) {
   EXPECT_HAS(error_resolving_parallel("[parallel]\ncp = 2\n"), "parallel");
   EXPECT_HAS(error_resolving_parallel("[parallel]\ncp = 2\n"), "cp");
   EXPECT_HAS(error_resolving_parallel("[parallel]\ntp = \"two\"\n"), "parallel.tp");
+}
+
+TEST_F(RecipeTest, UnknownKeyErrorPointsAtTheKey) {
+  // Line 5 is "    widht   = 3": the key starts at column 5, its value at column 13.
+  Recipe recipe = write_and_load(
+      "[dataset]\nplugin = \"synthetic\"\n[model]\nplugin = \"mlp\"\n    widht   = 3\n"
+      "[optimizer]\nplugin = \"sgd\"\n");
+  EXPECT_HAS(error_of([&] { resolve_recipe(recipe, registry()); }),
+             "recipe.toml:5:5: unknown option 'model.widht'");
+  // The same for a section, and for a key that an extends chain brought in.
+  Recipe section = write_and_load(std::string(kMinimal) + "  [modle]\nplugin = \"mlp\"\n");
+  EXPECT_HAS(error_of([&] { resolve_recipe(section, registry()); }),
+             "recipe.toml:7:4: unknown recipe section 'modle'");
+  dir_.write("base.toml", "[dataset]\nplugin = \"synthetic\"\n  samplez =  4\n");
+  Recipe extended = write_and_load(
+      "extends = \"base.toml\"\n[model]\nplugin = \"mlp\"\n[optimizer]\nplugin = \"sgd\"\n");
+  EXPECT_HAS(error_of([&] { resolve_recipe(extended, registry()); }),
+             "base.toml:3:3: unknown option 'dataset.samplez'");
+}
+
+TEST_F(RecipeTest, TypeErrorsUseTheRightArticle) {
+  Recipe recipe = write_and_load(std::string(kMinimal) + "[run]\nepochs = \"3\"\n");
+  const std::string message = error_of([&] { resolve_recipe(recipe, registry()); });
+  EXPECT_HAS(message, "run.epochs must be an integer, got \"3\" (a string)");
+  Recipe list = write_and_load(std::string(kMinimal) + "[run]\nstop_signals = 3\n");
+  EXPECT_HAS(error_of([&] { resolve_recipe(list, registry()); }),
+             "must be an array of strings, got 3 (an integer)");
+}
+
+TEST_F(RecipeTest, SetWithBangRemovesAKey) {
+  const std::string text = std::string(kMinimal) + "[run]\nepochs = 4\nseed = 9\n";
+  Recipe removed = write_and_load(text, {"run.epochs=!"});
+  const Table& run = removed.root->at("run").as_table();
+  EXPECT_FALSE(run.contains("epochs"));
+  EXPECT_EQ(run.at("seed"), Value(9));
+  // Resolving fills the default back in.
+  EXPECT_EQ(lookup(*resolve_recipe(removed, registry()).root, "run", "epochs"), Value(1));
+  // Removing what is not there is no error; a quoted "!" is the string itself.
+  EXPECT_FALSE(write_and_load(text, {"run.nothing=!", "nosection.key=!"})
+                   .root->contains("nosection"));
+  EXPECT_EQ(write_and_load(text, {"run.device=\"!\""}).root->at("run").as_table().at("device"),
+            Value("!"));
+  // A whole section goes the same way.
+  EXPECT_FALSE(write_and_load(text, {"run=!"}).root->contains("run"));
+}
+
+TEST_F(RecipeTest, SwitchingAPluginWithSetDropsTheOldPluginsOptions) {
+  const std::string text = std::string(kMinimal) +
+                           "[scheduler]\nplugin = \"warmup_cosine\"\nwarmup_steps = 10\n"
+                           "min_lr_ratio = 0.1\n";
+  Recipe switched = resolve_recipe(write_and_load(text, {"scheduler.plugin=constant"}), registry());
+  const Table& scheduler = switched.root->at("scheduler").as_table();
+  EXPECT_EQ(scheduler.at("plugin"), Value("constant"));
+  EXPECT_FALSE(scheduler.contains("warmup_steps"));
+  ASSERT_EQ(switched.notes.size(), 2u);
+  EXPECT_HAS(switched.notes[0], "recipe.toml:9:1: scheduler.warmup_steps dropped: --set "
+                                "scheduler.plugin=constant names a constant without that option");
+  EXPECT_HAS(switched.notes[1], "scheduler.min_lr_ratio dropped");
+  // Options the new plugin declares stay; so does the file's own plugin choice without --set.
+  Recipe linear =
+      resolve_recipe(write_and_load(text, {"scheduler.plugin=warmup_linear"}), registry());
+  EXPECT_EQ(lookup(*linear.root, "scheduler", "warmup_steps"), Value(10));
+  EXPECT_TRUE(linear.notes.empty());
+  const std::string in_file = std::string(kMinimal) +
+                              "[scheduler]\nplugin = \"constant\"\nwarmup_steps = 10\n";
+  EXPECT_HAS(error_of([&] { resolve_recipe(write_and_load(in_file), registry()); }),
+             "unknown option 'scheduler.warmup_steps'");
+  // An option given with --set next to the switch is still checked.
+  EXPECT_HAS(error_of([&] {
+               resolve_recipe(write_and_load(text, {"scheduler.plugin=constant",
+                                                    "scheduler.warmup_steps=5"}),
+                              registry());
+             }),
+             "unknown option 'scheduler.warmup_steps'");
+}
+
+TEST_F(RecipeTest, UnknownPluginSaysWhereItLookedAndHowToAddOne) {
+  Recipe recipe = write_and_load(
+      "[dataset]\nplugin = \"synthetic\"\n[model]\nplugin = \"resnet\"\n[optimizer]\nplugin = \"sgd\"\n");
+  const std::string message = error_of([&] { resolve_recipe(recipe, registry()); });
+  EXPECT_HAS(message, "searched: " + fs::absolute(testing::plugin_folder()).string());
+  EXPECT_HAS(message, "--plugin-path");
+  EXPECT_HAS(message, "TRAINYARD_PLUGIN_PATH");
+}
+
+TEST_F(RecipeTest, BundledPluginsDeclareTheRangesTheyNeed) {
+  auto refused = [&](const std::string& section, const std::string& text) {
+    Recipe recipe = write_and_load(std::string(kMinimal) + section + "\n" + text + "\n");
+    return error_of([&] { resolve_recipe(recipe, registry()); });
+  };
+  auto refused_in_model_or_dataset = [&](const std::string& dataset, const std::string& model) {
+    Recipe recipe = write_and_load("[dataset]\nplugin = \"synthetic\"\n" + dataset +
+                                   "\n[model]\nplugin = \"mlp\"\n" + model +
+                                   "\n[optimizer]\nplugin = \"sgd\"\n");
+    return error_of([&] { resolve_recipe(recipe, registry()); });
+  };
+  EXPECT_HAS(refused_in_model_or_dataset("", "hidden = [64, -3]"),
+             "recipe.toml:6:10: model.hidden must be >= 1, got -3");
+  EXPECT_HAS(refused_in_model_or_dataset("", "dropout = 1.0"),
+             "model.dropout must be >= 0 and < 1, got 1.0");
+  EXPECT_HAS(refused_in_model_or_dataset("num_classes = 1", ""),
+             "recipe.toml:3:15: dataset.num_classes must be >= 2, got 1");
+  EXPECT_HAS(refused_in_model_or_dataset("input_shape = [0]", ""),
+             "dataset.input_shape must be >= 1, got 0");
+  EXPECT_HAS(refused("[scheduler]", "plugin = \"warmup_cosine\"\nmin_lr_ratio = 2.0"),
+             "scheduler.min_lr_ratio must be >= 0 and <= 1, got 2.0");
+  EXPECT_HAS(refused("[precision]", "plugin = \"fp16\"\nbackoff_factor = 1.0"),
+             "precision.backoff_factor must be > 0 and < 1, got 1.0");
+  EXPECT_HAS(refused("[strategy]", "plugin = \"fsdp\"\nsharding = \"most\""),
+             "strategy.sharding must be full, grad_op or none, got \"most\"");
+  EXPECT_HAS(refused("[sinks.console]", "progress = \"dots\""),
+             "sinks.console.progress must be auto, bar or lines, got \"dots\"");
+  // Every bundled plugin's defaults keep its own rules.
+  for (const auto& info : registry().list()) {
+    for (const auto& spec : info.options) {
+      if (spec.default_value) {
+        EXPECT_FALSE(spec.violation(*spec.default_value).has_value())
+            << info.kind << " " << info.name << " " << spec.name;
+      }
+    }
+  }
 }
 
 }  // namespace

@@ -94,6 +94,40 @@ TEST(RegistryTest, CreateValidatesOptions) {
       registry.create<MetricsSink>("recorder", section_with("plugin", Value("recorder")), context));
 }
 
+TEST(RegistryTest, DeclaredRangesAreCheckedBeforeTheFactoryRuns) {
+  Registry registry;
+  int built = 0;
+  registry.add<MetricsSink>(
+      "ranged", {option("every", 1, "interval").at_least(1), option("mode", "a", "m").one_of({"a", "b"})},
+      "", [&built](const Config&, const BuildContext&) {
+        ++built;
+        return std::make_unique<Recorder>("", nullptr);
+      });
+  BuildContext context;
+  EXPECT_EQ(error_of([&] {
+              registry.create<MetricsSink>("ranged", section_with("every", Value(0)), context);
+            }),
+            "<recipe>: sinks.test.every must be >= 1, got 0");
+  EXPECT_HAS(error_of([&] {
+               registry.create<MetricsSink>("ranged", section_with("mode", Value("c")), context);
+             }),
+             "sinks.test.mode must be a or b, got \"c\"");
+  EXPECT_EQ(built, 0);
+  registry.create<MetricsSink>("ranged", section_with("every", Value(2)), context);
+  EXPECT_EQ(built, 1);
+}
+
+TEST(RegistryTest, UnknownNameNamesThePlacesSearched) {
+  Registry registry;
+  registry.note_searched("/opt/trainyard/lib/trainyard/plugins");
+  registry.note_searched("/home/me/plugins");
+  registry.note_searched("/home/me/plugins");
+  const std::string message = error_of([&] { registry.info("model", "resnet"); });
+  EXPECT_HAS(message, "unknown model plugin 'resnet' (known: none loaded; searched: "
+                      "/opt/trainyard/lib/trainyard/plugins, /home/me/plugins)");
+  EXPECT_HAS(message, "--plugin-path");
+}
+
 TEST(RegistryTest, ResolveFillsDefaults) {
   Registry registry;
   add_recorder(registry, "recorder");

@@ -79,6 +79,10 @@ class Table {
   const Value& at(const std::string& key) const;
   void set(const std::string& key, Value value);
   bool erase(const std::string& key);
+  // Where `key` itself was written (errors about the key point there); the value's location
+  // when the key's is unknown (a --set, a table built in code).
+  SourceLocation key_where(const std::string& key) const;
+  void set_key_where(const std::string& key, SourceLocation where);
   const std::vector<std::pair<std::string, Value>>& entries() const { return entries_; }
   bool empty() const { return entries_.empty(); }
 
@@ -88,6 +92,7 @@ class Table {
  private:
   std::vector<std::pair<std::string, Value>> entries_;
   std::map<std::string, std::size_t> index_;
+  std::map<std::string, SourceLocation> key_locations_;
 };
 
 // The type an option declares. Arrays are homogeneous.
@@ -102,12 +107,16 @@ enum class OptionType {
   kTable,  // a free-form sub-table, checked by the plugin itself
 };
 const char* to_string(OptionType type);
+// The type name with its indefinite article, for messages: "an integer", "a float".
+std::string with_article(const char* type_name);
 
 // One option a plugin accepts: its name, type, default (none means required) and help text,
 // and the values it allows, declared once and checked where the value enters (validate_section,
 // so `trainyard validate` refuses them too): numbers, and each item of a number list, within
-// [minimum, maximum] unless equal to `sentinel`; strings, and each item of a string list, among
-// `choices` when there are any.
+// [minimum, maximum] (either end open when declared with greater_than / less_than) unless equal
+// to `sentinel`; strings, and each item of a string list, among `choices` when there are any.
+// The registry checks them before a plugin's factory runs, so a factory reads values that keep
+// the declared rules without checking them again.
 struct OptionSpec {
   std::string name;
   OptionType type = OptionType::kString;
@@ -115,6 +124,8 @@ struct OptionSpec {
   std::string help;
   std::optional<double> minimum;
   std::optional<double> maximum;
+  bool minimum_exclusive = false;
+  bool maximum_exclusive = false;
   std::vector<std::string> choices;
   // One number allowed outside the range, and what it means ("for automatic").
   std::optional<std::int64_t> sentinel;
@@ -122,9 +133,14 @@ struct OptionSpec {
 
   OptionSpec& at_least(double bound);
   OptionSpec& at_most(double bound);
+  OptionSpec& greater_than(double bound);
+  OptionSpec& less_than(double bound);
   OptionSpec& one_of(std::vector<std::string> allowed);
   OptionSpec& or_exactly(std::int64_t value, std::string meaning);
 
+  // The declared rules as `trainyard plugins` shows them (">= 1", "> 0 and < 1",
+  // "auto, bar or lines"); empty when there are none.
+  std::string rule() const;
   // The first rule `value` breaks ("must be >= 1, got 0"), or nullopt when it keeps them all.
   // `value` must have the declared type.
   std::optional<std::string> violation(const Value& value) const;

@@ -16,6 +16,9 @@ namespace trainyard {
 struct Recipe {
   std::shared_ptr<const Table> root;
   std::filesystem::path path;  // the file named on the command line
+  // What resolving changed on its own, one line each, for the user to see (options of a plugin
+  // that a --set X.plugin=... replaced, dropped because the new plugin does not declare them).
+  std::vector<std::string> notes;
 
   Config section(const std::string& name) const;
   bool has_section(const std::string& name) const;
@@ -25,7 +28,8 @@ struct Recipe {
 
 // Parses `file`, follows `extends` chains (paths relative to the file that names them; a cycle
 // is an error listing the chain), then applies `overrides` ("section.key=value", the value in
-// TOML syntax or a bare string). Parse errors carry file:line:column.
+// TOML syntax or a bare string; "section.key=!" removes the key). Parse errors carry
+// file:line:column.
 Recipe load_recipe(const std::filesystem::path& file,
                    const std::vector<std::string>& overrides = {});
 
@@ -34,7 +38,8 @@ std::shared_ptr<const Table> parse_toml(const std::string& text, const std::stri
 
 // Checks every section against the runtime's and the plugins' declared options and returns the
 // recipe with every default filled in (`plugin` keys included). Throws Error on the first
-// problem, located in its file.
+// problem, located in its file. When a --set replaced a section's plugin, the recipe file's
+// options that the new plugin does not declare are dropped, each with a line in `notes`.
 Recipe resolve_recipe(const Recipe& recipe, const Registry& registry);
 
 // Plugin paths the recipe names (top-level `plugin_paths`), resolved against its folder.

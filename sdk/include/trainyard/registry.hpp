@@ -49,7 +49,8 @@ class Registry {
   }
 
   // Validates `section` against the component's options, builds the component and returns it
-  // with its library kept alive. Throws Error for an unknown name (listing the known ones), for
+  // with its library kept alive. Throws Error for an unknown name (listing the known ones and
+  // the places searched, and how to add one), for
   // invalid options, and for anything the factory throws.
   template <typename T>
   std::shared_ptr<T> create(const std::string& name, const Config& section,
@@ -73,6 +74,9 @@ class Registry {
   void begin_library(std::shared_ptr<void> keep_alive, std::string path, std::string plugin,
                      std::string version);
   void end_library();
+  // The folders and libraries plugins were loaded from, which an unknown-plugin error lists.
+  void note_searched(std::string place);
+  const std::vector<std::string>& searched() const { return searched_; }
 
   void add_factory(std::string kind, std::string name, OptionSpecs options, std::string help,
                    ComponentFactory factory);
@@ -95,6 +99,7 @@ class Registry {
     std::string path, plugin, version;
   };
   std::unique_ptr<Loading> loading_;
+  std::vector<std::string> searched_;
 };
 
 }  // namespace trainyard
