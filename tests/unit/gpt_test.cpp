@@ -241,7 +241,7 @@ TEST(GptModel, OptionsAreChecked) {
   EXPECT_HAS(error_of([&] { make_gpt({{"seq_len", Value(32)}}, context); }),
              "windows hold 16 tokens");
   EXPECT_HAS(error_of([&] { make_gpt({{"d_model", Value(30)}, {"n_heads", Value(4)}}, context); }),
-             "must be >= 1 and divide d_model");
+             "n_heads must divide d_model (30)");
   EXPECT_HAS(error_of([&] { make_gpt({{"dropout", Value(1.5)}}, context); }), "dropout");
   const std::string reduction = error_of([&] {
     make_gpt({{"loss_reduction", Value("median")}}, context);

@@ -164,7 +164,6 @@ class FashionMnist final : public Dataset {
         normalize_(options.get_bool("normalize")),
         mean_(options.get_float("mean")),
         std_(options.get_float("std")) {
-    if (std_ <= 0) options.fail("std", "must be > 0");
     if (!fs::is_directory(root_)) {
       options.fail("root", "names a missing folder: " + root_.string() +
                                " (install Debian's dataset-fashion-mnist)");
@@ -205,7 +204,7 @@ void register_components(Registry& registry) {
       {option("root", "/usr/share/datasets/fashion-mnist", "folder of the IDX files (.gz or raw)"),
        option("normalize", true, "subtract mean and divide by std (else scale to [0, 1])"),
        option("mean", 0.2860, "pixel mean of the training set"),
-       option("std", 0.3530, "pixel standard deviation of the training set")},
+       option("std", 0.3530, "pixel standard deviation of the training set").greater_than(0)},
       "Fashion-MNIST: 28x28 grey images in 10 classes; splits train and test",
       [](const Config& options, const BuildContext&) {
         return std::make_unique<FashionMnist>(options);

@@ -45,15 +45,8 @@ class Synthetic final : public Dataset {
     std::int64_t eval_samples = options.get_int("eval_samples");
     shape_ = options.get_int_list("input_shape");
     classes_ = options.get_int("num_classes");
-    if (samples < 1) options.fail("samples", "must be >= 1");
-    if (eval_samples < 0) options.fail("eval_samples", "must be >= 0");
-    if (classes_ < 2) options.fail("num_classes", "must be >= 2");
     if (shape_.empty()) options.fail("input_shape", "must not be empty");
-    for (auto d : shape_) {
-      if (d < 1) options.fail("input_shape", "must have positive dimensions");
-    }
     vocab_ = options.get_int("vocab_size");
-    if (vocab_ < 0) options.fail("vocab_size", "must be >= 0");
     if (vocab_ > 0 && shape_.size() != 1) {
       options.fail("input_shape", "must be [sequence length] when vocab_size is set");
     }
@@ -129,14 +122,16 @@ class Synthetic final : public Dataset {
 void register_components(Registry& registry) {
   registry.add<Dataset>(
       "synthetic",
-      {option("samples", 1024, "training samples"),
-       option("eval_samples", 256, "test samples (0: no test split)"),
-       option("input_shape", std::vector<std::int64_t>{1, 28, 28}, "shape of one input"),
-       option("num_classes", 10, "number of classes"),
+      {option("samples", 1024, "training samples").at_least(1),
+       option("eval_samples", 256, "test samples (0: no test split)").at_least(0),
+       option("input_shape", std::vector<std::int64_t>{1, 28, 28}, "shape of one input")
+           .at_least(1),
+       option("num_classes", 10, "number of classes").at_least(2),
        option("seed", -1, "data seed (-1: the run's seed)"),
        option("vocab_size", 0,
               "language-modelling data instead: token sequences of input_shape = [length] over "
-              "this vocabulary, each target the next token (0: classification)")},
+              "this vocabulary, each target the next token (0: classification)")
+           .at_least(0)},
       "seeded random inputs labelled by a fixed random linear teacher",
       [](const Config& options, const BuildContext& context) {
         return std::make_unique<Synthetic>(options, context.seed);

@@ -268,16 +268,10 @@ std::unique_ptr<Dataset> make_text(const Config& options) {
       options.fail("vocab_size", "must be in [257, " + std::to_string(kMaxBpeVocab) +
                                      "] with the bpe tokenizer");
     }
-  } else {
-    options.fail("tokenizer", "must be \"byte\" or \"bpe\", got \"" + tokenizer + "\"");
   }
   token_shards::CorpusOptions corpus;
   corpus.seq_len = options.get_int("seq_len");
   corpus.eval_every = options.get_int("eval_every");
-  if (corpus.seq_len < 1) options.fail("seq_len", "must be >= 1");
-  if (corpus.eval_every < 0 || corpus.eval_every == 1) {
-    options.fail("eval_every", "must be 0 (no test split) or >= 2");
-  }
   const fs::path cache = options.get_string("cache").empty() ? default_cache()
                                                              : options.get_path("cache");
 
@@ -318,12 +312,15 @@ void register_components(Registry& registry) {
               "glob of UTF-8 text files (default: Debian's fortunes)"),
        option("exclude", std::vector<std::string>{"*.dat", "*.u8"},
               "file-name patterns to skip (fortune's index files and links)"),
-       option("tokenizer", "byte", "\"byte\" (vocabulary 256) or \"bpe\" (trained on the corpus)"),
+       option("tokenizer", "byte", "\"byte\" (vocabulary 256) or \"bpe\" (trained on the corpus)")
+           .one_of({"byte", "bpe"}),
        option("vocab_size", 0, "bpe vocabulary size (0: 512 for bpe, 256 for byte)"),
        option("cache", "", "folder of tokenized corpora (default: $TRAINYARD_CACHE/text or "
                            "~/.cache/trainyard/text)"),
-       option("seq_len", 128, "tokens per window (the model's sequence length)"),
-       option("eval_every", 20, "hold out every N-th window as the test split (0: none)")},
+       option("seq_len", 128, "tokens per window (the model's sequence length)").at_least(1),
+       option("eval_every", 20, "hold out every N-th window as the test split (0: none)")
+           .at_least(2)
+           .or_exactly(0, "for no test split")},
       "UTF-8 text tokenized once (byte or BPE) into a cached token shard, read as windows",
       [](const Config& options, const BuildContext&) { return make_text(options); });
 }

@@ -18,11 +18,6 @@ std::unique_ptr<Dataset> make_tokens(const Config& options) {
   corpus.seq_len = options.get_int("seq_len");
   corpus.vocab_size = options.get_int("vocab_size");
   corpus.eval_every = options.get_int("eval_every");
-  if (corpus.seq_len < 1) options.fail("seq_len", "must be >= 1");
-  if (corpus.vocab_size < 0) options.fail("vocab_size", "must be >= 0");
-  if (corpus.eval_every < 0 || corpus.eval_every == 1) {
-    options.fail("eval_every", "must be 0 (no test split) or >= 2");
-  }
   auto shards = token_shards::expand_glob(pattern, options.qualified("path"));
   return std::make_unique<token_shards::TokenDataset>(
       std::make_shared<token_shards::TokenCorpus>(shards, corpus));
@@ -32,9 +27,12 @@ void register_components(Registry& registry) {
   registry.add<Dataset>(
       "tokens",
       {option("path", "", "glob of token shard files (read in sorted order)"),
-       option("seq_len", 128, "tokens per window (the model's sequence length)"),
-       option("vocab_size", 0, "vocabulary size (0: the largest the shard headers record)"),
-       option("eval_every", 20, "hold out every N-th window as the test split (0: none)")},
+       option("seq_len", 128, "tokens per window (the model's sequence length)").at_least(1),
+       option("vocab_size", 0, "vocabulary size (0: the largest the shard headers record)")
+           .at_least(0),
+       option("eval_every", 20, "hold out every N-th window as the test split (0: none)")
+           .at_least(2)
+           .or_exactly(0, "for no test split")},
       "memory-mapped token shards as language-modelling windows; streaming train split",
       [](const Config& options, const BuildContext&) { return make_tokens(options); });
 }

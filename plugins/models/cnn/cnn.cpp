@@ -34,15 +34,12 @@ class Cnn final : public SequentialClassifier {
     double dropout = options.get_float("dropout");
     bool batch_norm = options.get_bool("batch_norm");
     if (channels.empty()) options.fail("channels", "must list at least one stage");
-    if (hidden < 1) options.fail("hidden", "must be >= 1");
-    if (dropout < 0 || dropout >= 1) options.fail("dropout", "must be in [0, 1)");
     const auto& shape = context.data.input_shape;
     if (shape.size() != 3 || context.data.num_classes < 2) {
       throw Error("model 'cnn' needs images [channels, height, width] with classes");
     }
     std::int64_t in = shape[0], height = shape[1], width = shape[2];
     for (std::size_t i = 0; i < channels.size(); ++i) {
-      if (channels[i] < 1) options.fail("channels", "must be positive");
       if (height < 2 || width < 2) options.fail("channels", "has more stages than the image allows");
       const std::int64_t out = channels[i];
       add_block("stage" + std::to_string(i), static_cast<double>(height * width * out * in * 9),
@@ -76,9 +73,12 @@ class Cnn final : public SequentialClassifier {
 void register_components(Registry& registry) {
   registry.add<Model>("cnn",
                       {option("channels", std::vector<std::int64_t>{32, 64},
-                              "output channels of each conv stage"),
-                       option("hidden", 128, "width of the head's hidden layer"),
-                       option("dropout", 0.0, "dropout before the output layer"),
+                              "output channels of each conv stage")
+                           .at_least(1),
+                       option("hidden", 128, "width of the head's hidden layer").at_least(1),
+                       option("dropout", 0.0, "dropout before the output layer")
+                           .at_least(0)
+                           .less_than(1),
                        option("batch_norm", true, "BatchNorm after each convolution"),
                        loss_reduction_option("cross-entropy over the batch's samples: their mean "
                                              "or their sum")},

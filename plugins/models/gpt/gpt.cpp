@@ -356,13 +356,9 @@ class Gpt final : public Model {
                                   std::to_string(data.sequence_length) +
                                   " tokens; set both to the same length (or seq_len = 0)");
     }
-    if (shape_.n_layers < 1) options.fail("n_layers", "must be >= 1");
-    if (shape_.d_model < 1) options.fail("d_model", "must be >= 1");
-    if (shape_.n_heads < 1 || shape_.d_model % shape_.n_heads != 0) {
-      options.fail("n_heads", "must be >= 1 and divide d_model (" +
-                                  std::to_string(shape_.d_model) + ")");
+    if (shape_.d_model % shape_.n_heads != 0) {
+      options.fail("n_heads", "must divide d_model (" + std::to_string(shape_.d_model) + ")");
     }
-    if (shape_.dropout < 0 || shape_.dropout >= 1) options.fail("dropout", "must be in [0, 1)");
     split_.group = TensorParallelGroup::of(context.mesh.get());
     const std::int64_t tp = split_.group.size;
     split_.sequence_parallel = options.get_bool("sequence_parallel") && split_.split();
@@ -556,11 +552,14 @@ class Gpt final : public Model {
 void register_components(Registry& registry) {
   registry.add<Model>(
       "gpt",
-      {option("n_layers", 4, "transformer blocks"),
-       option("n_heads", 4, "attention heads (must divide d_model)"),
-       option("d_model", 128, "width of the residual stream"),
-       option("seq_len", 0, "context length (0: the dataset's; otherwise must equal it)"),
-       option("dropout", 0.0, "dropout on embeddings, attention and residual branches"),
+      {option("n_layers", 4, "transformer blocks").at_least(1),
+       option("n_heads", 4, "attention heads (must divide d_model)").at_least(1),
+       option("d_model", 128, "width of the residual stream").at_least(1),
+       option("seq_len", 0, "context length (0: the dataset's; otherwise must equal it)")
+           .at_least(0),
+       option("dropout", 0.0, "dropout on embeddings, attention and residual branches")
+           .at_least(0)
+           .less_than(1),
        option("sequence_parallel", false,
               "with tp > 1, split the residual stream between the layers (norms, dropout) along "
               "the sequence; seq_len must divide by tp (no effect with tp = 1)"),

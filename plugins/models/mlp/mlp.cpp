@@ -26,7 +26,6 @@ class Mlp final : public SequentialClassifier {
                              loss_reduction_from(options)) {
     auto hidden = options.get_int_list("hidden");
     double dropout = options.get_float("dropout");
-    if (dropout < 0 || dropout >= 1) options.fail("dropout", "must be in [0, 1)");
     if (context.data.num_classes < 2) {
       throw Error("model 'mlp' needs a classification dataset (num_classes >= 2)");
     }
@@ -34,7 +33,6 @@ class Mlp final : public SequentialClassifier {
     for (auto d : context.data.input_shape) features *= d;
     std::int64_t width = features;
     for (std::size_t i = 0; i < hidden.size(); ++i) {
-      if (hidden[i] < 1) options.fail("hidden", "must have positive widths");
       const std::int64_t out = hidden[i];
       add_block("hidden" + std::to_string(i), static_cast<double>(width * out), [&] {
         torch::nn::Sequential layer;
@@ -58,8 +56,11 @@ class Mlp final : public SequentialClassifier {
 
 void register_components(Registry& registry) {
   registry.add<Model>("mlp",
-                      {option("hidden", std::vector<std::int64_t>{256, 128}, "hidden layer widths"),
-                       option("dropout", 0.0, "dropout after each hidden layer"),
+                      {option("hidden", std::vector<std::int64_t>{256, 128}, "hidden layer widths")
+                           .at_least(1),
+                       option("dropout", 0.0, "dropout after each hidden layer")
+                           .at_least(0)
+                           .less_than(1),
                        loss_reduction_option("cross-entropy over the batch's samples: their mean "
                                              "or their sum")},
                       "multi-layer perceptron classifier",

@@ -137,22 +137,20 @@ Fp16Options parse(const Config& config) {
   options.growth_factor = config.get_float("growth_factor");
   options.backoff_factor = config.get_float("backoff_factor");
   options.growth_interval = config.get_int("growth_interval");
-  if (!(options.init_scale > 0)) config.fail("init_scale", "must be > 0");
-  if (!(options.growth_factor > 1)) config.fail("growth_factor", "must be > 1");
-  if (!(options.backoff_factor > 0 && options.backoff_factor < 1)) {
-    config.fail("backoff_factor", "must be in (0, 1)");
-  }
-  if (options.growth_interval < 1) config.fail("growth_interval", "must be >= 1");
   return options;
 }
 
 void register_components(Registry& registry) {
   registry.add<Precision>(
       "fp16",
-      {option("init_scale", 65536.0, "initial loss scale"),
-       option("growth_factor", 2.0, "scale multiplier after growth_interval finite steps"),
-       option("backoff_factor", 0.5, "scale multiplier after a step with inf/nan gradients"),
-       option("growth_interval", 2000, "consecutive finite steps before the scale grows")},
+      {option("init_scale", 65536.0, "initial loss scale").greater_than(0),
+       option("growth_factor", 2.0, "scale multiplier after growth_interval finite steps")
+           .greater_than(1),
+       option("backoff_factor", 0.5, "scale multiplier after a step with inf/nan gradients")
+           .greater_than(0)
+           .less_than(1),
+       option("growth_interval", 2000, "consecutive finite steps before the scale grows")
+           .at_least(1)},
       "float16 autocast with dynamic loss scaling (GradScaler's rules); float32 master weights",
       [](const Config& config, const BuildContext&) {
         return std::make_unique<Fp16>(parse(config));

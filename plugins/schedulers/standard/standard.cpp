@@ -25,10 +25,7 @@ class WarmupDecay final : public LrScheduler {
   WarmupDecay(const Config& options, Decay decay)
       : decay_(decay),
         warmup_steps_(options.get_int("warmup_steps")),
-        min_ratio_(options.get_float("min_lr_ratio")) {
-    if (warmup_steps_ < 0) options.fail("warmup_steps", "must be >= 0");
-    if (min_ratio_ < 0 || min_ratio_ > 1) options.fail("min_lr_ratio", "must be in [0, 1]");
-  }
+        min_ratio_(options.get_float("min_lr_ratio")) {}
 
   double learning_rate(std::int64_t step, std::int64_t total_steps,
                        double base_lr) const override {
@@ -52,8 +49,10 @@ class WarmupDecay final : public LrScheduler {
 };
 
 OptionSpecs warmup_options() {
-  return {option("warmup_steps", 0, "steps of linear warm-up from 0 to the base rate"),
-          option("min_lr_ratio", 0.0, "final rate as a fraction of the base rate")};
+  return {option("warmup_steps", 0, "steps of linear warm-up from 0 to the base rate").at_least(0),
+          option("min_lr_ratio", 0.0, "final rate as a fraction of the base rate")
+              .at_least(0)
+              .at_most(1)};
 }
 
 void register_components(Registry& registry) {

@@ -42,11 +42,7 @@ std::string figure(const std::string& name, double value, const char* format) {
 class Console final : public MetricsSink {
  public:
   explicit Console(const Config& options)
-      : show_all_ranks_(options.get_bool("all_ranks")), progress_(options.get_string("progress")) {
-    if (progress_ != "auto" && progress_ != "bar" && progress_ != "lines") {
-      options.fail("progress", "must be auto, bar or lines, got '" + progress_ + "'");
-    }
-  }
+      : show_all_ranks_(options.get_bool("all_ranks")), progress_(options.get_string("progress")) {}
 
   void begin(const RunInfo& run) override {
     run_ = run;
@@ -127,7 +123,8 @@ void register_components(Registry& registry) {
                             {option("all_ranks", false, "print on every rank, not only rank 0"),
                              option("progress", "auto",
                                     "auto (a progress bar on a terminal, plain lines otherwise), "
-                                    "bar or lines")},
+                                    "bar or lines")
+                                 .one_of({"auto", "bar", "lines"})},
                             "concise metric lines on standard output",
                             [](const Config& options, const BuildContext&) {
                               return std::make_unique<Console>(options);

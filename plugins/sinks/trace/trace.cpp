@@ -20,9 +20,7 @@ class Trace final : public MetricsSink {
  public:
   explicit Trace(const Config& options)
       : path_(options.get_string("path").empty() ? fs::path() : options.get_path("path")),
-        max_steps_(options.get_int("max_steps")) {
-    if (max_steps_ < 0) options.fail("max_steps", "must be >= 0");
-  }
+        max_steps_(options.get_int("max_steps")) {}
 
   void begin(const RunInfo& run) override {
     fs::path path = path_;
@@ -81,7 +79,7 @@ void register_components(Registry& registry) {
       {option("path", "",
               "output file (default: <output_dir>/trace.json, trace.rank<R>.json with "
               "several ranks)"),
-       option("max_steps", 1000, "trace at most this many steps (0: all)")},
+       option("max_steps", 1000, "trace at most this many steps (0: all)").at_least(0)},
       "step phases (data wait, copy, forward, backward, comm wait, optimizer) as a "
       "Chrome/Perfetto trace",
       [](const Config& options, const BuildContext&) { return std::make_unique<Trace>(options); });

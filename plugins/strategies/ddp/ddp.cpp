@@ -46,7 +46,8 @@ std::optional<at::ScalarType> parse_compression(const Config& config) {
   if (name == "none") return std::nullopt;
   if (name == "fp16") return at::kHalf;
   if (name == "bf16") return at::kBFloat16;
-  config.fail("compression", "must be none, fp16 or bf16 (got '" + name + "')");
+  // The declared choices keep other names out before the factory runs.
+  config.fail("compression", "is not a known compression: '" + name + "'");
 }
 
 class Ddp final : public Strategy {
@@ -62,8 +63,6 @@ class Ddp final : public Strategy {
     options_.sync_batchnorm = config.get_bool("sync_batchnorm");
     options_.zero1 = config.get_bool("zero1");
     reducer.wire_dtype = parse_compression(config);
-    if (reducer.bucket_cap_mb <= 0) config.fail("bucket_cap_mb", "must be > 0");
-    if (reducer.first_bucket_mb <= 0) config.fail("first_bucket_mb", "must be > 0");
   }
 
   void setup(StrategyContext& context) override {
@@ -399,9 +398,11 @@ class Ddp final : public Strategy {
 void register_components(Registry& registry) {
   registry.add<Strategy>(
       "ddp",
-      {option("bucket_cap_mb", 25.0, "gradient bucket size in MiB (one all-reduce per bucket)"),
+      {option("bucket_cap_mb", 25.0, "gradient bucket size in MiB (one all-reduce per bucket)")
+           .greater_than(0),
        option("first_bucket_mb", 1.0,
-              "size of the first bucket (the last layers), small so its all-reduce starts early"),
+              "size of the first bucket (the last layers), small so its all-reduce starts early")
+           .greater_than(0),
        option("find_unused_parameters", false,
               "parameters without a gradient in a step count as ready (zero) instead of an "
               "error; one that no rank used keeps no gradient, so the optimizer skips it"),
@@ -419,7 +420,8 @@ void register_components(Registry& registry) {
               "after the step"),
        option("compression", "none",
               "dtype the gradient all-reduces carry: none (the gradients' own), fp16 or bf16 "
-              "(half the bytes; the averaged gradients are rounded to that dtype)")},
+              "(half the bytes; the averaged gradients are rounded to that dtype)")
+           .one_of({"none", "fp16", "bf16"})},
       "distributed data parallel: replicated model, bucketed all-reduce overlapping backward",
       [](const Config& options, const BuildContext&) { return std::make_unique<Ddp>(options); });
 }

@@ -11,6 +11,7 @@
 
 #include <map>
 #include <utility>
+#include <vector>
 
 #include "trainyard/activation_checkpoint.hpp"
 #include "trainyard/distributed.hpp"
@@ -36,18 +37,13 @@ UnitSharding parse_sharding(const Config& config) {
   const std::string value = config.get_string("sharding");
   if (value == "full") return UnitSharding::kFull;
   if (value == "grad_op") return UnitSharding::kGradOp;
-  if (value == "none") return UnitSharding::kNone;
-  config.fail("sharding", "is '" + value + "'; expected \"full\", \"grad_op\" or \"none\"");
+  // The declared choices keep other names out before the factory runs.
+  config.fail("sharding", "is not a known sharding: '" + value + "'");
 }
 
-// "auto", "float32", "bfloat16" or "float16".
-std::string parse_dtype_name(const Config& config, const std::string& key) {
-  const std::string value = config.get_string(key);
-  if (value != "auto" && value != "float32" && value != "bfloat16" && value != "float16") {
-    config.fail(key,
-                "is '" + value + "'; expected \"auto\", \"float32\", \"bfloat16\" or \"float16\"");
-  }
-  return value;
+const std::vector<std::string>& dtype_names() {
+  static const std::vector<std::string> names = {"auto", "float32", "bfloat16", "float16"};
+  return names;
 }
 
 at::ScalarType dtype_named(const std::string& name, at::ScalarType automatic) {
@@ -70,13 +66,9 @@ class Fsdp final : public Strategy {
   explicit Fsdp(const Config& config) {
     options_.sharding = parse_sharding(config);
     options_.prefetch = config.get_bool("prefetch");
-    options_.param_dtype = parse_dtype_name(config, "param_dtype");
-    options_.reduce_dtype = parse_dtype_name(config, "reduce_dtype");
-    const std::string state_dict = config.get_string("state_dict");
-    if (state_dict != "sharded" && state_dict != "full") {
-      config.fail("state_dict", "is '" + state_dict + "'; expected \"sharded\" or \"full\"");
-    }
-    options_.full_state_dict = state_dict == "full";
+    options_.param_dtype = config.get_string("param_dtype");
+    options_.reduce_dtype = config.get_string("reduce_dtype");
+    options_.full_state_dict = config.get_string("state_dict") == "full";
   }
 
   void setup(StrategyContext& context) override {
@@ -318,17 +310,21 @@ void register_components(Registry& registry) {
       {option("sharding", "full",
               "\"full\" (FULL_SHARD: parameters, gradients and optimizer state sharded), "
               "\"grad_op\" (SHARD_GRAD_OP: parameters kept gathered from forward to backward), "
-              "\"none\" (replicated, as ddp)"),
+              "\"none\" (replicated, as ddp)")
+           .one_of({"full", "grad_op", "none"}),
        option("prefetch", true,
               "all-gather the next unit's parameters while the current unit computes"),
        option("param_dtype", "auto",
               "dtype of gathered parameters (\"auto\": the precision's autocast dtype; "
-              "\"float32\", \"bfloat16\", \"float16\"); shards stay fp32"),
+              "\"float32\", \"bfloat16\", \"float16\"); shards stay fp32")
+           .one_of(dtype_names()),
        option("reduce_dtype", "float32",
-              "dtype gradients are reduced in (\"auto\": the gathered parameters' dtype)"),
+              "dtype gradients are reduced in (\"auto\": the gathered parameters' dtype)")
+           .one_of(dtype_names()),
        option("state_dict", "sharded",
               "checkpoints: \"sharded\" (each rank writes its shards) or \"full\" "
-              "(consolidated whole tensors in the shared file, gathered on save)")},
+              "(consolidated whole tensors in the shared file, gathered on save)")
+           .one_of({"sharded", "full"})},
       "fully sharded data parallel: parameters, gradients and optimizer state sharded per block",
       [](const Config& options, const BuildContext&) { return std::make_unique<Fsdp>(options); });
 }
