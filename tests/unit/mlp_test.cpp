@@ -4,15 +4,19 @@
 
 #include <ATen/ATen.h>
 #include <gtest/gtest.h>
+#include <torch/nn/functional/activation.h>
+#include <torch/nn/modules/linear.h>
 #include <torch/utils.h>
 
 #include <cmath>
 #include <map>
+#include <set>
 
 #include "test_support.hpp"
 #include "trainyard/build_context.hpp"
 #include "trainyard/loss_reduction.hpp"
 #include "trainyard/model.hpp"
+#include "trainyard/sequential_classifier.hpp"
 
 namespace trainyard::testing {
 namespace {
@@ -83,6 +87,61 @@ TEST(MlpModel, RefusesAnUnknownLossReduction) {
   const std::string unvalidated = error_of([&] { loss_reduction_from(Config(table, "model")); });
   EXPECT_HAS(unvalidated, "model.loss_reduction must be mean or sum, got \"median\"");
   EXPECT_EQ(unvalidated.find('\n'), std::string::npos) << unvalidated;
+}
+
+// A block that is a module of the model's own, not a Sequential: x + fc2(relu(fc1(x))).
+class ResidualImpl : public torch::nn::Module {
+ public:
+  explicit ResidualImpl(std::int64_t width)
+      : fc1(register_module("fc1", torch::nn::Linear(width, width))),
+        fc2(register_module("fc2", torch::nn::Linear(width, width))) {}
+  at::Tensor forward(const at::Tensor& x) {
+    return x + fc2->forward(torch::nn::functional::relu(fc1->forward(x)));
+  }
+  torch::nn::Linear fc1;
+  torch::nn::Linear fc2;
+};
+TORCH_MODULE(Residual);
+
+class ResidualClassifier final : public SequentialClassifier {
+ public:
+  explicit ResidualClassifier(const BuildContext& context)
+      : SequentialClassifier("residual", context, {"input", "res0", "head"}) {
+    add_block("input", 16.0 * 8, [] {
+      return torch::nn::Sequential(torch::nn::Flatten(), torch::nn::Linear(16, 8));
+    });
+    add_block("res0", 2 * 8.0 * 8, [] { return Residual(8); });
+    add_block("head", 8.0 * 3, [] { return torch::nn::Linear(8, 3); });
+  }
+};
+
+TEST(SequentialClassifierTest, ABlockOfTheModelsOwnKeepsItsParameterNames) {
+  BuildContext context;
+  context.data.input_shape = {16};
+  context.data.num_classes = 3;
+  context.seed = 3;
+  ResidualClassifier model(context);
+  std::set<std::string> names;
+  for (const auto& item : model.module().named_parameters(true)) names.insert(item.key());
+  EXPECT_EQ(names, (std::set<std::string>{"input.1.weight", "input.1.bias", "res0.fc1.weight",
+                                          "res0.fc1.bias", "res0.fc2.weight", "res0.fc2.bias",
+                                          "head.weight", "head.bias"}));
+  // The block runs the module itself: the residual adds its input back.
+  const auto blocks = model.blocks();
+  ASSERT_EQ(blocks.size(), 3u);
+  EXPECT_EQ(blocks[1].name, "res0");
+  at::Tensor x = at::randn({2, 8});
+  at::Tensor y = blocks[1].forward(Activations(x)).hidden();
+  auto& residual = dynamic_cast<ResidualImpl&>(*blocks[1].module);
+  at::Tensor expected = x + residual.fc2->forward(at::relu(residual.fc1->forward(x)));
+  EXPECT_TRUE(at::allclose(y, expected));
+  // A stage build holds only its blocks, under the same names.
+  context.blocks = BlockRange{1, 2};
+  ResidualClassifier stage(context);
+  std::set<std::string> stage_names;
+  for (const auto& item : stage.module().named_parameters(true)) stage_names.insert(item.key());
+  EXPECT_EQ(stage_names, (std::set<std::string>{"res0.fc1.weight", "res0.fc1.bias",
+                                                "res0.fc2.weight", "res0.fc2.bias"}));
 }
 
 }  // namespace

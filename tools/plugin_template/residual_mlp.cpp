@@ -1,65 +1,107 @@
-// A complete model plugin: multinomial logistic regression. Copy this folder to start a plugin
-// of any kind; the comments say what each part is for.
+// A complete model plugin: a small residual network for classification. Copy this folder to
+// start a plugin of any kind; the comments say what each part is for.
 
+#include <torch/nn/functional/activation.h>
+#include <torch/nn/module.h>
 #include <torch/nn/modules/container/sequential.h>
 #include <torch/nn/modules/linear.h>
+#include <torch/nn/pimpl.h>
+
+#include <cstdint>
+#include <string>
+#include <vector>
 
 // Every plugin includes the interface it implements and trainyard/plugin.hpp, which defines
-// the entry point.
-#include <trainyard/classification.hpp>
-#include <trainyard/model.hpp>
+// the entry point. SequentialClassifier is a Model base that does the classification parts
+// (cross-entropy, accuracy, building only a pipeline stage's blocks, per-parameter
+// initialisation); a model of another kind implements trainyard::Model directly.
+#include <trainyard/loss_reduction.hpp>
 #include <trainyard/plugin.hpp>
-#include <trainyard/sequential_block.hpp>
+#include <trainyard/sequential_classifier.hpp>
 
 namespace {
 
-// The model: one Linear layer from the flattened input to the classes. A model is a sequence
-// of blocks so that strategies can wrap, recompute or split it; here there is one.
-class SoftmaxRegression final : public trainyard::Model {
+// A block that is not a Sequential: x + fc2(relu(fc1(x))). Any module whose forward maps a
+// tensor to a tensor can be a block; registered as "res0", its parameters are named
+// "res0.fc1.weight" and so on.
+class ResidualBlockImpl : public torch::nn::Module {
  public:
-  SoftmaxRegression(const trainyard::Config& options, const trainyard::BuildContext& context) {
-    // Options arrive validated against the declared list below, with defaults filled in.
-    // Values that are the right type but wrong are refused here, with their recipe location.
-    const bool bias = options.get_bool("bias");
-    if (context.data.num_classes < 2) {
-      throw trainyard::Error("model 'softmax_regression' needs a classification dataset");
+  explicit ResidualBlockImpl(std::int64_t width)
+      : fc1_(register_module("fc1", torch::nn::Linear(width, width))),
+        fc2_(register_module("fc2", torch::nn::Linear(width, width))) {}
+
+  torch::Tensor forward(const torch::Tensor& x) {
+    return x + fc2_->forward(torch::nn::functional::relu(fc1_->forward(x)));
+  }
+
+ private:
+  torch::nn::Linear fc1_;
+  torch::nn::Linear fc2_;
+};
+TORCH_MODULE(ResidualBlock);
+
+// Every block's name, from the options alone: the pipeline asks before building anything.
+std::vector<std::string> block_names(std::int64_t residual_blocks) {
+  std::vector<std::string> names = {"input"};
+  for (std::int64_t i = 0; i < residual_blocks; ++i) names.push_back("res" + std::to_string(i));
+  names.push_back("head");
+  return names;
+}
+
+// The model: flatten and project to `width` ("input"), `residual_blocks` residual blocks, then
+// a linear "head" to the classes. A model is a sequence of blocks so that strategies can wrap,
+// recompute or split it.
+class ResidualMlp final : public trainyard::SequentialClassifier {
+ public:
+  ResidualMlp(const trainyard::Config& options, const trainyard::BuildContext& context)
+      : SequentialClassifier("residual_mlp", context,
+                             block_names(options.get_int("residual_blocks")),
+                             trainyard::loss_reduction_from(options)) {
+    // Options arrive validated against the declarations below (types, ranges, choices), with
+    // defaults filled in. What depends on more than one value, or on the dataset, is checked
+    // here; options.fail names the recipe key and its file:line:column.
+    const std::int64_t width = options.get_int("width");
+    const std::int64_t classes = context.data.num_classes;
+    if (classes < 2) {
+      throw trainyard::Error("model 'residual_mlp' needs a classification dataset");
+    }
+    if (width < classes) {
+      options.fail("width", "must be at least the dataset's classes (" + std::to_string(classes) +
+                                "), got " + std::to_string(width));
     }
     std::int64_t features = 1;
     for (auto d : context.data.input_shape) features *= d;
-    torch::nn::Sequential layer(torch::nn::Flatten(),
-                                torch::nn::Linear(torch::nn::LinearOptions(features,
-                                                                           context.data.num_classes)
-                                                      .bias(bias)));
-    blocks_.push_back(trainyard::sequential_block(*root_, "linear", layer));
-    macs_ = static_cast<double>(features * context.data.num_classes);
-  }
 
-  torch::nn::Module& module() override { return *root_; }
-  std::vector<trainyard::Block> blocks() override { return blocks_; }
-  torch::Tensor input(const trainyard::Batch& batch) override { return batch.at("input"); }
-  torch::Tensor loss(const torch::Tensor& output, const trainyard::Batch& batch) override {
-    return trainyard::classification_loss(output, batch);
+    // Blocks are added in the declared order; each factory runs only when this build (a whole
+    // model, or a pipeline stage) holds the block.
+    add_block("input", static_cast<double>(features * width), [&] {
+      return torch::nn::Sequential(torch::nn::Flatten(), torch::nn::Linear(features, width));
+    });
+    for (std::int64_t i = 0; i < options.get_int("residual_blocks"); ++i) {
+      add_block("res" + std::to_string(i), 2.0 * static_cast<double>(width * width),
+                [&] { return ResidualBlock(width); });
+    }
+    add_block("head", static_cast<double>(width * classes),
+              [&] { return torch::nn::Linear(width, classes); });
   }
-  trainyard::TensorMap eval_sums(const torch::Tensor& output,
-                                 const trainyard::Batch& batch) override {
-    return trainyard::classification_sums(output, batch);
-  }
-  double flops_per_sample() const override { return 6.0 * macs_; }
-
- private:
-  std::shared_ptr<torch::nn::Module> root_ = std::make_shared<torch::nn::Module>("SoftmaxRegression");
-  std::vector<trainyard::Block> blocks_;
-  double macs_ = 0;
 };
 
 // Called once when the host loads the library: register each component under (kind, name)
-// with its options (name, default, help), a one-line description and a factory.
+// with its options, a one-line description and a factory. Each option declares its type and
+// default (from the value), its help, and the values it allows (at_least, at_most,
+// greater_than, less_than, one_of, or_exactly): `trainyard validate` refuses a recipe that breaks
+// them and `trainyard plugins` lists them.
 void register_components(trainyard::Registry& registry) {
   registry.add<trainyard::Model>(
-      "softmax_regression", {trainyard::option("bias", true, "learn a bias per class")},
-      "multinomial logistic regression (the plugin template)",
+      "residual_mlp",
+      {trainyard::option("width", 64, "width of the residual stream").at_least(1),
+       trainyard::option("residual_blocks", 2, "residual blocks between input and head")
+           .at_least(0)
+           .at_most(64),
+       trainyard::loss_reduction_option("cross-entropy over the batch's samples: mean or sum")},
+      "a residual MLP classifier (the plugin template)",
       [](const trainyard::Config& options, const trainyard::BuildContext& context) {
-        return std::make_unique<SoftmaxRegression>(options, context);
+        return std::make_unique<ResidualMlp>(options, context);
       });
 }
 
@@ -68,4 +110,4 @@ void register_components(trainyard::Registry& registry) {
 // The library's one exported entry point: plugin name, plugin version, register function. The
 // macro also records the SDK ABI version and the LibTorch/compiler build tag, which the host
 // checks before calling anything here.
-TRAINYARD_PLUGIN("softmax_regression", "1.0.0", register_components)
+TRAINYARD_PLUGIN("residual_mlp", "1.0.0", register_components)

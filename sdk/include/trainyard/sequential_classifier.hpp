@@ -1,5 +1,6 @@
 #pragma once
-// A base for classification models built from torch::nn::Sequential blocks: logits [B, C]
+// A base for classification models built from blocks (torch::nn::Sequential or modules of the
+// model's own): logits [B, C]
 // against the batch's "target" (cross-entropy, the mean or the sum over the samples), accuracy
 // as the evaluation sum. It builds stages: a derived model names all its blocks up front, then
 // adds them in order, and only the blocks of the stage are constructed, each initialised per
@@ -57,22 +58,24 @@ class SequentialClassifier : public Model {
 
  protected:
   // Adds the next block in forward order; `multiply_adds` is its forward cost per sample.
-  // `make_layers` runs only when the build holds the block.
-  void add_block(const std::string& name, double multiply_adds,
-                 const std::function<torch::nn::Sequential()>& make_layers) {
+  // `make_module` returns a module holder whose forward maps a tensor to a tensor (a
+  // torch::nn::Sequential, or a module class of the model's own, such as a residual block,
+  // whose parameters are then named "<name>.<member>.weight"); it runs only when the build
+  // holds the block.
+  template <typename MakeModule>
+  void add_block(const std::string& name, double multiply_adds, const MakeModule& make_module) {
     const auto index = added_++;
     if (index >= static_cast<std::int64_t>(block_names_.size()) || block_names_[index] != name) {
       throw Error("model '" + root_->name() + "' adds block '" + name +
                   "', which is not the next of the block names it declared");
     }
     if (!selection_.holds(index)) return;
-    torch::nn::Sequential layers{nullptr};
-    {
+    auto module = [&] {
       GlobalGeneratorGuard keep_global_stream;
-      layers = make_layers();
-    }
-    init_.initialize_defaults(*layers, name);
-    blocks_.push_back(sequential_block(*root_, name, std::move(layers)));
+      return make_module();
+    }();
+    init_.initialize_defaults(*module, name);
+    blocks_.push_back(module_block(*root_, name, std::move(module)));
     multiply_adds_ += multiply_adds;
   }
 
