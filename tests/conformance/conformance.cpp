@@ -1,19 +1,77 @@
 #include "conformance.hpp"
 
+#include <c10/util/Logging.h>
+
+#include <algorithm>
 #include <cstdlib>
+#include <cstring>
 #include <exception>
 #include <iostream>
+#include <set>
 
-#include "test_support.hpp"
+#include "trainyard/crash_report.hpp"
 #include "trainyard/plugin_loader.hpp"
 
 namespace trainyard::conformance {
 namespace {
 
+namespace fs = std::filesystem;
+
+const char* kUsage = R"(usage: trainyard-conformance [PLUGIN_PATH...] [--component NAME]... [GoogleTest options]
+
+Runs the conformance suite of each plugin kind on the components of the plugin folders or
+libraries given (the bundled plugins are loaded as well, for the datasets and models the suites
+build around a component, but are not tested unless their folder is given). --component keeps
+only the components of that name (repeatable). Without paths: every bundled plugin and those in
+TRAINYARD_CONFORMANCE_PLUGIN_PATH. GoogleTest options (--gtest_filter=..., --gtest_list_tests)
+pass through.
+)";
+
+// What the command line asks for.
+struct Selection {
+  std::vector<fs::path> plugin_paths;
+  std::set<std::string> components;
+};
+
+Selection& selection() {
+  static Selection value;
+  return value;
+}
+
 struct Loaded {
   Registry* registry = nullptr;
   std::vector<std::string> errors;
+  std::vector<ComponentInfo> under_test;
 };
+
+fs::path own_path() {
+  std::error_code ec;
+  fs::path self = fs::read_symlink("/proc/self/exe", ec);
+  return ec ? fs::path() : self;
+}
+
+// True when `library` is `path` or lies directly in the folder `path`.
+bool comes_from(const std::string& library, const fs::path& path) {
+  if (library.empty()) return false;
+  std::error_code ec;
+  const fs::path file = fs::weakly_canonical(library, ec);
+  return file == path || file.parent_path() == path;
+}
+
+std::vector<ComponentInfo> components_under_test(const Registry& registry) {
+  const Selection& chosen = selection();
+  std::vector<ComponentInfo> out;
+  for (const auto& info : registry.list()) {
+    if (!chosen.plugin_paths.empty() &&
+        std::none_of(chosen.plugin_paths.begin(), chosen.plugin_paths.end(),
+                     [&](const fs::path& path) { return comes_from(info.library_path, path); })) {
+      continue;
+    }
+    if (!chosen.components.empty() && !chosen.components.count(info.name)) continue;
+    out.push_back(info);
+  }
+  return out;
+}
 
 Loaded& loaded() {
   // Deliberately leaked: plugin objects and their libraries must outlive every test, and the
@@ -23,22 +81,27 @@ Loaded& loaded() {
     out->registry = new Registry;
     PluginLoader loader(*out->registry);
     try {
-      loader.load_folder(testing::plugin_folder());
+      loader.load_folder(bundled_plugin_folder(own_path()));
     } catch (const std::exception& error) {
       out->errors.push_back(std::string("bundled plugins: ") + error.what());
     }
-    if (const char* extra = std::getenv("TRAINYARD_CONFORMANCE_PLUGIN_PATH")) {
-      for (const auto& path : split_search_path(extra)) {
-        try {
-          loader.load_path(path);
-        } catch (const std::exception& error) {
-          out->errors.push_back(path.string() + ": " + error.what());
-        }
+    std::vector<fs::path> extra = selection().plugin_paths;
+    if (extra.empty()) {
+      if (const char* listed = std::getenv("TRAINYARD_CONFORMANCE_PLUGIN_PATH")) {
+        extra = split_search_path(listed);
+      }
+    }
+    for (const auto& path : extra) {
+      try {
+        loader.load_path(path);
+      } catch (const std::exception& error) {
+        out->errors.push_back(path.string() + ": " + error.what());
       }
     }
     for (const auto& error : out->errors) {
       std::cerr << "conformance: plugin load error: " << error << "\n";
     }
+    out->under_test = components_under_test(*out->registry);
     return out;
   }();
   return *state;
@@ -50,7 +113,47 @@ Registry& registry() { return *loaded().registry; }
 const std::vector<std::string>& load_errors() { return loaded().errors; }
 
 std::vector<std::string> plugin_names(const std::string& kind) {
-  return registry().names(kind);
+  std::vector<std::string> out;
+  for (const auto& info : loaded().under_test) {
+    if (info.kind == kind) out.push_back(info.name);
+  }
+  return out;
+}
+
+// Reads the runner's own arguments out of argv, leaving GoogleTest's. Returns false (after
+// printing why) when the command line cannot be used.
+bool take_runner_arguments(int& argc, char** argv) {
+  Selection& chosen = selection();
+  int kept = 1;
+  for (int i = 1; i < argc; ++i) {
+    const std::string arg = argv[i];
+    if (arg == "--help" || arg == "-h") {
+      std::cout << kUsage;
+      std::exit(0);
+    }
+    if (arg == "--component") {
+      if (i + 1 == argc) {
+        std::cerr << "trainyard-conformance: --component needs a component name\n";
+        return false;
+      }
+      chosen.components.insert(argv[++i]);
+    } else if (arg.rfind("--component=", 0) == 0) {
+      chosen.components.insert(arg.substr(std::strlen("--component=")));
+    } else if (arg.rfind("-", 0) == 0) {
+      argv[kept++] = argv[i];  // GoogleTest's
+    } else {
+      std::error_code ec;
+      fs::path path = fs::weakly_canonical(fs::absolute(arg), ec);
+      if (ec || !fs::exists(path)) {
+        std::cerr << "trainyard-conformance: plugin path not found: " << arg << "\n";
+        return false;
+      }
+      chosen.plugin_paths.push_back(path);
+    }
+  }
+  argc = kept;
+  argv[argc] = nullptr;
+  return true;
 }
 
 }  // namespace trainyard::conformance
@@ -63,3 +166,29 @@ TEST(ConformancePlugins, LoadWithoutErrors) {
 }
 
 }  // namespace
+
+int main(int argc, char** argv) {
+  trainyard::install_crash_report(argc > 0 ? argv[0] : "trainyard-conformance");
+  // As in every test binary (tests/support/test_main.cpp): no flight recorder for ranks that
+  // run as threads of one process.
+  setenv("TORCH_FR_BUFFER_SIZE", "0", /*overwrite=*/0);
+  // The comm suite kills peers and times collectives out on purpose; c10d logs each such
+  // expected failure as a warning with a stack trace. The suite checks the errors themselves,
+  // so only errors are logged (TORCH_CPP_LOG_LEVEL in the environment wins).
+  if (!std::getenv("TORCH_CPP_LOG_LEVEL")) setenv("TORCH_CPP_LOG_LEVEL", "ERROR", 1);
+  c10::initLogging();
+  if (!trainyard::conformance::take_runner_arguments(argc, argv)) return 2;
+  const bool listing = std::any_of(argv + 1, argv + argc, [](const char* arg) {
+    return std::strcmp(arg, "--gtest_list_tests") == 0;
+  });
+  // The registry loads before GoogleTest instantiates the suites over its components.
+  const auto& chosen = trainyard::conformance::selection();
+  if (!chosen.plugin_paths.empty() && !listing &&
+      trainyard::conformance::loaded().under_test.empty()) {
+    std::cerr << "trainyard-conformance: no components to test in the paths given"
+              << (chosen.components.empty() ? "" : " with the names given") << "\n";
+    return 2;
+  }
+  testing::InitGoogleTest(&argc, argv);
+  return RUN_ALL_TESTS();
+}

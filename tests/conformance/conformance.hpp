@@ -2,10 +2,12 @@
 // Shared pieces of the conformance suites: one process-wide registry holding every plugin under
 // test, the parameter lists the suites instantiate over, and small builders.
 //
-// The plugins under test are the bundled ones plus every folder or library listed in
-// TRAINYARD_CONFORMANCE_PLUGIN_PATH (colon-separated), so a third party runs the suites on its
-// plugin with:
-//   TRAINYARD_CONFORMANCE_PLUGIN_PATH=/path/to/my/plugins build/tests/conformance/conformance_tests
+// The runner is installed as `trainyard-conformance` (and built as bin/conformance_tests). Given
+// plugin folders or libraries, it runs the suites on their components only (the bundled plugins
+// are loaded too, as the datasets and models the suites build around them):
+//   trainyard-conformance /path/to/my/plugins [--component NAME]... [GoogleTest options]
+// Without paths it runs them on every bundled plugin and on those listed in
+// TRAINYARD_CONFORMANCE_PLUGIN_PATH (colon-separated).
 
 #include <gtest/gtest.h>
 
@@ -30,7 +32,8 @@ Registry& registry();
 // rather than aborting the whole executable).
 const std::vector<std::string>& load_errors();
 
-// The names of every component of `kind` in registry().
+// The names of the components of `kind` under test: those of the plugin paths given on the
+// command line (narrowed by --component), else every one in registry().
 std::vector<std::string> plugin_names(const std::string& kind);
 
 // Test-name suffix for a plugin name: GoogleTest allows only [A-Za-z0-9_].
