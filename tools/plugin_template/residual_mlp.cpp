@@ -41,7 +41,7 @@ class ResidualBlockImpl : public torch::nn::Module {
 TORCH_MODULE(ResidualBlock);
 
 // Every block's name, from the options alone: the pipeline asks before building anything.
-std::vector<std::string> block_names(std::int64_t residual_blocks) {
+std::vector<std::string> residual_mlp_block_names(std::int64_t residual_blocks) {
   std::vector<std::string> names = {"input"};
   for (std::int64_t i = 0; i < residual_blocks; ++i) names.push_back("res" + std::to_string(i));
   names.push_back("head");
@@ -55,7 +55,7 @@ class ResidualMlp final : public trainyard::SequentialClassifier {
  public:
   ResidualMlp(const trainyard::Config& options, const trainyard::BuildContext& context)
       : SequentialClassifier("residual_mlp", context,
-                             block_names(options.get_int("residual_blocks")),
+                             residual_mlp_block_names(options.get_int("residual_blocks")),
                              trainyard::loss_reduction_from(options)) {
     // Options arrive validated against the declarations below (types, ranges, choices), with
     // defaults filled in. What depends on more than one value, or on the dataset, is checked
