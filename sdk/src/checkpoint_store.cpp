@@ -15,7 +15,6 @@
 #include "trainyard/crc32.hpp"
 #include "trainyard/error.hpp"
 #include "trainyard/files.hpp"
-#include "trainyard/recipe.hpp"
 #include "trainyard/version.hpp"
 
 namespace trainyard {
@@ -26,6 +25,8 @@ namespace {
 
 constexpr const char* kManifest = "manifest.toml";
 constexpr const char* kPrefix = "step-";
+// Room for the largest world size's file list (about 60 bytes a file).
+constexpr std::uintmax_t kMaxManifestBytes = 128u << 20;
 
 CheckpointFileInfo describe_file(const fs::path& file) {
   std::ifstream in(file, std::ios::binary);
@@ -57,15 +58,7 @@ std::string rank_file_stem(int rank) {
 
 void write_manifest(const fs::path& file, const CheckpointManifest& manifest) {
   std::ofstream out(file, std::ios::binary | std::ios::trunc);
-  out << "format = 1\n";
-  out << "step = " << manifest.step << "\n";
-  out << "backend = " << Value(manifest.backend).to_toml() << "\n";
-  out << "framework_version = " << Value(manifest.framework_version).to_toml() << "\n";
-  out << "world_size = " << manifest.world_size << "\n";
-  for (const auto& info : manifest.files) {
-    out << "\n[[files]]\nname = " << Value(info.name).to_toml() << "\nbytes = " << info.bytes
-        << "\ncrc32 = " << info.crc32 << "\n";
-  }
+  out << manifest_text(manifest);
   out.flush();
   if (!out) throw Error("cannot write " + file.string());
 }
@@ -360,30 +353,24 @@ CheckpointManifest read_manifest(const fs::path& checkpoint) {
     throw Error("checkpoint " + checkpoint.string() + " has no manifest (" + file.string() +
                 "): it was never committed");
   }
+  // A manifest is a small regular file; anything else in its place (a device such as /dev/zero,
+  // a folder, a huge file) is refused before reading.
+  std::error_code ec;
+  if (!fs::is_regular_file(file, ec)) {
+    throw Error("corrupt checkpoint manifest " + file.string() + ": not a regular file");
+  }
+  const std::uintmax_t size = fs::file_size(file, ec);
+  if (ec || size > kMaxManifestBytes) {
+    throw Error("corrupt checkpoint manifest " + file.string() + ": " +
+                (ec ? ec.message()
+                    : std::to_string(size) + " bytes, more than a manifest's " +
+                          std::to_string(kMaxManifestBytes)));
+  }
   std::ifstream in(file, std::ios::binary);
+  if (!in) throw Error("cannot read checkpoint manifest " + file.string());
   std::stringstream text;
   text << in.rdbuf();
-  CheckpointManifest manifest;
-  try {
-    auto table = parse_toml(text.str(), file.string());
-    Config root(table);
-    manifest.step = root.get_int("step");
-    manifest.backend = root.get_string("backend");
-    manifest.framework_version = root.get_string("framework_version");
-    manifest.world_size = static_cast<int>(root.get_int("world_size"));
-    const Value& files = root.value("files");
-    if (files.type() != ValueType::kArray) throw Error(file.string() + ": files must be an array");
-    for (const auto& item : files.as_array()) {
-      if (item.type() != ValueType::kTable) throw Error(file.string() + ": bad file entry");
-      Config entry(item.table_ptr(), "files");
-      manifest.files.push_back(CheckpointFileInfo{
-          entry.get_string("name"), entry.get_int("bytes"),
-          static_cast<std::uint32_t>(entry.get_int("crc32"))});
-    }
-  } catch (const Error& error) {
-    throw Error("corrupt checkpoint manifest " + file.string() + ": " + error.what());
-  }
-  return manifest;
+  return parse_manifest(text.str(), file.string());
 }
 
 std::optional<std::string> check_checkpoint_file(const fs::path& checkpoint,

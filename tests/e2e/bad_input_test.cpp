@@ -165,6 +165,54 @@ TEST(BadInputTest, ExtendsOfADeviceIsRefusedBeforeReading) {
   EXPECT_HAS(error, "/dev/zero is not a regular file");
 }
 
+TEST(BadInputTest, NonAsciiWhereTomlExpectsWhitespaceIsACleanError) {
+  // toml++ 3.3.0 classifies these characters through a branch it marks unreachable (see
+  // tools/fuzz/CMakeLists.txt); found by the recipe and manifest fuzzers.
+  TempDir dir;
+  const char* texts[] = {
+      "\xef\xbb\x9f",                                  // U+FEDF alone
+      "[run]\nseed = 1 \xc3\xa9\n",                   // U+00E9 after a value
+      "name = \"\"\"\\\n\xc2\xa7\"\"\"\n[run]\nseed = 1\n",  // U+00A7 after a line-ending backslash
+  };
+  for (const char* text : texts) {
+    auto recipe = dir.write("r.toml", std::string(text) + kValidRecipe);
+    auto result = run_host({"validate", recipe.string()}, {}, 120);
+    EXPECT_FALSE(result.timed_out);
+    EXPECT_NE(result.exit_code, 0) << text;
+    EXPECT_LE(result.exit_code, 2) << "crashed on " << text << ":\n" << result.err;
+    EXPECT_EQ(result.err.rfind("trainyard: error: ", 0), 0u) << result.err;
+    EXPECT_EQ(std::count(result.err.begin(), result.err.end(), '\n'), 1) << result.err;
+  }
+}
+
+TEST(BadInputTest, SetThatIsNotUtf8IsRefused) {
+  TempDir dir;
+  auto recipe = dir.write("r.toml", kValidRecipe);
+  auto error = expect_clean_failure({"validate", recipe.string(), "--set", "run.device=cu\xff"});
+  EXPECT_HAS(error, "--set run.device=cu\\xFF: not valid UTF-8");
+}
+
+TEST(BadInputTest, ManifestNamingAFileOutsideItsCheckpointIsRefused) {
+  // Verifying the checkpoint would read whatever the manifest names.
+  TempDir dir;
+  dir.write("step-000000001/manifest.toml",
+            "format = 1\nstep = 1\nbackend = \"torch\"\nframework_version = \"0.1.0\"\n"
+            "world_size = 1\n\n[[files]]\nname = \"../../../etc/passwd\"\nbytes = 1\n"
+            "crc32 = 0\n");
+  auto error = expect_clean_failure(
+      {"checkpoint", "inspect", (dir.path() / "step-000000001").string()});
+  EXPECT_HAS(error, "files.name must be a file name inside the checkpoint folder");
+}
+
+TEST(BadInputTest, ManifestThatIsADeviceIsRefusedBeforeReading) {
+  TempDir dir;
+  fs::create_directories(dir.path() / "step-000000001");
+  fs::create_symlink("/dev/zero", dir.path() / "step-000000001" / "manifest.toml");
+  auto error = expect_clean_failure(
+      {"checkpoint", "inspect", (dir.path() / "step-000000001").string()});
+  EXPECT_HAS(error, "manifest.toml: not a regular file");
+}
+
 TEST(BadInputTest, RecipeThatIsAFolderIsRefused) {
   TempDir dir;
   fs::create_directories(dir.path() / "folder.toml");

@@ -225,6 +225,12 @@ TEST_F(SafetensorsTest, AmbiguousOrHostileHeadersAreRefused) {
                               R"("data_offsets":[0,4]}})",
                               4)),
              "tensor 'a' has an impossible shape");
+  // No elements, but strides beyond 64 bits: LibTorch could not make the tensor.
+  EXPECT_HAS(read_error(craft("huge_empty_shape.safetensors",
+                              R"({"a":{"dtype":"F32","shape":[0,4294967296,4294967296],)"
+                              R"("data_offsets":[0,0]}})",
+                              0)),
+             "tensor 'a' has an impossible shape");
   EXPECT_HAS(read_error(craft("bom.safetensors", "\xEF\xBB\xBF{}", 0)), "byte order mark");
   EXPECT_HAS(read_error(craft("utf8.safetensors", "{\"\xff\":" + u8_entry + "}", 1)),
              "invalid JSON at byte 2");

@@ -188,6 +188,24 @@ TEST_F(RecipeTest, MalformedOverridesAreErrors) {
   EXPECT_HAS(not_table, "recipe.toml:2:");
 }
 
+TEST_F(RecipeTest, OverridesThatCannotBePrintedBackAreErrors) {
+  // Not UTF-8: the printed recipe (--print-config, a checkpoint's copy) could not be read back.
+  std::string bytes = error_of([&] { write_and_load("[run]\n", {"run.device=cu\xff" "da"}); });
+  EXPECT_HAS(bytes, "--set run.device=cu\\xFFda: not valid UTF-8");
+  EXPECT_HAS(error_of([&] { write_and_load("[run]\n", {"run.\xc0\xaf=1"}); }), "not valid UTF-8");
+  // More than one value after '=' was silently cut to the first.
+  EXPECT_HAS(error_of([&] { write_and_load("[run]\n", {"run.epochs=2\nseed = 3"}); }),
+             "expected one value after '='");
+  // A trailing dot was dropped, setting the table's parent key instead.
+  EXPECT_HAS(error_of([&] { write_and_load("[run]\n", {"run.epochs.=3"}); }), "empty key");
+  // Multi-byte UTF-8 and comments stay accepted.
+  Recipe recipe = write_and_load("[run]\n", {"run.output_dir=caf\xc3\xa9 \xe2\x82\xac",
+                                             "run.epochs=4 # four"});
+  EXPECT_EQ(lookup(*recipe.root, "run", "output_dir"), Value("caf\xc3\xa9 \xe2\x82\xac"));
+  EXPECT_EQ(lookup(*recipe.root, "run", "epochs"), Value(4));
+  EXPECT_NO_THROW(parse_toml(to_toml(*recipe.root), "printed.toml"));
+}
+
 TEST_F(RecipeTest, OverrideLocationAppearsInValidationErrors) {
   Recipe recipe = write_and_load(kMinimal, {"loader.batch_size=abc"});
   std::string message = error_of([&] { resolve_recipe(recipe, registry()); });

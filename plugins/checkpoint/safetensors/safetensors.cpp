@@ -3,9 +3,8 @@
 // byte range in the data section, then the raw row-major little-endian data. Metadata strings
 // go in the header's "__metadata__" object.
 //
-// Reading trusts nothing: the header size is bounded, every entry's dtype, shape and offsets are
-// checked against the file before a byte of data is used, and ranges must tile the data section
-// exactly (no gaps, no overlaps), as the reference implementation requires.
+// Reading trusts nothing: the whole layout is checked (safetensors_header.hpp) before a byte of
+// data is used.
 
 #include <ATen/ATen.h>
 #include <fcntl.h>
@@ -16,13 +15,13 @@
 #include <algorithm>
 #include <bit>
 #include <cstring>
-#include <limits>
+#include <span>
 
 #include "trainyard/checkpoint.hpp"
 #include "trainyard/error.hpp"
 #include "trainyard/json_quote.hpp"
 #include "trainyard/plugin.hpp"
-#include "trainyard/strict_json.hpp"
+#include "safetensors_header.hpp"
 
 namespace trainyard {
 namespace {
@@ -30,8 +29,8 @@ namespace {
 static_assert(std::endian::native == std::endian::little,
               "safetensors stores little-endian data; this host is not little-endian");
 
-constexpr std::uint64_t kMaxHeaderBytes = 100'000'000;  // the reference implementation's bound
-constexpr const char* kMetadataKey = "__metadata__";
+using safetensors::kMaxHeaderBytes;
+using safetensors::kMetadataKey;
 
 struct DtypeName {
   at::ScalarType type;
@@ -53,11 +52,13 @@ const char* dtype_name(at::ScalarType type, const std::string& tensor) {
               ", which safetensors cannot store");
 }
 
-std::optional<at::ScalarType> dtype_of(const std::string& name) {
+// The layout holds only names of safetensors::known_dtypes(); one without a LibTorch type here
+// would be refused with this error rather than misread.
+at::ScalarType dtype_of(const std::string& name) {
   for (const auto& entry : kDtypes) {
     if (name == entry.name) return entry.type;
   }
-  return std::nullopt;
+  throw Error("dtype '" + name + "' has no LibTorch type");
 }
 
 // A read-only mapping of a whole file.
@@ -96,16 +97,6 @@ class MappedFile {
   const std::uint8_t* data_ = nullptr;
   std::uint64_t size_ = 0;
 };
-
-// Offsets and sizes exactly as written: the strict reader keeps integers up to 2^64 - 1 as
-// unsigned 64-bit numbers; negative ones, fractions, exponents and larger values are refused.
-std::uint64_t to_u64(const nlohmann::json& value, const std::string& what) {
-  if (!value.is_number()) throw Error(what + " is not a number");
-  if (!value.is_number_unsigned()) {
-    throw Error(what + " is not a non-negative integer: " + value.dump());
-  }
-  return value.get<std::uint64_t>();
-}
 
 class Safetensors final : public CheckpointBackend {
  public:
@@ -170,101 +161,17 @@ class Safetensors final : public CheckpointBackend {
  private:
   static StateDict read_checked(const std::filesystem::path& file) {
     MappedFile mapped(file);
-    if (mapped.size() < 8) {
-      throw Error("truncated: " + std::to_string(mapped.size()) +
-                  " bytes, shorter than the 8-byte header length");
-    }
-    std::uint64_t header_length = 0;
-    for (int i = 7; i >= 0; --i) header_length = (header_length << 8) | mapped.data()[i];
-    if (header_length > kMaxHeaderBytes) {
-      throw Error("header length " + std::to_string(header_length) + " exceeds the 100 MB bound");
-    }
-    if (header_length > mapped.size() - 8) {
-      throw Error("header length " + std::to_string(header_length) + " runs past the end of the " +
-                  std::to_string(mapped.size()) + "-byte file (truncated?)");
-    }
-    std::string_view header_text(reinterpret_cast<const char*>(mapped.data() + 8), header_length);
-    // The strict reader refuses repeated names (a tensor or metadata key given twice) and
-    // bounds the nesting.
-    const nlohmann::json header =
-        parse_strict_json(header_text, "safetensors header of " + file.string());
-    if (!header.is_object()) throw Error("header is not a JSON object");
-
-    const std::uint64_t data_start = 8 + header_length;
-    const std::uint64_t data_size = mapped.size() - data_start;
+    const safetensors::Layout layout = safetensors::read_layout(
+        std::span<const std::uint8_t>(mapped.data(), mapped.size()), file.string());
     StateDict state;
-    struct Range {
-      std::uint64_t begin, end;
-      std::string name;
-    };
-    std::vector<Range> ranges;
-    for (const auto& [name, entry] : header.items()) {
-      if (name == kMetadataKey) {
-        if (!entry.is_object()) throw Error("__metadata__ is not an object");
-        for (const auto& [key, value] : entry.items()) {
-          if (!value.is_string()) {
-            throw Error("__metadata__ entry '" + key + "' is not a string");
-          }
-          state.metadata[key] = value.get<std::string>();
-        }
-        continue;
+    state.metadata = layout.metadata;
+    for (const auto& entry : layout.tensors) {
+      at::Tensor tensor = at::empty(entry.shape, at::TensorOptions().dtype(dtype_of(entry.dtype)));
+      if (entry.end > entry.begin) {
+        std::memcpy(tensor.data_ptr(), mapped.data() + layout.data_start + entry.begin,
+                    entry.end - entry.begin);
       }
-      const std::string what = "tensor '" + name + "'";
-      if (!entry.is_object()) throw Error(what + " lacks a valid dtype, shape or data_offsets");
-      const auto dtype = entry.find("dtype");
-      const auto shape = entry.find("shape");
-      const auto offsets = entry.find("data_offsets");
-      if (dtype == entry.end() || shape == entry.end() || offsets == entry.end() ||
-          !dtype->is_string() || !shape->is_array() || !offsets->is_array() ||
-          offsets->size() != 2) {
-        throw Error(what + " lacks a valid dtype, shape or data_offsets");
-      }
-      const std::string& dtype_text = dtype->get_ref<const std::string&>();
-      auto type = dtype_of(dtype_text);
-      if (!type) throw Error(what + " has unknown dtype '" + dtype_text + "'");
-      std::vector<std::int64_t> sizes;
-      std::uint64_t numel = 1;
-      for (const auto& dimension : *shape) {
-        std::uint64_t d = to_u64(dimension, what + " shape entry");
-        if (d > static_cast<std::uint64_t>(std::numeric_limits<std::int64_t>::max()) ||
-            (d != 0 && numel > std::numeric_limits<std::uint64_t>::max() / d)) {
-          throw Error(what + " has an impossible shape");
-        }
-        numel *= d;
-        sizes.push_back(static_cast<std::int64_t>(d));
-      }
-      const std::uint64_t begin = to_u64((*offsets)[0], what + " data offset");
-      const std::uint64_t end = to_u64((*offsets)[1], what + " data offset");
-      const std::uint64_t element = c10::elementSize(*type);
-      if (begin > end || end > data_size) {
-        throw Error(what + " claims bytes [" + std::to_string(begin) + ", " + std::to_string(end) +
-                    ") of a " + std::to_string(data_size) + "-byte data section (at file offset " +
-                    std::to_string(data_start + begin) + "; truncated or lying header)");
-      }
-      if (numel > std::numeric_limits<std::uint64_t>::max() / element ||
-          end - begin != numel * element) {
-        throw Error(what + " has " + std::to_string(end - begin) + " bytes of data but its shape " +
-                    "and dtype need " + std::to_string(numel * element));
-      }
-      ranges.push_back({begin, end, name});
-      at::Tensor tensor = at::empty(sizes, at::TensorOptions().dtype(*type));
-      if (end > begin) std::memcpy(tensor.data_ptr(), mapped.data() + data_start + begin, end - begin);
-      state.tensors.emplace(name, std::move(tensor));
-    }
-    std::sort(ranges.begin(), ranges.end(),
-              [](const Range& a, const Range& b) { return a.begin < b.begin; });
-    std::uint64_t expected = 0;
-    for (const auto& range : ranges) {
-      if (range.begin != expected) {
-        throw Error("tensor '" + range.name + "' starts at data byte " +
-                    std::to_string(range.begin) + ", expected " + std::to_string(expected) +
-                    " (overlapping or gapped data)");
-      }
-      expected = range.end;
-    }
-    if (expected != data_size) {
-      throw Error("the data section has " + std::to_string(data_size) + " bytes but the tensors " +
-                  "cover " + std::to_string(expected) + " (trailing bytes)");
+      state.tensors.emplace(entry.name, std::move(tensor));
     }
     return state;
   }

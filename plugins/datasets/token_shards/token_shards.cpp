@@ -61,15 +61,8 @@ void write_shard(const fs::path& path, std::span<const std::uint32_t> tokens,
   std::uint32_t largest = 0;
   for (auto t : tokens) largest = std::max(largest, t);
   const std::uint32_t token_bytes = largest <= 0xFFFF && vocab_size <= 0x10000 ? 2 : 4;
-  unsigned char header[kHeaderBytes] = {};
-  std::memcpy(header, kMagic, 8);
-  const std::uint32_t version = kVersion;
-  const std::uint64_t count = tokens.size();
-  std::memcpy(header + 8, &version, 4);
-  std::memcpy(header + 12, &token_bytes, 4);
-  std::memcpy(header + 16, &count, 8);
-  std::memcpy(header + 24, &vocab_size, 4);
-
+  const auto header = shard_header_bytes(
+      ShardHeader{token_bytes, static_cast<std::int64_t>(tokens.size()), vocab_size});
   std::random_device entropy;
   const fs::path temporary = path.string() + ".tmp." + std::to_string(::getpid()) + "." +
                              std::to_string(entropy());
@@ -78,7 +71,7 @@ void write_shard(const fs::path& path, std::span<const std::uint32_t> tokens,
     throw Error("cannot create token shard " + quoted(temporary) + ": " + std::strerror(errno));
   }
   try {
-    write_all(fd, header, sizeof header, temporary);
+    write_all(fd, header.data(), header.size(), temporary);
     constexpr std::size_t kChunk = 1 << 16;
     std::vector<unsigned char> buffer;
     buffer.reserve(kChunk * token_bytes);
@@ -118,10 +111,11 @@ MappedShard::MappedShard(const fs::path& path) : path_(path) {
     throw Error("token shard " + quoted(path) + " is not a regular file");
   }
   bytes_ = static_cast<std::size_t>(info.st_size);
-  if (bytes_ < kHeaderBytes) {
+  try {
+    check_shard_size(bytes_, quoted(path));  // mapping nothing would fail less clearly
+  } catch (...) {
     ::close(fd);
-    throw Error("token shard " + quoted(path) + " is truncated: " + std::to_string(bytes_) +
-                " bytes, shorter than its " + std::to_string(kHeaderBytes) + "-byte header");
+    throw;
   }
   void* mapped = ::mmap(nullptr, bytes_, PROT_READ, MAP_PRIVATE, fd, 0);
   const int map_errno = errno;
@@ -130,43 +124,16 @@ MappedShard::MappedShard(const fs::path& path) : path_(path) {
     throw Error("cannot map token shard " + quoted(path) + ": " + std::strerror(map_errno));
   }
   data_ = static_cast<const unsigned char*>(mapped);
-  auto fail = [&](const std::string& message) {
+  try {
+    const ShardHeader header = read_shard_header({data_, bytes_}, quoted(path));
+    token_bytes_ = header.token_bytes;
+    vocab_size_ = header.vocab_size;
+    tokens_ = header.tokens;
+  } catch (...) {
     ::munmap(const_cast<unsigned char*>(data_), bytes_);
     data_ = nullptr;
-    throw Error("token shard " + quoted(path) + " " + message);
-  };
-  if (std::memcmp(data_, kMagic, 8) != 0) {
-    std::string seen;
-    for (int i = 0; i < 8; ++i) {
-      const unsigned char c = data_[i];
-      seen += c >= 32 && c < 127 ? static_cast<char>(c) : '?';
-    }
-    fail("is not a token shard: magic '" + seen + "' at offset 0, expected 'TYTOKENS'");
+    throw;
   }
-  if (auto version = load<std::uint32_t>(data_ + 8); version != kVersion) {
-    fail("has format version " + std::to_string(version) + " at offset 8; this reader knows " +
-         std::to_string(kVersion));
-  }
-  token_bytes_ = load<std::uint32_t>(data_ + 12);
-  if (token_bytes_ != 2 && token_bytes_ != 4) {
-    fail("declares " + std::to_string(token_bytes_) +
-         " bytes per token at offset 12; expected 2 (uint16) or 4 (uint32)");
-  }
-  const auto declared = load<std::uint64_t>(data_ + 16);
-  vocab_size_ = load<std::uint32_t>(data_ + 24);
-  const std::size_t payload = bytes_ - kHeaderBytes;
-  if (declared > payload / token_bytes_) {
-    fail("is truncated: its header (offset 16) declares " + std::to_string(declared) +
-         " tokens, but the file holds only " + std::to_string(payload) + " bytes of tokens (" +
-         std::to_string(payload / token_bytes_) + " tokens)");
-  }
-  if (declared * token_bytes_ != payload) {
-    fail("has a header (offset 16) that declares " + std::to_string(declared) +
-         " tokens, but the file holds " + std::to_string(payload) +
-         " bytes of tokens after its header: " + std::to_string(payload - declared * token_bytes_) +
-         " bytes more than declared");
-  }
-  tokens_ = static_cast<std::int64_t>(declared);
 }
 
 MappedShard::~MappedShard() {

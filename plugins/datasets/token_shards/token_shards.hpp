@@ -30,13 +30,10 @@
 #include <string>
 #include <vector>
 
+#include "shard_header.hpp"
 #include "trainyard/dataset.hpp"
 
 namespace trainyard::token_shards {
-
-inline constexpr char kMagic[8] = {'T', 'Y', 'T', 'O', 'K', 'E', 'N', 'S'};
-inline constexpr std::uint32_t kVersion = 1;
-inline constexpr std::size_t kHeaderBytes = 32;
 
 // Writes a shard atomically (a temporary file in the same folder, then a rename), so a crash
 // never leaves a partial shard under `path`. Uses uint16 when every token fits, else uint32.

@@ -13,17 +13,10 @@
 #include <vector>
 
 #include "trainyard/checkpoint.hpp"
+#include "trainyard/checkpoint_manifest.hpp"
 #include "trainyard/state.hpp"
 
 namespace trainyard {
-
-struct CheckpointManifest {
-  std::int64_t step = 0;
-  std::string backend;
-  std::string framework_version;
-  int world_size = 1;
-  std::vector<CheckpointFileInfo> files;
-};
 
 // How the ranks of a job take part in a save. Every rank calls all_ok at the same points of
 // every save, in the same order; it returns true on every rank exactly when `ok` was true on
