@@ -42,7 +42,7 @@ def expect(condition, message):
 gpu_only = ["ParameterInit.ACudaTensorGetsTheCpuValues",
             "ActivationCheckpointing.GradientsIdenticalWithDropoutOnCuda",
             "PrecisionOnCuda.Bf16AndFp16StepsRunOnTheGpu",
-            "DeviceConformance.MemoryAndEvents/cuda",
+            "DeviceConformance.MemoryAndEvents/cuda  # GetParam() = &quot;cuda&quot;",
             "CommConformance.AllReduceSumMaxAndMin/nccl"]
 result = run(junit(*[(name, "[gpu only] no CUDA device") for name in gpu_only],
                    ("Chromium.Renders", "the environment lacks what this test needs\nno chromium")))

@@ -50,7 +50,7 @@ class StrategyConformance : public ::testing::TestWithParam<std::string> {
     for (const auto& [kind, name] : std::vector<std::pair<std::string, std::string>>{
              {"model", "mlp"}, {"optimizer", "sgd"}, {"precision", "fp32"}, {"device", "cpu"}}) {
       if (!conformance::registry().contains(kind, name)) {
-        GTEST_SKIP() << "needs the bundled " << kind << " '" << name << "'";
+        TRAINYARD_SKIP_MISSING() << "needs the bundled " << kind << " '" << name << "'";
       }
     }
   }
