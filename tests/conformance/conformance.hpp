@@ -63,6 +63,29 @@ inline bool has_option(const std::string& kind, const std::string& name,
   return false;
 }
 
+// The options the component declares without a default: it cannot be built from defaults (a
+// dataset that reads only the files it is given). Empty for most components.
+inline std::vector<std::string> required_options(const std::string& kind,
+                                                 const std::string& name) {
+  std::vector<std::string> out;
+  for (const auto& spec : registry().info(kind, name).options) {
+    if (!spec.default_value) out.push_back(spec.name);
+  }
+  return out;
+}
+
+// Why the suites, which build every component from its defaults, cannot build this one; empty
+// when they can.
+inline std::string why_not_buildable_from_defaults(const std::string& kind,
+                                                   const std::string& name) {
+  const std::vector<std::string> required = required_options(kind, name);
+  if (required.empty()) return {};
+  std::string names;
+  for (const auto& option : required) names += (names.empty() ? "" : ", ") + kind + "." + option;
+  return kind + " '" + name + "' declares required options (" + names +
+         "): the suite builds components from their defaults; its own tests cover it";
+}
+
 // A CPU build context for a small image-classification dataset.
 inline BuildContext classification_context(std::vector<std::int64_t> input_shape = {1, 28, 28},
                                            std::int64_t classes = 10) {

@@ -87,7 +87,7 @@ TEST_F(SafetensorsTest, FileIsReadByPythonsSafetensorsWithIdenticalTensors) {
   const fs::path python = source_dir() / ".venv" / "bin" / "python";
   if (!fs::exists(python) ||
       run_command({python.string(), "-c", "import safetensors.torch"}).exit_code != 0) {
-    GTEST_SKIP() << "Python with the safetensors package is not available (tools/setup installs it)";
+    TRAINYARD_SKIP_MISSING() << "Python with the safetensors package is not available (tools/setup installs it)";
   }
   StateDict original = sample();
   const fs::path ours = dir_ / "ours.safetensors";

@@ -782,7 +782,7 @@ Image decode_png(const fs::path& file) {
 
 TEST(CompareTest, ChromiumRendersTheReportsCurves) {
   const fs::path chromium = "/usr/bin/chromium";
-  if (!fs::exists(chromium)) GTEST_SKIP() << "chromium is not installed (tools/setup installs it)";
+  if (!fs::exists(chromium)) TRAINYARD_SKIP_MISSING() << "chromium is not installed (tools/setup installs it)";
   TempDir dir;
   const fs::path output = dir / "cmp";
   auto result = run_host(tiny_compare(output, {"optimizer.lr=1e-3,4e-3"}, 40));

@@ -47,7 +47,7 @@ double corpus_byte_entropy() {
 }
 
 TEST(GptTextRecipe, LossFallsClearlyBelowTheUnigramEntropy) {
-  if (!fs::exists(kCorpus)) GTEST_SKIP() << kCorpus << " missing: run tools/setup (fortunes)";
+  if (!fs::exists(kCorpus)) TRAINYARD_SKIP_MISSING() << kCorpus << " missing: run tools/setup (fortunes)";
   TempDir dir;
   auto result = run_host({"run", "recipes/gpt_text.toml", "--set",
                           "run.output_dir=" + dir.path().string(), "--set",

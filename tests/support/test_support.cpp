@@ -171,4 +171,20 @@ int free_loopback_port() {
   return socket.port;
 }
 
+bool strict_mode() {
+  const char* value = std::getenv("TRAINYARD_STRICT");
+  return value != nullptr && std::string(value) == "1";
+}
+
+::testing::TestPartResult::Type missing_environment_outcome() {
+  return strict_mode() ? ::testing::TestPartResult::kFatalFailure
+                       : ::testing::TestPartResult::kSkip;
+}
+
+const char* missing_environment_prefix() {
+  return strict_mode() ? "strict mode (TRAINYARD_STRICT=1) fails what would be skipped: the "
+                         "environment lacks what this test needs (tools/setup provides it)"
+                       : "the environment lacks what this test needs (tools/setup provides it)";
+}
+
 }  // namespace trainyard::testing

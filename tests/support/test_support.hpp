@@ -91,6 +91,27 @@ std::string error_of(Body&& body) {
 // Lines of a file.
 std::vector<std::string> read_lines(const std::filesystem::path& file);
 
+// Strict mode (TRAINYARD_STRICT=1, which tools/test sets when CI=true): a test that cannot run
+// because the machine lacks something tools/setup provides (the venv's Python packages, chromium,
+// a corpus, CPUs) fails instead of skipping, so a broken setup cannot pass CI silently.
+bool strict_mode();
+// How TRAINYARD_SKIP_MISSING ends the test: a fatal failure in strict mode, else a skip.
+::testing::TestPartResult::Type missing_environment_outcome();
+// The prefix of its message, naming the mode that turned the skip into a failure.
+const char* missing_environment_prefix();
+
 }  // namespace trainyard::testing
+
+// Ends the test because the environment lacks what it needs; stream the reason into it:
+//   if (!fs::exists(python)) TRAINYARD_SKIP_MISSING() << "no " << python;
+// A skip normally, a failure under strict mode (see strict_mode()).
+#define TRAINYARD_SKIP_MISSING()                                                     \
+  return GTEST_MESSAGE_(::trainyard::testing::missing_environment_prefix(),         \
+                        ::trainyard::testing::missing_environment_outcome())
+
+// Ends a test that needs a GPU (a CUDA device, NCCL) on a machine without one: always a skip,
+// also in strict mode, with the reason, marked so that tools/test's summary and tools/gpu/check
+// can tell GPU-only tests from the rest.
+#define TRAINYARD_SKIP_WITHOUT_GPU() GTEST_SKIP() << "[gpu only] "
 
 #define EXPECT_HAS(text, part) EXPECT_TRUE(::trainyard::testing::contains((text), (part)))

@@ -119,7 +119,7 @@ TEST(ActivationCheckpointing, CnnStagesGradientsIdentical) {
 
 TEST(ActivationCheckpointing, GradientsIdenticalWithDropoutOnCuda) {
   // The recompute restores the CUDA generator that dropout on the GPU draws from.
-  if (!torch::cuda::is_available()) GTEST_SKIP() << "no CUDA device";
+  if (!torch::cuda::is_available()) TRAINYARD_SKIP_WITHOUT_GPU() << "no CUDA device";
   auto model = make_model("mlp", kDropoutMlp, vector_context(20, 5));
   model->module().to(torch::kCUDA);
   Batch batch = random_batch(16, {20}, 5, 1).to(torch::kCUDA);

@@ -1,11 +1,16 @@
 // ddp's gradient compression (strategy.compression = fp16 | bf16, as PyTorch's DDP compression
 // hooks): each rank's share of the average travels in the narrower dtype and the sum is rounded
 // to it. Two ranks as threads over gloo take one step on different batches; their averaged
-// gradients are compared with what rounding each rank's own gradients predicts.
+// gradients are compared with what PyTorch's own bf16_compress_hook / fp16_compress_hook make of
+// each rank's own gradients, run by the venv's Python on two gloo ranks
+// (ddp_compression_hook.py).
 
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
 #include <gtest/gtest.h>
+
+#include <filesystem>
+#include <fstream>
 
 #include "step_harness.hpp"
 #include "trainyard/error.hpp"
@@ -62,29 +67,66 @@ at::Tensor rounded(const at::Tensor& tensor, at::ScalarType wire) {
   return tensor.to(wire).to(tensor.scalar_type());
 }
 
+// Every gradient flattened into one float32 tensor, in name order: a DDP bucket's buffer.
+at::Tensor bucket_of(const TensorMap& gradients) {
+  std::vector<at::Tensor> parts;
+  for (const auto& [name, gradient] : gradients) parts.push_back(gradient.reshape({-1}));
+  return at::cat(parts).to(at::kFloat).contiguous();
+}
+
+void write_raw(const std::filesystem::path& file, const at::Tensor& values) {
+  std::ofstream out(file, std::ios::binary);
+  out.write(reinterpret_cast<const char*>(values.data_ptr<float>()),
+            static_cast<std::streamsize>(values.numel() * 4));
+}
+
+at::Tensor read_raw(const std::filesystem::path& file, std::int64_t count) {
+  at::Tensor values = at::empty({count}, at::kFloat);
+  std::ifstream in(file, std::ios::binary);
+  in.read(reinterpret_cast<char*>(values.data_ptr<float>()),
+          static_cast<std::streamsize>(count * 4));
+  EXPECT_EQ(in.gcount(), count * 4) << file;
+  return values;
+}
+
 void expect_compressed_average(const std::string& compression, at::ScalarType wire) {
+  const std::filesystem::path python = source_dir() / ".venv/bin/python";
+  if (!std::filesystem::exists(python)) {
+    TRAINYARD_SKIP_MISSING() << "no " << python << ": cannot run PyTorch's compression hook";
+  }
   at::set_num_threads(1);
   const std::vector<TensorMap> averaged = ddp_gradients(compression);
   const std::vector<TensorMap> local = local_gradients();
   ASSERT_EQ(averaged[0].size(), local[0].size());
   ASSERT_FALSE(averaged[0].empty());
-  // One unit in the last place of the wire dtype, relative: the local gradients of the two
-  // computations may differ in their last fp32 bits, which can move a rounding by one unit.
-  const double unit = wire == at::kHalf ? 1.0 / 1024 : 1.0 / 128;
   for (const auto& [name, gradient] : averaged[0]) {
-    // Every rank holds the same average...
+    // Every rank holds the same average, a value of the wire dtype.
     EXPECT_TRUE(at::equal(averaged[1].at(name), gradient)) << name;
-    // ...which is a value of the wire dtype...
     EXPECT_TRUE(at::equal(rounded(gradient, wire), gradient)) << name;
-    // ...namely the rounded sum of each rank's rounded half.
-    at::Tensor sum = rounded(local[0].at(name) / kRanks, wire);
-    for (int rank = 1; rank < kRanks; ++rank)
-      sum = sum + rounded(local[rank].at(name) / kRanks, wire);
-    at::Tensor expected = rounded(sum, wire);
-    EXPECT_TRUE(at::allclose(gradient, expected, unit, 1e-12))
-        << name << " differs from the rounded average by "
-        << (gradient - expected).abs().max().item<double>();
   }
+  // What PyTorch's hook makes of each rank's own gradients.
+  TempDir dir;
+  std::vector<std::string> argv = {python.string(),
+                                   (source_dir() / "tests/unit/ddp_compression_hook.py").string(),
+                                   compression};
+  for (int rank = 0; rank < kRanks; ++rank) {
+    const auto file = dir / ("rank" + std::to_string(rank) + ".f32");
+    write_raw(file, bucket_of(local[static_cast<std::size_t>(rank)]));
+    argv.push_back(file.string());
+  }
+  argv.push_back((dir / "average.f32").string());
+  const CommandResult hook = run_command(argv, {}, 300);
+  ASSERT_EQ(hook.exit_code, 0) << describe(hook);
+  const at::Tensor ours = bucket_of(averaged[0]);
+  const at::Tensor expected = read_raw(dir / "average.f32", ours.numel());
+  // One unit in the last place of the wire dtype, relative: the local gradients of the two
+  // computations may differ in their last fp32 bits, which can move a rounding by one unit;
+  // nearly every value must match PyTorch's bit for bit.
+  const double unit = wire == at::kHalf ? 1.0 / 1024 : 1.0 / 128;
+  EXPECT_TRUE(at::allclose(ours, expected, unit, 1e-12))
+      << "differs from PyTorch's hook by up to " << (ours - expected).abs().max().item<double>();
+  const double same = ours.eq(expected).to(at::kDouble).mean().item<double>();
+  EXPECT_GE(same, 0.99) << "share of values equal to PyTorch's hook's, bit for bit";
 }
 
 TEST(DdpCompression, Bf16AveragesEachRanksRoundedShareInBf16) {

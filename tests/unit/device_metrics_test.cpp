@@ -14,6 +14,7 @@
 
 #include "nvml.hpp"
 #include "test_support.hpp"
+#include "trainyard/allocation_tracker.hpp"
 #include "trainyard/build_context.hpp"
 #include "trainyard/cpu_binding.hpp"
 #include "trainyard/device.hpp"
@@ -297,6 +298,47 @@ TEST(PeakProbe, DrawsNoRandomNumbers) {
   torch::manual_seed(7);
   EXPECT_GT(measure_peak_flops(*cpu, 0, c10::kFloat), 0);
   EXPECT_TRUE(torch::equal(torch::randn({8}), expected));
+}
+
+// The CPU backend with a peak that behaves as CUDA's: the allocator's peak since the last
+// reset_peak_memory, counted by the allocation tracker.
+class TrackedPeakCpu final : public DeviceBackend {
+ public:
+  explicit TrackedPeakCpu(std::shared_ptr<DeviceBackend> cpu) : cpu_(std::move(cpu)) {}
+  bool available() const override { return true; }
+  int device_count() const override { return 1; }
+  torch::Device device(int index) const override { return cpu_->device(index); }
+  void synchronize(int index) override { cpu_->synchronize(index); }
+  std::unique_ptr<DeviceEvent> create_event(int index) override {
+    return cpu_->create_event(index);
+  }
+  DeviceMemory memory(int) const override {
+    DeviceMemory memory;
+    memory.current_bytes = tracker_.current_bytes();
+    memory.peak_bytes = tracker_.peak_bytes();
+    return memory;
+  }
+  void reset_peak_memory(int) override { tracker_.reset_peak(); }
+  void manual_seed(std::uint64_t) override {}
+  void save_rng_state(StateDict&) const override {}
+  void load_rng_state(const StateDict&) override {}
+
+ private:
+  std::shared_ptr<DeviceBackend> cpu_;
+  AllocationTracker tracker_;
+};
+
+TEST(PeakProbe, LeavesNoTraceInThePeakMemory) {
+  // The run's reported peak is what training needs: the probe's matrices (three of 512 x 512
+  // floats on the CPU, 1 MiB each) must not show in it.
+  TrackedPeakCpu device(backend("cpu"));
+  ASSERT_GT(measure_peak_flops(device, 0, c10::kFloat), 0);
+  const std::int64_t probe_matrix = 512 * 512 * 4;
+  EXPECT_LT(device.memory(0).peak_bytes, probe_matrix)
+      << "the peak after the probe still holds its matrices";
+  // The tracker does see them: without the reset the peak would hold all three.
+  at::Tensor held = at::empty({3 * 512 * 512}, at::kFloat);
+  EXPECT_GE(device.memory(0).peak_bytes, 3 * probe_matrix);
 }
 
 }  // namespace

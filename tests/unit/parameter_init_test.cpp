@@ -15,6 +15,7 @@
 
 #include <cmath>
 
+#include "test_support.hpp"
 #include "trainyard/error.hpp"
 #include "trainyard/parameter_init.hpp"
 
@@ -58,7 +59,7 @@ TEST(ParameterInit, SameNameSameValuesWhateverTheDtypeOrLayout) {
 }
 
 TEST(ParameterInit, ACudaTensorGetsTheCpuValues) {
-  if (!torch::cuda::is_available()) GTEST_SKIP() << "no CUDA device";
+  if (!torch::cuda::is_available()) TRAINYARD_SKIP_WITHOUT_GPU() << "no CUDA device";
   const ParameterInit init(7);
   at::Tensor on_cpu = at::empty({64, 33});
   init.kaiming_uniform(on_cpu, "layer0.qkv.weight", std::sqrt(5.0));

@@ -106,7 +106,7 @@ TEST(Fp16Precision, OverflowSkipsTheStepBacksOffThenGrowsAfterTheInterval) {
 TEST(Fp16Precision, MatchesTorchGradScaler) {
   const auto python = source_dir() / ".venv/bin/python";
   if (!std::filesystem::exists(python)) {
-    GTEST_SKIP() << "no " << python << ": cannot compare with torch.amp.GradScaler";
+    TRAINYARD_SKIP_MISSING() << "no " << python << ": cannot compare with torch.amp.GradScaler";
   }
   std::string pattern;
   for (bool overflow : kOverflowPattern) pattern += overflow ? '1' : '0';
@@ -205,7 +205,7 @@ TEST(PrecisionDeviceCheck, RefusesADeviceItCannotRunNamingBoth) {
 }
 
 TEST(PrecisionOnCuda, Bf16AndFp16StepsRunOnTheGpu) {
-  if (!torch::cuda::is_available()) GTEST_SKIP() << "no CUDA device";
+  if (!torch::cuda::is_available()) TRAINYARD_SKIP_WITHOUT_GPU() << "no CUDA device";
   BuildContext context;
   for (const std::string name : {"bf16", "fp16"}) {
     auto precision =

@@ -126,7 +126,7 @@ TEST(GradientClipping, ReportsTheGlobalNormAndClipsAsClipGradNorm) {
 TEST(GradientClipping, ClipToNormMatchesTorchClipGradNorm) {
   const auto python = source_dir() / ".venv/bin/python";
   if (!std::filesystem::exists(python)) {
-    GTEST_SKIP() << "no " << python << ": cannot compare with torch.nn.utils.clip_grad_norm_";
+    TRAINYARD_SKIP_MISSING() << "no " << python << ": cannot compare with torch.nn.utils.clip_grad_norm_";
   }
   const std::string script = R"(
 import torch

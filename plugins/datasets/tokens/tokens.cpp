@@ -11,9 +11,7 @@ namespace {
 
 std::unique_ptr<Dataset> make_tokens(const Config& options) {
   const auto pattern = options.get_path("path");
-  if (pattern.empty()) {
-    throw Error("dataset 'tokens' needs option dataset.path: a glob of token shard files");
-  }
+  if (pattern.empty()) options.fail("path", "must name a glob of token shard files");
   token_shards::CorpusOptions corpus;
   corpus.seq_len = options.get_int("seq_len");
   corpus.vocab_size = options.get_int("vocab_size");
@@ -26,7 +24,8 @@ std::unique_ptr<Dataset> make_tokens(const Config& options) {
 void register_components(Registry& registry) {
   registry.add<Dataset>(
       "tokens",
-      {option("path", "", "glob of token shard files (read in sorted order)"),
+      {required_option("path", OptionType::kString,
+                       "glob of token shard files (read in sorted order)"),
        option("seq_len", 128, "tokens per window (the model's sequence length)").at_least(1),
        option("vocab_size", 0, "vocabulary size (0: the largest the shard headers record)")
            .at_least(0),

@@ -255,7 +255,7 @@ class CommConformance : public ::testing::TestWithParam<std::string> {
 
 TEST_P(CommConformance, CollectivesAndSubGroupsAcrossTwoRanks) {
   auto device0 = device_for(0);
-  if (!device0) GTEST_SKIP() << missing_devices(2);
+  if (!device0) TRAINYARD_SKIP_WITHOUT_GPU() << missing_devices(2);
   auto device1 = *device_for(1);
   const int port = trainyard::testing::free_loopback_port();
   auto rank1 = std::async(std::launch::async, [&] { return run_rank(1, port, device1); });
@@ -275,7 +275,7 @@ TEST_P(CommConformance, CollectivesAndSubGroupsAcrossTwoRanks) {
 // both ways, every transfer posted before any is waited for.
 TEST_P(CommConformance, SendAndReceiveBothWaysWithOverlappingWorks) {
   auto devices = devices_for(2);
-  if (!devices) GTEST_SKIP() << missing_devices(2);
+  if (!devices) TRAINYARD_SKIP_WITHOUT_GPU() << missing_devices(2);
   struct Payload {
     std::vector<std::int64_t> shape;
     at::ScalarType dtype;
@@ -337,7 +337,7 @@ TEST_P(CommConformance, SendAndReceiveBothWaysWithOverlappingWorks) {
 
 TEST_P(CommConformance, BroadcastFromNonZeroRoots) {
   auto devices = devices_for(4);
-  if (!devices) GTEST_SKIP() << missing_devices(4);
+  if (!devices) TRAINYARD_SKIP_WITHOUT_GPU() << missing_devices(4);
   run_ranks(*devices, [&](Communicator& comm, c10::Device device) {
     for (int root : {1, 3}) {
       const at::Tensor sent = at::arange(6, at::kFloat).reshape({2, 3}) * (root + 1);
@@ -354,7 +354,7 @@ TEST_P(CommConformance, BroadcastFromNonZeroRoots) {
 
 TEST_P(CommConformance, AllGatherIntoTensorsAndIntoOneFlatTensor) {
   auto devices = devices_for(4);
-  if (!devices) GTEST_SKIP() << missing_devices(4);
+  if (!devices) TRAINYARD_SKIP_WITHOUT_GPU() << missing_devices(4);
   run_ranks(*devices, [&](Communicator& comm, c10::Device device) {
     const int world_size = comm.world_size();
     auto contribution = [](int rank, at::ScalarType dtype) {
@@ -389,7 +389,7 @@ TEST_P(CommConformance, AllGatherIntoTensorsAndIntoOneFlatTensor) {
 // (j + 1) * 15 + 4 * [0, 1, 2], or its mean.
 TEST_P(CommConformance, ReduceScatterSumsAndAveragesEachRanksChunk) {
   auto devices = devices_for(4);
-  if (!devices) GTEST_SKIP() << missing_devices(4);
+  if (!devices) TRAINYARD_SKIP_WITHOUT_GPU() << missing_devices(4);
   std::atomic<int> list_average_refusals{0}, flat_average_refusals{0};
   run_ranks(*devices, [&](Communicator& comm, c10::Device device) {
     const int world_size = comm.world_size();
@@ -445,7 +445,7 @@ TEST_P(CommConformance, ReduceScatterSumsAndAveragesEachRanksChunk) {
 
 TEST_P(CommConformance, AllReduceSumMaxAndMin) {
   auto devices = devices_for(4);
-  if (!devices) GTEST_SKIP() << missing_devices(4);
+  if (!devices) TRAINYARD_SKIP_WITHOUT_GPU() << missing_devices(4);
   run_ranks(*devices, [&](Communicator& comm, c10::Device device) {
     const int rank = comm.rank();
     for (at::ScalarType dtype : {at::kFloat, at::kLong}) {
@@ -472,7 +472,7 @@ TEST_P(CommConformance, AllReduceSumMaxAndMin) {
 
 TEST_P(CommConformance, BarrierReturnsOnlyWhenEveryRankHasArrived) {
   auto devices = devices_for(4);
-  if (!devices) GTEST_SKIP() << missing_devices(4);
+  if (!devices) TRAINYARD_SKIP_WITHOUT_GPU() << missing_devices(4);
   std::atomic<int> arrived{0};
   run_ranks(*devices, [&](Communicator& comm, c10::Device) {
     // Later ranks arrive later: rank 0 waits longest.
@@ -485,7 +485,7 @@ TEST_P(CommConformance, BarrierReturnsOnlyWhenEveryRankHasArrived) {
 
 TEST_P(CommConformance, SubGroupsOfSomeRanks) {
   auto devices = devices_for(4);
-  if (!devices) GTEST_SKIP() << missing_devices(4);
+  if (!devices) TRAINYARD_SKIP_WITHOUT_GPU() << missing_devices(4);
   run_ranks(*devices, [&](Communicator& comm, c10::Device device) {
     const int rank = comm.rank();
     auto sum_in = [&](const c10::intrusive_ptr<c10d::Backend>& group) {
@@ -527,7 +527,7 @@ TEST_P(CommConformance, SubGroupsOfSomeRanks) {
 // Rank = pp * 2 + dp_shard: pipeline peers are 2 apart, data-parallel peers neighbours.
 TEST_P(CommConformance, MeshGroupsOfPipelineByDataShard) {
   auto devices = devices_for(4);
-  if (!devices) GTEST_SKIP() << missing_devices(4);
+  if (!devices) TRAINYARD_SKIP_WITHOUT_GPU() << missing_devices(4);
   run_ranks(*devices, [&](Communicator& comm, c10::Device device) {
     ProcessMesh mesh(MeshLayout::resolve(MeshRequest{.pp = 2, .dp_shard = 2}, 4), comm);
     EXPECT_EQ(mesh.rank(), comm.rank());
@@ -544,7 +544,7 @@ TEST_P(CommConformance, MeshGroupsOfPipelineByDataShard) {
 // Rank = dp_shard * 2 + tp: tensor-parallel peers are neighbours.
 TEST_P(CommConformance, MeshGroupsOfDataShardByTensor) {
   auto devices = devices_for(4);
-  if (!devices) GTEST_SKIP() << missing_devices(4);
+  if (!devices) TRAINYARD_SKIP_WITHOUT_GPU() << missing_devices(4);
   run_ranks(*devices, [&](Communicator& comm, c10::Device device) {
     ProcessMesh mesh(MeshLayout::resolve(MeshRequest{.dp_shard = 2, .tp = 2}, 4), comm);
     check_mesh_groups(mesh, comm,
@@ -557,7 +557,7 @@ TEST_P(CommConformance, MeshGroupsOfDataShardByTensor) {
 
 TEST_P(CommConformance, MeshDimensionSpanningTheWorldUsesTheWorldGroup) {
   auto devices = devices_for(4);
-  if (!devices) GTEST_SKIP() << missing_devices(4);
+  if (!devices) TRAINYARD_SKIP_WITHOUT_GPU() << missing_devices(4);
   run_ranks(*devices, [&](Communicator& comm, c10::Device device) {
     for (const ProcessMesh& mesh :
          {ProcessMesh(comm), ProcessMesh(MeshLayout::resolve(MeshRequest{.tp = 4}, 4), comm)}) {
@@ -587,7 +587,7 @@ TEST_P(CommConformance, MeshDimensionSpanningTheWorldUsesTheWorldGroup) {
 // is killed while rank 0 waits in a collective: rank 0 must get an error, and soon, not hang.
 TEST_P(CommConformance, PeerThatDiesMidCollectiveEndsTheOthersWithAnError) {
   auto devices = devices_for(2);
-  if (!devices) GTEST_SKIP() << missing_devices(2);
+  if (!devices) TRAINYARD_SKIP_WITHOUT_GPU() << missing_devices(2);
   // The child needs time to start and load the plugins before it joins.
   const std::chrono::seconds timeout(60);
   if (const char* port = std::getenv(kDyingPeerPortVariable)) {
@@ -649,7 +649,7 @@ TEST_P(CommConformance, CollectivesOnOneRank) {
   c10::Device device(c10::kCPU);
   if (needs_cuda()) {
     if (!at::hasCUDA() || at::getNumGPUs() < 1) {
-      GTEST_SKIP() << "comm '" << GetParam() << "' needs a CUDA device; none here";
+      TRAINYARD_SKIP_WITHOUT_GPU() << "comm '" << GetParam() << "' needs a CUDA device; none here";
     }
     device = c10::Device(c10::kCUDA, 0);
   }
@@ -687,7 +687,7 @@ TEST_P(CommConformance, UnreachableStoreFailsWithinTheTimeout) {
       GetParam(), trainyard::conformance::section("comm"),
       trainyard::conformance::classification_context());
   auto device = device_for(1);
-  if (!device) GTEST_SKIP() << missing_devices(2);
+  if (!device) TRAINYARD_SKIP_WITHOUT_GPU() << missing_devices(2);
   QuietC10dLog quiet;
   Rendezvous meet;
   meet.rank = 1;

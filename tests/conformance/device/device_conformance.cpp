@@ -12,6 +12,7 @@
 #include <thread>
 
 #include "conformance.hpp"
+#include "test_support.hpp"
 #include "trainyard/batch.hpp"
 #include "trainyard/device.hpp"
 
@@ -40,7 +41,7 @@ class DeviceConformance : public ::testing::TestWithParam<std::string> {
 
 #define AVAILABLE_OR_SKIP(var)         \
   auto var = build_available();        \
-  if (!var) GTEST_SKIP() << skipped_;
+  if (!var) TRAINYARD_SKIP_WITHOUT_GPU() << skipped_;
 
 TEST_P(DeviceConformance, AvailabilityQueriesDoNotCrash) {
   auto backend = build();

@@ -1,5 +1,7 @@
-// Precision conformance: the device check, loss scaling that unscales exactly, state that
-// round-trips, and an autocast guard that restores what was there before.
+// Precision conformance: the device check agrees with what each device says it computes fast,
+// loss scaling that unscales exactly, state that round-trips, and an autocast guard that restores
+// what was there before. The numeric checks run on the first available device the precision
+// accepts (the CPU for the bundled ones; a GPU for a precision that refuses the CPU).
 
 #include <ATen/ATen.h>
 #include <ATen/autocast_mode.h>
@@ -8,7 +10,11 @@
 #include <cmath>
 #include <limits>
 
+#include <algorithm>
+
 #include "conformance.hpp"
+#include "test_support.hpp"
+#include "trainyard/device.hpp"
 #include "trainyard/error.hpp"
 #include "trainyard/precision.hpp"
 
@@ -22,39 +28,84 @@ class PrecisionConformance : public ::testing::TestWithParam<std::string> {
     return conformance::registry().create<Precision>(GetParam(), conformance::section("precision"),
                                                      conformance::classification_context());
   }
-  // True when the precision runs on the CPU; a refusal must be a trainyard::Error.
-  bool runs_on_cpu(const Precision& precision) {
+
+  // The first device of every available device plugin (the CPU, and a GPU where there is one).
+  static std::vector<std::shared_ptr<DeviceBackend>> available_devices() {
+    std::vector<std::shared_ptr<DeviceBackend>> out;
+    for (const auto& name : conformance::plugin_names("device")) {
+      auto backend = conformance::registry().create<DeviceBackend>(
+          name, conformance::section("device"), conformance::classification_context());
+      if (backend->available() && backend->device_count() > 0) out.push_back(backend);
+    }
+    return out;
+  }
+
+  // The refusal of `device`, empty when the precision accepts it; a refusal must be a
+  // trainyard::Error.
+  static std::string refusal(const Precision& precision, const torch::Device& device) {
     try {
-      precision.check_device(torch::Device(torch::kCPU));
-      return true;
+      precision.check_device(device);
+      return {};
     } catch (const Error& error) {
-      cpu_refusal_ = error.what();
-      return false;
+      return error.what();
     }
   }
-  std::string cpu_refusal_;
+
+  // The device the numeric checks run on: the first available one the precision accepts.
+  // Nullopt, with the refusals in refusals_, when it accepts none of them.
+  std::optional<torch::Device> chosen_device(const Precision& precision) {
+    refusals_.clear();
+    for (const auto& backend : available_devices()) {
+      const torch::Device device = backend->device(0);
+      const std::string refused = refusal(precision, device);
+      if (refused.empty()) return device;
+      refusals_ += " " + device.str() + ": " + refused;
+    }
+    return std::nullopt;
+  }
+  std::string refusals_;
 };
 
-TEST_P(PrecisionConformance, CheckDeviceCpu) {
+// Ends a test whose precision accepts no device here: it needs a device this machine lacks (the
+// CPU is always here, so that is a GPU).
+#define DEVICE_OR_SKIP(var, precision)                                                   \
+  const std::optional<torch::Device> var = chosen_device(*(precision));                  \
+  if (!var) {                                                                            \
+    TRAINYARD_SKIP_WITHOUT_GPU() << "precision '" << GetParam()                          \
+                                 << "' accepts none of the devices here:" << refusals_; \
+  }
+
+TEST_P(PrecisionConformance, CheckDeviceAcceptsEveryDeviceComputingItsDtypeFast) {
+  // The declaration a precision's device check must agree with: a device that computes the
+  // precision's dtype natively at full speed (DeviceBackend::fast_compute_dtypes) runs it.
   auto precision = build();
   if (GetParam() == "fp32") {
-    EXPECT_NO_THROW(precision->check_device(torch::Device(torch::kCPU)));
     EXPECT_FALSE(precision->autocast_dtype().has_value()) << "fp32 runs without autocast";
-    return;
   }
-  if (!runs_on_cpu(*precision)) {
-    EXPECT_FALSE(cpu_refusal_.empty());
-    GTEST_SKIP() << "refuses the CPU: " << cpu_refusal_;
+  const torch::ScalarType dtype = precision->autocast_dtype().value_or(torch::kFloat);
+  const auto devices = available_devices();
+  ASSERT_FALSE(devices.empty()) << "no device plugin reports an available device";
+  for (const auto& backend : devices) {
+    for (int index = 0; index < backend->device_count(); ++index) {
+      const auto fast = backend->fast_compute_dtypes(index);
+      EXPECT_NE(std::find(fast.begin(), fast.end(), torch::kFloat), fast.end())
+          << backend->device(index) << " must compute float32 fast";
+      if (std::find(fast.begin(), fast.end(), dtype) == fast.end()) continue;
+      EXPECT_EQ(refusal(*precision, backend->device(index)), "")
+          << backend->device(index) << " computes " << dtype << " fast, yet precision '"
+          << GetParam() << "' refuses it";
+    }
   }
 }
 
 TEST_P(PrecisionConformance, ScaledGradientsUnscaleToTheUnscaledOnes) {
   auto precision = build();
-  if (!runs_on_cpu(*precision)) GTEST_SKIP() << "refuses the CPU: " << cpu_refusal_;
+  DEVICE_OR_SKIP(device, precision);
+  const auto on = torch::TensorOptions(*device);
   torch::manual_seed(11);
-  torch::Tensor w = torch::randn({4, 3}).requires_grad_();
-  torch::Tensor b = torch::randn({3}).requires_grad_();
-  torch::Tensor x = torch::randn({8, 4});
+  torch::Tensor w = torch::randn({4, 3}, on).requires_grad_();
+  torch::Tensor b = torch::randn({3}, on).requires_grad_();
+  torch::Tensor x = torch::randn({8, 4}, on);
   auto loss_fn = [&] { return (x.matmul(w) + b).tanh().pow(2).mean(); };
 
   loss_fn().backward();
@@ -84,13 +135,14 @@ TEST_P(PrecisionConformance, UnscaleReportsNonFiniteGradientsAsATensor) {
   // The two-phase form sharded strategies use: unscale reports found_inf as a tensor (they
   // all-reduce it), should_step decides. A precision that does not scale reports nothing.
   auto precision = build();
-  if (!runs_on_cpu(*precision)) GTEST_SKIP() << "refuses the CPU: " << cpu_refusal_;
-  torch::Tensor loss = precision->scale_loss(torch::ones({}));
-  const bool scales = !at::equal(loss, torch::ones({}));
-  std::vector<torch::Tensor> finite = {loss.detach() * torch::ones({3})};
+  DEVICE_OR_SKIP(device, precision);
+  const auto on = torch::TensorOptions(*device);
+  torch::Tensor loss = precision->scale_loss(torch::ones({}, on));
+  const bool scales = !at::equal(loss, torch::ones({}, on));
+  std::vector<torch::Tensor> finite = {loss.detach() * torch::ones({3}, on)};
   torch::Tensor found = precision->unscale(finite);
   EXPECT_TRUE(Precision::should_step(found));
-  EXPECT_TRUE(torch::allclose(finite[0], torch::ones({3}))) << "unscale did not undo the scale";
+  EXPECT_TRUE(torch::allclose(finite[0], torch::ones({3}, on))) << "unscale did not undo the scale";
   if (found.defined()) {
     EXPECT_EQ(found.numel(), 1);
     EXPECT_EQ(found.item<double>(), 0.0);
@@ -98,7 +150,7 @@ TEST_P(PrecisionConformance, UnscaleReportsNonFiniteGradientsAsATensor) {
     EXPECT_FALSE(scales) << "a precision that scales the loss must check the gradients";
   }
   for (double bad : {std::numeric_limits<double>::infinity(), std::nan("")}) {
-    std::vector<torch::Tensor> gradients = {torch::ones({3}), torch::full({2}, bad)};
+    std::vector<torch::Tensor> gradients = {torch::ones({3}, on), torch::full({2}, bad, on)};
     torch::Tensor non_finite = precision->unscale(gradients);
     if (!scales) continue;
     ASSERT_TRUE(non_finite.defined());
@@ -110,9 +162,9 @@ TEST_P(PrecisionConformance, UnscaleReportsNonFiniteGradientsAsATensor) {
 
 TEST_P(PrecisionConformance, AutocastRunsInItsDtype) {
   auto precision = build();
-  if (!runs_on_cpu(*precision)) GTEST_SKIP() << "refuses the CPU: " << cpu_refusal_;
-  torch::Tensor a = torch::randn({4, 4});
-  AutocastGuard guard(torch::kCPU, precision->autocast_dtype());
+  DEVICE_OR_SKIP(device, precision);
+  torch::Tensor a = torch::randn({4, 4}, torch::TensorOptions(*device));
+  AutocastGuard guard(device->type(), precision->autocast_dtype());
   EXPECT_EQ(a.matmul(a).scalar_type(), precision->autocast_dtype().value_or(torch::kFloat));
 }
 
