@@ -12,6 +12,7 @@
 #include <functional>
 #include <iterator>
 #include <mutex>
+#include <ostream>
 #include <string>
 #include <vector>
 
@@ -142,6 +143,11 @@ struct AsyncCase {
   int ranks = 1;
   std::string backend;
 };
+
+void PrintTo(const AsyncCase& param, std::ostream* out) {
+  *out << param.strategy << " [" << param.strategy_options << "] on " << param.ranks << " rank(s), "
+       << param.backend;
+}
 
 std::string case_name(const ::testing::TestParamInfo<AsyncCase>& info) {
   const std::string variant = info.param.strategy_options.empty() ? "" : "_zero1";

@@ -15,9 +15,12 @@
 // order that rotates), so drift on a shared machine spreads over all of them; stalls are the
 // medians of each repetition's differences. With --check the run exits 1 unless
 // store/plain >= 0.8 (safetensors) and >= 0.6 (torch), and async stall/sync stall <= 0.1.
-// Usage: checkpoint_bench [MEGABYTES=256] [FOLDER=/tmp] [REPETITIONS=3] [--check]
+// --threads N trains on N threads (default: LibTorch's, every core): with fewer threads than
+// cores the save's background work has a core of its own, as when a GPU does the training.
+// Usage: checkpoint_bench [MEGABYTES=256] [FOLDER=/tmp] [REPETITIONS=3] [--threads N] [--check]
 
 #include <ATen/ATen.h>
+#include <ATen/Parallel.h>
 #include <fcntl.h>
 #include <unistd.h>
 
@@ -26,7 +29,9 @@
 #include <cmath>
 #include <cstdio>
 #include <filesystem>
+#include <cstdlib>
 #include <functional>
+#include <iterator>
 #include <memory>
 #include <string>
 #include <vector>
@@ -166,6 +171,15 @@ struct BackendFigures {
 int main(int argc, char** argv) {
   std::vector<std::string> args(argv + 1, argv + argc);
   const bool check = std::erase(args, "--check") > 0;
+  int threads = 0;
+  if (auto flag = std::find(args.begin(), args.end(), "--threads"); flag != args.end()) {
+    if (std::next(flag) == args.end() || (threads = std::atoi(std::next(flag)->c_str())) < 1) {
+      std::fprintf(stderr, "checkpoint_bench: --threads needs a count >= 1\n");
+      return 2;
+    }
+    args.erase(flag, std::next(flag, 2));
+    at::set_num_threads(threads);
+  }
   const std::int64_t megabytes = args.size() > 0 ? std::stoll(args[0]) : 256;
   const fs::path root = fs::path(args.size() > 1 ? args[1] : "/tmp") / "trainyard-checkpoint-bench";
   const int repetitions = args.size() > 2 ? std::stoi(args[2]) : 3;
@@ -276,10 +290,10 @@ int main(int argc, char** argv) {
               "manifest, rename, folder fsynced);\n  deleting files (the plain one, older "
               "checkpoints) is timed in neither\n");
   std::printf("stall: single strategy, MLP 1024-%lld-%lld-10 with AdamW (checkpoint of %.0f MiB), "
-              "batch 32, step %.3f s;\n  a save's stall = a window of %d steps after it (and its "
-              "commit) less the same window without a save\n",
+              "batch 32, %d training threads, step %.3f s;\n  a save's stall = a window of %d "
+              "steps after it (and its commit) less the same window without a save\n",
               static_cast<long long>(width), static_cast<long long>(width),
-              training_bytes / (1 << 20), step_s, window);
+              training_bytes / (1 << 20), at::get_num_threads(), step_s, window);
   std::printf("%-12s %11s %11s %11s %13s %14s %11s\n", "backend", "plain MB/s", "store MB/s",
               "store/plain", "sync stall s", "async stall s", "stall/sync");
   bool met = true;
