@@ -121,36 +121,63 @@ void copy_into(at::Tensor& buffer, const at::Tensor& source) {
 
 }  // namespace
 
-CheckpointState snapshot_to_host(const CheckpointState& state, CheckpointState* reuse) {
-  auto copy = [](const StateDict& dict, StateDict* buffers) {
-    StateDict out;
-    out.metadata = dict.metadata;
-    for (const auto& [name, tensor] : dict.tensors) {
-      at::Tensor source = tensor.detach();
-      if (buffers) {
-        // The previous snapshot's memory, already touched: copying into it costs no page
-        // faults, which dominate a fresh copy of a large state.
-        auto it = buffers->tensors.find(name);
-        if (it != buffers->tensors.end() && it->second.sizes().equals(source.sizes()) &&
-            it->second.scalar_type() == source.scalar_type() && it->second.is_contiguous()) {
-          copy_into(it->second, source);
-          out.tensors.emplace(name, it->second);
-          continue;
-        }
-      }
-      // A copy even on the host: training goes on changing the original in place. Copies from
-      // a GPU land in page-locked memory, which the device writes at full speed, and which the
-      // next snapshot reuses.
-      at::Tensor buffer = at::empty(
-          source.sizes(),
-          at::TensorOptions().dtype(source.scalar_type()).pinned_memory(source.is_cuda()));
+namespace {
+
+// `source` copied into host memory, into `buffers`' tensor of the same name when its shape and
+// dtype fit (the previous snapshot's memory, already touched: copying into it costs no page
+// faults, which dominate a fresh copy of a large state).
+at::Tensor snapshot_tensor(const std::string& name, const at::Tensor& tensor,
+                           const StateDict* buffers) {
+  at::Tensor source = tensor.detach();
+  if (buffers) {
+    auto it = buffers->tensors.find(name);
+    if (it != buffers->tensors.end() && it->second.sizes().equals(source.sizes()) &&
+        it->second.scalar_type() == source.scalar_type() && it->second.is_contiguous()) {
+      at::Tensor buffer = it->second;
       copy_into(buffer, source);
-      out.tensors.emplace(name, std::move(buffer));
+      return buffer;
     }
-    return out;
-  };
-  return CheckpointState{copy(state.shared, reuse ? &reuse->shared : nullptr),
-                         copy(state.local, reuse ? &reuse->local : nullptr)};
+  }
+  // A copy even on the host: training goes on changing the original in place. Copies from a
+  // GPU land in page-locked memory, which the device writes at full speed, and which the next
+  // snapshot reuses.
+  at::Tensor buffer = at::empty(
+      source.sizes(),
+      at::TensorOptions().dtype(source.scalar_type()).pinned_memory(source.is_cuda()));
+  copy_into(buffer, source);
+  return buffer;
+}
+
+// An entry of a state whose copy waits for the background thread.
+struct DeferredEntry {
+  StateDict* into;  // the snapshot's dict
+  const StateDict* buffers;
+  std::string name;
+  at::Tensor source;
+};
+
+// Copies `dict` into `out` at once, except entries in `later`, which are listed in `deferred`.
+void snapshot_dict(const StateDict& dict, const StateDict* buffers,
+                   const OptimizerSteppedMemory& later, StateDict& out,
+                   std::vector<DeferredEntry>& deferred) {
+  out.metadata = dict.metadata;
+  for (const auto& [name, tensor] : dict.tensors) {
+    if (later.holds(tensor)) {
+      deferred.push_back({&out, buffers, name, tensor});
+    } else {
+      out.tensors.emplace(name, snapshot_tensor(name, tensor, buffers));
+    }
+  }
+}
+
+}  // namespace
+
+CheckpointState snapshot_to_host(const CheckpointState& state, CheckpointState* reuse) {
+  CheckpointState out;
+  std::vector<DeferredEntry> none;
+  snapshot_dict(state.shared, reuse ? &reuse->shared : nullptr, {}, out.shared, none);
+  snapshot_dict(state.local, reuse ? &reuse->local : nullptr, {}, out.local, none);
+  return out;
 }
 
 CheckpointStore::CheckpointStore(std::shared_ptr<CheckpointBackend> backend,
@@ -298,19 +325,40 @@ fs::path CheckpointStore::save(std::int64_t step, const CheckpointState& state) 
   return commit(step, written);
 }
 
-void CheckpointStore::save_async(std::int64_t step, const CheckpointState& state) {
+void CheckpointStore::save_async(std::int64_t step, const CheckpointState& state,
+                                 const OptimizerSteppedMemory& copy_later,
+                                 OptimizerStepGate* gate) {
   commit_pending();
   auto pending = std::make_unique<Pending>();
   pending->step = step;
-  auto snapshot = std::make_shared<CheckpointState>(
-      snapshot_to_host(state, snapshot_buffers_ ? snapshot_buffers_.get() : nullptr));
-  snapshot_buffers_.reset();
+  // The previous snapshot's buffers, reused: they stay alive until the copies below are done.
+  std::shared_ptr<CheckpointState> buffers = std::move(snapshot_buffers_);
+  auto snapshot = std::make_shared<CheckpointState>();
+  auto deferred = std::make_shared<std::vector<DeferredEntry>>();
+  const OptimizerSteppedMemory& later = gate ? copy_later : OptimizerSteppedMemory();
+  snapshot_dict(state.shared, buffers ? &buffers->shared : nullptr, later, snapshot->shared,
+                *deferred);
+  snapshot_dict(state.local, buffers ? &buffers->local : nullptr, later, snapshot->local,
+                *deferred);
   prepare_staging(step);
+  // The optimizer waits at its next step until the deferred entries are copied.
+  auto copied = std::make_shared<std::promise<void>>();
+  if (!deferred->empty()) gate->hold(copied->get_future().share());
   Pending* raw = pending.get();
   pending->snapshot = snapshot;
-  pending->writer = std::thread([this, raw, snapshot] {
+  pending->writer = std::thread([this, raw, snapshot, deferred, buffers, copied] {
     try {
-      raw->files = write_files(raw->step, *snapshot);
+      for (DeferredEntry& entry : *deferred) {
+        entry.into->tensors.emplace(entry.name,
+                                    snapshot_tensor(entry.name, entry.source, entry.buffers));
+        entry.source = at::Tensor();
+      }
+    } catch (...) {
+      raw->error = std::current_exception();
+    }
+    copied->set_value();
+    try {
+      if (!raw->error) raw->files = write_files(raw->step, *snapshot);
     } catch (...) {
       raw->error = std::current_exception();
     }

@@ -199,7 +199,11 @@ void Checkpointing::save(const TrainingPosition& position) {
   run_.device->save_rng_state(state.local);
   run_.loader->save_state(state.local);
   if (policy_.async) {
-    store_->save_async(position.step, state);
+    // Parameters and optimizer state are copied during the next step's forward and backward;
+    // the rest (buffers that forward updates, positions, random states) before it starts.
+    store_->save_async(position.step, state,
+                       OptimizerSteppedMemory(run_.strategy->optimizer_stepped_tensors()),
+                       run_.optimizer_step_gate);
   } else {
     last_checkpoint_ = store_->save(position.step, state);
   }

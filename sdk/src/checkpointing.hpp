@@ -20,6 +20,7 @@ namespace trainyard {
 
 class DeviceBackend;
 class Loader;
+class OptimizerStepGate;
 class Precision;
 class Strategy;
 
@@ -50,6 +51,9 @@ struct CheckpointedRun {
   Precision* precision = nullptr;
   DeviceBackend* device = nullptr;
   Loader* loader = nullptr;
+  // Passed by the strategy before each optimizer step: an asynchronous save holds it while it
+  // copies the strategy's optimizer_stepped_tensors().
+  OptimizerStepGate* optimizer_step_gate = nullptr;
   std::string recipe_toml;
   // Samples per optimizer step over every data-parallel rank.
   std::int64_t global_batch = 0;

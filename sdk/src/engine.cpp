@@ -22,6 +22,7 @@
 #include "trainyard/error.hpp"
 #include "trainyard/loader.hpp"
 #include "trainyard/loader_tuning.hpp"
+#include "trainyard/optimizer_step_gate.hpp"
 #include "trainyard/scheduler.hpp"
 #include "trainyard/step_phases.hpp"
 
@@ -40,6 +41,8 @@ struct Engine::State {
   Components components;
   // The step phases the strategy marks.
   std::unique_ptr<PhaseClock> phases;
+  // Held by an asynchronous checkpoint until it has copied what the next optimizer step changes.
+  OptimizerStepGate optimizer_step_gate;
   std::unique_ptr<TrainingData> data;
   std::unique_ptr<Checkpointing> checkpointing;  // null without [checkpoint]
   std::unique_ptr<Evaluation> evaluation;        // null without evaluation
@@ -101,6 +104,7 @@ Engine::Engine(Recipe recipe, const Registry& registry, RunControls controls)
   context.step.activation_checkpointing = s.run.activation_checkpointing;
   s.phases = std::make_unique<PhaseClock>(s.placement.backend.get(), s.placement.index, false);
   context.phases = s.phases.get();
+  context.optimizer_step_gate = &s.optimizer_step_gate;
   s.runtime->naming_failures([&] { s.strategy().setup(context); });
 
   s.data = std::make_unique<TrainingData>(
@@ -129,6 +133,7 @@ Engine::Engine(Recipe recipe, const Registry& registry, RunControls controls)
     saved.strategy = s.components.strategy.get();
     saved.precision = s.components.precision.get();
     saved.device = s.placement.backend.get();
+    saved.optimizer_step_gate = &s.optimizer_step_gate;
     saved.loader = &s.data->loader();
     saved.recipe_toml = to_toml(*s.recipe.root);
     saved.global_batch = s.global_batch();
@@ -203,6 +208,13 @@ StepResult Engine::train_one_step(std::span<const Batch> micro_batches) {
   s.strategy().set_learning_rate(
       s.components.scheduler->learning_rate(s.step, s.data->total_steps(), s.components.base_lr));
   StepResult result = s.strategy().train_step(micro_batches);
+  if (s.optimizer_step_gate.held()) {
+    // Its optimizer may have changed tensors while a checkpoint was copying them.
+    throw Error("strategy '" + s.recipe.section("strategy").get_string("plugin") +
+                "' stepped its optimizer without StrategyContext::before_optimizer_step() while "
+                "an asynchronous checkpoint copied its optimizer_stepped_tensors(); the "
+                "checkpoint could mix two steps");
+  }
   if (collectives) {
     for (const auto& [group, count] : per_group(collectives->take())) {
       result.metrics.emplace_back("comm_" + group + "_calls", static_cast<double>(count.calls));

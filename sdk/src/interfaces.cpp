@@ -232,23 +232,60 @@ bool visit_param_state(const torch::optim::OptimizerParamState* state, Visitor v
   return true;
 }
 
-void Optimizer::save_state(const torch::optim::Optimizer& optimizer, const std::string& prefix,
-                           StateDict& out) const {
+namespace {
+
+// The state of every parameter of `optimizer` as entries of `out`, copied or as views of the
+// live tensors; false (and `out` partly filled) when a state type is unknown here.
+bool save_known_state(const torch::optim::Optimizer& optimizer, const std::string& prefix,
+                      StateDict& out, bool copy) {
   const auto& states = optimizer.state();
+  bool known = true;
   for_each_param(optimizer, [&](std::size_t index, const torch::Tensor& param) {
     auto it = states.find(param.unsafeGetTensorImpl());
-    if (it == states.end()) return;
-    const bool known =
-        visit_param_state(it->second.get(), [&](const char* field, const torch::Tensor& value) {
-          if (value.defined())
-            out.tensors[param_key(prefix, index, field)] = value.detach().clone();
-        });
-    if (!known) {
-      throw Error(
-          "optimizer state of this type cannot be saved by default; the optimizer "
-          "plugin must override save_state");
-    }
+    if (it == states.end() || !known) return;
+    known = visit_param_state(it->second.get(), [&](const char* field, const torch::Tensor& value) {
+      if (value.defined()) {
+        out.tensors[param_key(prefix, index, field)] =
+            copy ? value.detach().clone() : value.detach();
+      }
+    });
   });
+  return known;
+}
+
+}  // namespace
+
+void Optimizer::save_state(const torch::optim::Optimizer& optimizer, const std::string& prefix,
+                           StateDict& out) const {
+  if (!save_known_state(optimizer, prefix, out, /*copy=*/true)) {
+    throw Error(
+        "optimizer state of this type cannot be saved by default; the optimizer "
+        "plugin must override save_state");
+  }
+}
+
+void Optimizer::save_state_views(const torch::optim::Optimizer& optimizer,
+                                 const std::string& prefix, StateDict& out) const {
+  StateDict views;
+  if (!save_known_state(optimizer, prefix, views, /*copy=*/false)) {
+    save_state(optimizer, prefix, out);  // a state type only the plugin knows: its copies
+    return;
+  }
+  for (auto& [key, value] : views.tensors) out.tensors[key] = std::move(value);
+}
+
+std::vector<torch::Tensor> stepped_tensors(const torch::optim::Optimizer& optimizer) {
+  std::vector<torch::Tensor> tensors;
+  for_each_param(optimizer, [&](std::size_t, const torch::Tensor& param) {
+    tensors.push_back(param);
+  });
+  for (const auto& [key, state] : optimizer.state()) {
+    // A state type this file does not know keeps its tensors out: they are copied at once.
+    visit_param_state(state.get(), [&](const char*, const torch::Tensor& value) {
+      if (value.defined()) tensors.push_back(value);
+    });
+  }
+  return tensors;
 }
 
 HeldBytes count_held_bytes(const std::vector<torch::Tensor>& parameters,

@@ -3,6 +3,7 @@
 #include <string>
 
 #include "trainyard/distributed.hpp"
+#include "trainyard/optimizer_step_gate.hpp"
 #include "trainyard/state.hpp"
 #include "trainyard/strategy.hpp"
 
@@ -31,5 +32,11 @@ TensorMap Strategy::full_model_state() const {
 }
 
 std::string Strategy::describe_layout() const { return {}; }
+
+std::vector<torch::Tensor> Strategy::optimizer_stepped_tensors() const { return {}; }
+
+void StrategyContext::before_optimizer_step() const {
+  if (optimizer_step_gate) optimizer_step_gate->enter();
+}
 
 }  // namespace trainyard

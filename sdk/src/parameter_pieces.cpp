@@ -32,9 +32,9 @@ std::vector<at::Tensor> held_tensors(const torch::optim::Optimizer& optimizer,
   return held;
 }
 
-// The piece's values in its own shape.
+// The piece's values in its own shape: a view of the held tensor, no copy.
 at::Tensor piece_values(const at::Tensor& flat_held, const ParameterPiece& piece) {
-  return flat_held.narrow(0, piece.offset, piece.length).view(piece.shape).clone();
+  return flat_held.narrow(0, piece.offset, piece.length).view(piece.shape);
 }
 
 // "held.param.<i>.<field>" -> (i, field).
@@ -119,7 +119,7 @@ OptimizerFields optimizer_fields(const Optimizer& plugin,
   for (const auto& group : optimizer.param_groups()) held += group.params().size();
   OptimizerFields fields(held);
   StateDict own;
-  plugin.save_state(optimizer, kPluginPrefix, own);
+  plugin.save_state_views(optimizer, kPluginPrefix, own);
   for (const auto& [key, value] : own.tensors) {
     const auto [index, field] = split_plugin_key(key);
     if (index >= held) {
@@ -148,7 +148,7 @@ void put_optimizer_pieces(const OptimizerFields& fields,
         if (!per_element) {
           TensorPlacement placement = TensorPlacement::whole(value.sizes().vec());
           placement.replicas = replicas;
-          put_piece(whole, name, value.clone(), placement);
+          put_piece(whole, name, value, placement);
           continue;
         }
         TensorPlacement placement = piece.placement;
@@ -222,13 +222,12 @@ void save_module_pieces(const torch::nn::Module& module, const std::vector<HeldL
                         StateDict& out, const std::string& replicas) {
   std::size_t index = 0;
   for (const auto& item : module.named_parameters(true)) {
-    put_held_pieces(out, kModelPrefix, item.value().detach().clone(), layouts.at(index++),
-                    replicas);
+    put_held_pieces(out, kModelPrefix, item.value().detach(), layouts.at(index++), replicas);
   }
   for (const auto& item : module.named_buffers(true)) {
     TensorPlacement placement = TensorPlacement::whole(item.value().sizes().vec());
     placement.replicas = replicas;
-    put_piece(out, kModelPrefix + item.key(), item.value().detach().clone(), placement);
+    put_piece(out, kModelPrefix + item.key(), item.value().detach(), placement);
   }
   if (optimizer) save_optimizer_pieces(plugin, *optimizer, layouts, out, out, replicas);
 }

@@ -119,15 +119,17 @@ void load_module_state(torch::nn::Module& module, const std::string& prefix, con
 
 namespace trainyard {
 
-void finish_replicated_step(const std::vector<torch::Tensor>& parameters, Precision& precision,
-                            torch::optim::Optimizer& optimizer, const StepOptions& options,
+void finish_replicated_step(const std::vector<torch::Tensor>& parameters,
+                            const StrategyContext& context, torch::optim::Optimizer& optimizer,
                             const torch::Tensor& loss_sum, std::int64_t micro_batches,
                             StepResult& result) {
+  Precision& precision = *context.precision;
   std::vector<torch::Tensor> gradients = gradients_of(parameters);
   const bool finite = precision.unscale_and_check(gradients);
-  if (options.max_grad_norm > 0) {
-    result.grad_norm = clip_to_norm(gradients, global_norm(gradients), options.max_grad_norm);
+  if (context.step.max_grad_norm > 0) {
+    result.grad_norm = clip_to_norm(gradients, global_norm(gradients), context.step.max_grad_norm);
   }
+  context.before_optimizer_step();
   if (finite) optimizer.step();
   precision.update(!finite);
   result.skipped = !finite;

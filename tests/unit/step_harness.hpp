@@ -64,6 +64,8 @@ struct HarnessOptions {
   // The device mesh the ranks form ([parallel]); unset: a data-parallel mesh over all of them,
   // as a strategy builds from the communicator alone.
   std::optional<MeshRequest> mesh;
+  // The gate the strategy passes before each optimizer step, as the engine's (none when null).
+  OptimizerStepGate* optimizer_step_gate = nullptr;
 
   // This options object for rank `rank_of_world` of `ranks` meeting at `store_port`.
   HarnessOptions& as_rank(int rank_of_world, int ranks, int store_port) {
@@ -93,6 +95,7 @@ struct StepHarness {
     context.device_backend =
         registry.create<DeviceBackend>("cpu", options_section("device", ""), build);
     context.step = options.step;
+    context.optimizer_step_gate = options.optimizer_step_gate;
     if (options.world_size > 1) {
       context.communicator =
           registry.create<Communicator>("gloo", options_section("comm", ""), build);

@@ -10,9 +10,11 @@
 #include <torch/csrc/jit/api/module.h>
 #include <torch/csrc/jit/serialization/export.h>
 #include <torch/serialize/archive.h>
+#include <c10/util/strides.h>
 
 #include <exception>
 #include <filesystem>
+#include <unordered_set>
 
 #include "trainyard/checkpoint.hpp"
 #include "trainyard/error.hpp"
@@ -23,6 +25,19 @@ namespace {
 
 constexpr const char* kMetadataPrefix = "__metadata__/";
 
+// `tensor` on the host in memory of its own. The archive writes a tensor's whole storage, once
+// for every entry that shares it, so a view into a larger tensor (a piece of a flat shard, which
+// strategies hand over without a copy) or a second name of one tensor is copied out first: the
+// file is the same whether its entries were views of the live state or copies of it.
+at::Tensor own_storage(const at::Tensor& tensor, std::unordered_set<const void*>& storages) {
+  at::Tensor host = tensor.detach().cpu();
+  const bool alone = host.storage_offset() == 0 &&
+                     host.strides() == c10::IntArrayRef(c10::contiguous_strides(host.sizes())) &&
+                     host.storage().nbytes() == host.nbytes() &&
+                     storages.insert(host.storage().unsafeGetStorageImpl()).second;
+  return alone ? host : host.clone(at::MemoryFormat::Contiguous);
+}
+
 class TorchArchive final : public CheckpointBackend {
  public:
   std::string extension() const override { return ".pt"; }
@@ -32,7 +47,10 @@ class TorchArchive final : public CheckpointBackend {
     auto add = [&](const std::string& key, const c10::IValue& value) {
       archive.register_attribute(key, value.type(), value);
     };
-    for (const auto& [name, tensor] : state.tensors) add(name, c10::IValue(tensor.detach().cpu()));
+    std::unordered_set<const void*> storages;
+    for (const auto& [name, tensor] : state.tensors) {
+      add(name, c10::IValue(own_storage(tensor, storages)));
+    }
     for (const auto& [key, value] : state.metadata) add(kMetadataPrefix + key, c10::IValue(value));
 
     // The container calls its writer from C code, which an exception must not cross: a failed

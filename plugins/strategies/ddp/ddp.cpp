@@ -178,8 +178,7 @@ class Ddp final : public Strategy {
       finish_tensor_parallel_step(loss_sum, count, result);
       return result;
     }
-    finish_replicated_step(parameters_, *context_.precision, *optimizer_, context_.step, loss_sum,
-                           count, result);
+    finish_replicated_step(parameters_, context_, *optimizer_, loss_sum, count, result);
     return result;
   }
 
@@ -223,6 +222,14 @@ class Ddp final : public Strategy {
       read_held_pieces(placed, "model.", zero1_layout(), zero1_->master());
       load_optimizer_pieces(*context_.optimizer, zero1_->optimizer(), {zero1_layout()}, placed);
     }
+  }
+
+  // zero1 steps its master slice and then refreshes every parameter from the slices.
+  std::vector<torch::Tensor> optimizer_stepped_tensors() const override {
+    if (!zero1_) return stepped_tensors(*optimizer_);
+    std::vector<torch::Tensor> tensors = stepped_tensors(zero1_->optimizer());
+    tensors.insert(tensors.end(), parameters_.begin(), parameters_.end());
+    return tensors;
   }
 
   TensorMap full_parameters() const override {
@@ -342,6 +349,7 @@ class Ddp final : public Strategy {
       result.grad_norm =
           clip_to_norm(gradients, global_norm(gradients), context_.step.max_grad_norm);
     }
+    context_.before_optimizer_step();
     if (finite) zero1_->step();
     context_.precision->update(!finite);
     result.skipped = !finite;
@@ -368,6 +376,7 @@ class Ddp final : public Strategy {
       result.grad_norm = clip_to_norm(gradients, norm, context_.step.max_grad_norm);
     }
     const bool finite = Precision::should_step(found_inf);
+    context_.before_optimizer_step();
     if (finite) optimizer_->step();
     context_.precision->update(found_inf);
     result.skipped = !finite;

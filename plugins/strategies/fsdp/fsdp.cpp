@@ -161,6 +161,7 @@ class Fsdp final : public Strategy {
           clip_to_norm(gradients, units_->gradient_norm(gradients), context_.step.max_grad_norm);
     }
     const bool step = Precision::should_step(found_inf);
+    context_.before_optimizer_step();
     if (step) optimizer_->step();
     context_.precision->update(found_inf);
     result.skipped = !step;
@@ -190,7 +191,7 @@ class Fsdp final : public Strategy {
     for (std::size_t i = 0; i < buffers_.size(); ++i) {
       TensorPlacement placement = TensorPlacement::whole(buffers_[i].sizes().vec());
       placement.replicas = replicas;
-      put_piece(out.shared, "model." + buffer_names_[i], buffers_[i].detach().clone(), placement);
+      put_piece(out.shared, "model." + buffer_names_[i], buffers_[i].detach(), placement);
     }
     out.shared.metadata["fsdp.state_dict"] = options_.full_state_dict ? "full" : "sharded";
     if (!options_.full_state_dict && units_->shard_ranks() > 1) {
@@ -238,6 +239,11 @@ class Fsdp final : public Strategy {
     }
     load_optimizer_pieces(*context_.optimizer, *optimizer_, layouts, placed);
     if (options_.sharding != UnitSharding::kNone) units_->release_all();
+  }
+
+  // The shards (or, for replicated units, the flat buffers the parameters view) and their state.
+  std::vector<torch::Tensor> optimizer_stepped_tensors() const override {
+    return stepped_tensors(*optimizer_);
   }
 
   // Collective when sharded: every rank calls it, each gets the full parameters.

@@ -257,18 +257,21 @@ class Pipeline final : public Strategy {
       const std::vector<at::Tensor> held = stage.held->optimized();
       const std::vector<HeldLayout> stage_layouts = stage.held->layouts(stage.whole_names);
       for (std::size_t i = 0; i < held.size(); ++i) {
-        put_held_pieces(out.local, "model.", held[i].detach().clone(), stage_layouts[i], replicas);
+        put_held_pieces(out.local, "model.", held[i].detach(), stage_layouts[i], replicas);
         layouts.push_back(stage_layouts[i]);
       }
       for (std::size_t i = 0; i < stage.buffers.size(); ++i) {
         TensorPlacement placement = TensorPlacement::whole(stage.buffers[i].sizes().vec());
         placement.replicas = replicas;
-        put_piece(out.local, "model." + stage.buffer_names[i], stage.buffers[i].detach().clone(),
-                  placement);
+        put_piece(out.local, "model." + stage.buffer_names[i], stage.buffers[i].detach(), placement);
       }
     }
     save_optimizer_pieces(*context_.optimizer, *optimizer_, layouts, out.local, out.local,
                           replicas);
+  }
+
+  std::vector<torch::Tensor> optimizer_stepped_tensors() const override {
+    return stepped_tensors(*optimizer_);
   }
 
   void load_state(const CheckpointState& in) override {
@@ -875,6 +878,7 @@ class Pipeline final : public Strategy {
           clip_to_norm(gradients, squares.sqrt().reshape({}), context_.step.max_grad_norm);
     }
     const bool finite = Precision::should_step(found_inf);
+    context_.before_optimizer_step();
     if (finite) optimizer_->step();
     context_.precision->update(found_inf);
     result.skipped = !finite;

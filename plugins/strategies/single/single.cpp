@@ -43,8 +43,7 @@ class Single final : public Strategy {
       loss_sum = loss_sum.defined() ? loss_sum + detached : detached;
       result.samples += batch.size;
     }
-    finish_replicated_step(parameters_, *context_.precision, *optimizer_, context_.step, loss_sum,
-                           count, result);
+    finish_replicated_step(parameters_, context_, *optimizer_, loss_sum, count, result);
     return result;
   }
 
@@ -64,6 +63,10 @@ class Single final : public Strategy {
     require_pieces_format(in);
     load_whole_module_state(model_->module(), *context_.optimizer, optimizer_.get(),
                             PlacedState(in));
+  }
+
+  std::vector<torch::Tensor> optimizer_stepped_tensors() const override {
+    return stepped_tensors(*optimizer_);
   }
 
   TensorMap full_parameters() const override {

@@ -14,6 +14,8 @@
 
 #include "trainyard/checkpoint.hpp"
 #include "trainyard/checkpoint_manifest.hpp"
+#include "trainyard/optimizer_step_gate.hpp"
+#include "trainyard/optimizer_stepped_memory.hpp"
 #include "trainyard/state.hpp"
 
 namespace trainyard {
@@ -44,10 +46,15 @@ class CheckpointStore {
   // are removed afterwards. Commits a pending background save first.
   std::filesystem::path save(std::int64_t step, const CheckpointState& state);
 
-  // Copies `state` into host memory and writes it on a background thread: the caller waits only
-  // for the copy. The checkpoint is committed by the next commit_pending() (the engine calls it
-  // at fixed steps, the same on every rank) or by the next save.
-  void save_async(std::int64_t step, const CheckpointState& state);
+  // Copies `state` into host memory and writes it on a background thread. The caller waits only
+  // for the copy of the entries outside `copy_later`; with a `gate`, the entries stored in
+  // `copy_later` (parameters and optimizer state, which only the next optimizer step changes) are
+  // copied on the background thread first, and the gate holds that step until they are. The
+  // written bytes are those a synchronous save of `state` writes. The checkpoint is committed by
+  // the next commit_pending() (the engine calls it at fixed steps, the same on every rank) or by
+  // the next save.
+  void save_async(std::int64_t step, const CheckpointState& state,
+                  const OptimizerSteppedMemory& copy_later = {}, OptimizerStepGate* gate = nullptr);
   // True when a background save has finished writing and awaits its commit (never blocks).
   bool pending_written() const;
   bool has_pending() const;

@@ -24,10 +24,20 @@ class Optimizer : public Component {
   virtual std::unique_ptr<torch::optim::Optimizer> create(std::vector<torch::Tensor> params) = 0;
   virtual void save_state(const torch::optim::Optimizer& optimizer, const std::string& prefix,
                           StateDict& out) const;
+  // save_state's entries without copying them: views of the optimizer's live state where it can,
+  // for checkpoints (which copy what they keep while training goes on, snapshot_to_host).
+  // Default: views for the state types the default save_state knows, save_state's copies for any
+  // other. A plugin whose save_state changes the entries of a known type overrides this too.
+  virtual void save_state_views(const torch::optim::Optimizer& optimizer,
+                                const std::string& prefix, StateDict& out) const;
   virtual void load_state(torch::optim::Optimizer& optimizer, const std::string& prefix,
                           const StateDict& in) const;
 };
 
 void set_learning_rate(torch::optim::Optimizer& optimizer, double lr);
+
+// What `optimizer` changes in place when it steps: its parameters and their state tensors (of
+// the state types the default save_state knows; others are left out).
+std::vector<torch::Tensor> stepped_tensors(const torch::optim::Optimizer& optimizer);
 
 }  // namespace trainyard

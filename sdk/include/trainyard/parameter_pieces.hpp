@@ -47,7 +47,8 @@ HeldLayout flat_shard_layout(const std::vector<std::string>& names,
                              const std::vector<std::vector<std::int64_t>>& shapes,
                              std::int64_t begin, std::int64_t count);
 
-// Puts `held`'s pieces into `out` under "<prefix><parameter>".
+// Puts `held`'s pieces into `out` under "<prefix><parameter>". Pieces are views of `held` (no
+// copy), as is every entry the functions below save: see Strategy::save_state.
 void put_held_pieces(StateDict& out, const std::string& prefix, const torch::Tensor& held,
                      const HeldLayout& layout, const std::string& replicas = {});
 // Fills `held` (its shape, dtype and device kept) from the checkpoint's "<prefix><parameter>"

@@ -20,11 +20,12 @@ namespace trainyard {
 class Precision;
 
 // After backward of `micro_batches` micro-batches: unscales and checks the gradients, clips them
-// to the global norm when asked, steps the optimizer unless a gradient is non-finite, and moves
-// the precision's state. Sets result.grad_norm, result.skipped and result.loss (the mean of
-// `loss_sum` over the micro-batches).
-void finish_replicated_step(const std::vector<torch::Tensor>& parameters, Precision& precision,
-                            torch::optim::Optimizer& optimizer, const StepOptions& options,
+// to the global norm when asked (context.step), passes the optimizer step gate, steps the
+// optimizer unless a gradient is non-finite, and moves the precision's state. Sets
+// result.grad_norm, result.skipped and result.loss (the mean of `loss_sum` over the
+// micro-batches).
+void finish_replicated_step(const std::vector<torch::Tensor>& parameters,
+                            const StrategyContext& context, torch::optim::Optimizer& optimizer,
                             const torch::Tensor& loss_sum, std::int64_t micro_batches,
                             StepResult& result);
 

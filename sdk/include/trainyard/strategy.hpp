@@ -25,6 +25,7 @@ class Precision;
 class DeviceBackend;
 class Communicator;
 class PhaseClock;
+class OptimizerStepGate;
 
 // Step mechanics every strategy honours:
 // - accumulation: train_step gets K micro-batches; each one's loss is divided by K and gradients
@@ -52,6 +53,13 @@ struct StrategyContext {
   // The engine's step clock (null outside the engine): strategies mark the end of each
   // micro-batch's forward and backward and of their communication waits (step_phases.hpp).
   PhaseClock* phases = nullptr;
+  // Held while a checkpoint copies the tensors only the optimizer step changes (null outside the
+  // engine): strategies call before_optimizer_step() right before their optimizer steps.
+  OptimizerStepGate* optimizer_step_gate = nullptr;
+
+  // Waits, when the gate is held, until nothing reads what the optimizer is about to change.
+  // Called before every optimizer step, also one that non-finite gradients skip.
+  void before_optimizer_step() const;
 };
 
 
@@ -101,6 +109,8 @@ class Strategy : public Component {
   virtual EvalResult eval_step(const Batch& batch) = 0;
   virtual void set_learning_rate(double lr) = 0;
   virtual DataParallelPlace data_parallel_place() const { return {}; }
+  // Entries may share memory with the live tensors (no copy is made): whoever keeps them while
+  // training goes on copies them first (snapshot_to_host).
   virtual void save_state(CheckpointState& out) const = 0;
   virtual void load_state(const CheckpointState& in) = 0;
   // Full parameters by name, as a single-device model would hold them (gathered if sharded, in
@@ -114,6 +124,12 @@ class Strategy : public Component {
   // mesh (such as how a pipeline cuts the model into stages): a checkpoint saved under another
   // description is read from every saved rank's files. Default: empty.
   virtual std::string describe_layout() const;
+  // The tensors that only the optimizer step changes, and only after before_optimizer_step():
+  // the parameters as the optimizer holds them (and those the step refreshes from them) and the
+  // optimizer's state. An asynchronous checkpoint copies the save_state entries stored in their
+  // memory during the next step's forward and backward; every other entry (buffers that forward
+  // updates, counters) is copied before the next step starts. Default: none, everything at once.
+  virtual std::vector<torch::Tensor> optimizer_stepped_tensors() const;
   // What this rank holds now in parameters, gradients and optimizer state (measured from the
   // tensors themselves, not estimated).
   virtual HeldBytes held_bytes() const = 0;
