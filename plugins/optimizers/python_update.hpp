@@ -9,6 +9,7 @@
 
 #include <ATen/core/Tensor.h>
 
+#include <cstdlib>
 #include <iostream>
 #include <map>
 #include <mutex>
@@ -69,13 +70,16 @@ inline Path resolve(Path path, const std::vector<at::Tensor>& parameters) {
   return parameters.empty() ? Path::kSingle : Path::kForeach;
 }
 
-// Says once per process which path a run's optimizer takes (sharded strategies create one
-// optimizer per shard group; the choice is the same for all).
+// Says which path a run's optimizer takes, once per process and only on rank 0 (RANK, as the
+// launcher sets it; sharded strategies create one optimizer per shard group, all alike). Called
+// at the first step, so that a run failing before it still says only why.
 inline void announce(const char* optimizer, Path requested, Path taken) {
   static std::once_flag once;
   std::call_once(once, [&] {
-    std::string line =
-        std::string("trainyard: optimizer ") + optimizer + ": implementation " + path_name(taken);
+    const char* rank = std::getenv("RANK");
+    if (rank && std::string(rank) != "0") return;
+    std::string line = std::string("trainyard: optimizer ") + optimizer + ": implementation " +
+                       path_name(taken);
     if (requested == Path::kAuto) line += " (auto: torch.optim's default for these devices)";
     std::cerr << line << std::endl;
   });

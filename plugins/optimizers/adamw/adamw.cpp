@@ -38,8 +38,8 @@ class PythonAdamW final : public torch::optim::AdamW {
     for (const auto& group : param_groups()) {
       for (const auto& p : group.params()) all.push_back(p);
     }
+    requested_ = path;
     path_ = python_update::resolve(path, all);
-    python_update::announce("adamw", path, path_);
   }
 
   torch::Tensor step(LossClosure closure = nullptr) override {
@@ -48,6 +48,7 @@ class PythonAdamW final : public torch::optim::AdamW {
       at::AutoGradMode enable_grad(true);
       loss = closure();
     }
+    python_update::announce("adamw", requested_, path_);
     at::NoGradGuard no_grad;
     for (auto& group : param_groups()) {
       const auto& options = static_cast<const torch::optim::AdamWOptions&>(group.options());
@@ -209,6 +210,7 @@ class PythonAdamW final : public torch::optim::AdamW {
     std::int64_t count = 0;  // the value the tensor holds
   };
 
+  Path requested_;
   Path path_;
   std::unordered_map<const void*, DeviceStep> device_steps_;
 };

@@ -30,8 +30,8 @@ class PythonSgd final : public torch::optim::SGD {
     for (const auto& group : param_groups()) {
       for (const auto& p : group.params()) all.push_back(p);
     }
+    requested_ = path;
     path_ = python_update::resolve(path, all);
-    python_update::announce("sgd", path, path_);
   }
 
   torch::Tensor step(LossClosure closure = nullptr) override {
@@ -40,6 +40,7 @@ class PythonSgd final : public torch::optim::SGD {
       at::AutoGradMode enable_grad(true);
       loss = closure();
     }
+    python_update::announce("sgd", requested_, path_);
     at::NoGradGuard no_grad;
     for (auto& group : param_groups()) {
       const auto& options = static_cast<const torch::optim::SGDOptions&>(group.options());
@@ -177,6 +178,7 @@ class PythonSgd final : public torch::optim::SGD {
     }
   }
 
+  Path requested_;
   Path path_;
 };
 
