@@ -5,6 +5,7 @@
 
 #include <chrono>
 #include <cstring>
+#include <limits>
 #include <iostream>
 
 #include "checkpointing.hpp"
@@ -15,6 +16,7 @@
 #include "metrics_reporter.hpp"
 #include "model_export.hpp"
 #include "run_options.hpp"
+#include "step_record.hpp"
 #include "stop_signals.hpp"
 #include "training_data.hpp"
 #include "trainyard/collective_counter.hpp"
@@ -23,6 +25,7 @@
 #include "trainyard/loader.hpp"
 #include "trainyard/loader_tuning.hpp"
 #include "trainyard/optimizer_step_gate.hpp"
+#include "trainyard/sample_index.hpp"
 #include "trainyard/scheduler.hpp"
 #include "trainyard/step_phases.hpp"
 
@@ -51,6 +54,10 @@ struct Engine::State {
   // recipe sets the workers or the split is a stream.
   std::unique_ptr<LoaderTuner> loader_tuner;
   std::int64_t step = 0;
+  // run.step_record_file, on rank 0; the indices of the micro-batches taken for the next step.
+  std::unique_ptr<StepRecord> step_record;
+  std::vector<std::vector<std::int64_t>> micro_batch_indices;
+  double learning_rate = 0;
 
   State(Recipe r, RunControls c) : recipe(std::move(r)), controls(std::move(c)) {}
 
@@ -179,12 +186,26 @@ std::vector<Batch> Engine::next_micro_batches() {
   phases.begin_step(s.step);
   std::vector<Batch> host;
   host.reserve(static_cast<std::size_t>(s.run.grad_accumulation));
+  if (s.step_record) s.micro_batch_indices.clear();
   for (std::int64_t i = 0; i < s.run.grad_accumulation; ++i) {
+    std::vector<std::int64_t> indices;
+    if (s.step_record) indices = s.data->loader().next_batch_indices();
     std::optional<Batch> batch = s.data->loader().next();
     if (!batch) {
       phases.cancel_step();
       return {};
     }
+    // A stream names its samples in the batch (map-style splits are named by the loader); the
+    // name is not the model's input.
+    if (auto named = batch->tensors.find(kSampleIndexKey); named != batch->tensors.end()) {
+      if (s.step_record) {
+        const at::Tensor values = named->second.to(at::kLong).contiguous();
+        indices.assign(values.data_ptr<std::int64_t>(),
+                       values.data_ptr<std::int64_t>() + values.numel());
+      }
+      batch->tensors.erase(named);
+    }
+    if (s.step_record) s.micro_batch_indices.push_back(std::move(indices));
     host.push_back(std::move(*batch));
   }
   phases.end_data_wait();
@@ -205,8 +226,9 @@ StepResult Engine::train_one_step(std::span<const Batch> micro_batches) {
       s.runtime->mesh()->world_size() > 1 ? &s.runtime->mesh()->collectives() : nullptr;
   // What was issued between steps (evaluation, checkpoints) is not this step's.
   if (collectives) collectives->take();
-  s.strategy().set_learning_rate(
-      s.components.scheduler->learning_rate(s.step, s.data->total_steps(), s.components.base_lr));
+  s.learning_rate =
+      s.components.scheduler->learning_rate(s.step, s.data->total_steps(), s.components.base_lr);
+  s.strategy().set_learning_rate(s.learning_rate);
   StepResult result = s.strategy().train_step(micro_batches);
   if (s.optimizer_step_gate.held()) {
     // Its optimizer may have changed tensors while a checkpoint was copying them.
@@ -214,6 +236,12 @@ StepResult Engine::train_one_step(std::span<const Batch> micro_batches) {
                 "' stepped its optimizer without StrategyContext::before_optimizer_step() while "
                 "an asynchronous checkpoint copied its optimizer_stepped_tensors(); the "
                 "checkpoint could mix two steps");
+  }
+  if (s.step_record) {
+    // A pipeline's loss lives on its last stage: rank 0 of a pipeline records no loss.
+    const double loss = result.loss.defined() ? result.loss.item<double>()
+                                              : std::numeric_limits<double>::quiet_NaN();
+    s.step_record->write(s.step, s.learning_rate, loss, s.micro_batch_indices);
   }
   if (collectives) {
     for (const auto& [group, count] : per_group(collectives->take())) {
@@ -300,6 +328,12 @@ RunSummary Engine::run_steps() {
     s.step = start.step;
   }
   const std::int64_t total_steps = s.data->total_steps();
+  if (!s.run.initial_model_file.empty()) {
+    export_final_model(s.strategy(), s.runtime->rank(), s.run.initial_model_file);
+  }
+  if (!s.run.step_record_file.empty() && s.runtime->rank() == 0) {
+    s.step_record = std::make_unique<StepRecord>(s.run.step_record_file);
+  }
   s.reporter->begin({s.recipe.name(), total_steps, s.data->steps_per_epoch(), s.run.epochs,
                      s.runtime->rank(), s.runtime->world_size(), s.run.output_dir.string(),
                      start.step});

@@ -235,6 +235,15 @@ void Loader::set_workers(int count) {
   workers_->wake_all();
 }
 
+std::vector<std::int64_t> Loader::next_batch_indices() const {
+  if (stream_ || next_batch_ >= num_batches_) return {};
+  const auto begin = static_cast<std::size_t>(next_batch_ * options_.batch_size);
+  const auto end =
+      std::min(indices_->size(), begin + static_cast<std::size_t>(options_.batch_size));
+  return {indices_->begin() + static_cast<std::ptrdiff_t>(begin),
+          indices_->begin() + static_cast<std::ptrdiff_t>(end)};
+}
+
 std::optional<Batch> Loader::next() {
   if (stream_) return stream_->next();
   if (next_batch_ >= num_batches_) return std::nullopt;

@@ -147,6 +147,12 @@ const OptionSpecs& run_options() {
              "agree on the step), ending it with status 128 + the signal"),
       option("final_model_file", "",
              "rank 0 writes the model's parameters and buffers here at the end (a pickled dict)"),
+      option("initial_model_file", "",
+             "rank 0 writes the model's parameters and buffers here before the first step (a "
+             "pickled dict, as final_model_file)"),
+      option("step_record_file", "",
+             "rank 0 writes one JSON line per optimizer step here: its learning rate, loss and "
+             "the sample indices of each micro-batch (tools/parity/replay.py replays them)"),
   };
   return specs;
 }

@@ -32,6 +32,12 @@ RunOptions RunOptions::read(const Recipe& recipe) {
   if (!run.get_string("final_model_file").empty()) {
     options.final_model_file = run.get_path("final_model_file");
   }
+  if (!run.get_string("initial_model_file").empty()) {
+    options.initial_model_file = run.get_path("initial_model_file");
+  }
+  if (!run.get_string("step_record_file").empty()) {
+    options.step_record_file = run.get_path("step_record_file");
+  }
   options.peak_tflops = run.get_float("peak_tflops");
   for (const auto& name : run.get_string_list("stop_signals")) {
     try {

@@ -30,6 +30,8 @@ struct RunOptions {
   ActivationCheckpointing activation_checkpointing;
   std::filesystem::path output_dir;        // runs/<recipe name> unless the recipe says
   std::filesystem::path final_model_file;  // empty: none
+  std::filesystem::path initial_model_file;  // empty: none
+  std::filesystem::path step_record_file;    // empty: none
   double peak_tflops = 0;                  // 0: measured when the model reports its FLOPs
   std::vector<int> stop_signals;           // caught: stop at the next step with a checkpoint
   // The section itself, to locate errors found later (a device that is not present).

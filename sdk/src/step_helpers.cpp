@@ -72,17 +72,21 @@ std::vector<torch::Tensor> gradients_of(const std::vector<torch::Tensor>& parame
 
 torch::Tensor global_norm(const std::vector<torch::Tensor>& gradients) {
   if (gradients.empty()) return torch::zeros({}, torch::kFloat32);
-  std::vector<torch::Tensor> norms;
-  norms.reserve(gradients.size());
-  for (const auto& gradient : gradients)
-    norms.push_back(gradient.detach().norm(2).to(torch::kFloat32));
-  return torch::stack(norms).norm(2);
+  // As torch.nn.utils.clip_grad_norm_ computes it: _foreach_norm, then the norm of the stack.
+  std::vector<torch::Tensor> detached;
+  detached.reserve(gradients.size());
+  for (const auto& gradient : gradients) detached.push_back(gradient.detach());
+  std::vector<torch::Tensor> norms = at::_foreach_norm(detached, 2);
+  for (auto& norm : norms) norm = norm.to(torch::kFloat32);
+  return at::linalg_vector_norm(torch::stack(norms), 2);
 }
 
 torch::Tensor clip_to_norm(const std::vector<torch::Tensor>& gradients, const torch::Tensor& norm,
                            double max_norm) {
   // Same rule and epsilon as torch.nn.utils.clip_grad_norm_.
-  torch::Tensor coefficient = (max_norm / (norm + 1e-6)).clamp_max(1.0);
+  // Python's `max_norm / tensor` is `tensor.reciprocal() * max_norm`, which rounds differently
+  // from a division.
+  torch::Tensor coefficient = ((norm + 1e-6).reciprocal() * max_norm).clamp_max(1.0);
   for (const auto& gradient : gradients) gradient.detach().mul_(coefficient.to(gradient.dtype()));
   return norm;
 }

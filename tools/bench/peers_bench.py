@@ -9,7 +9,8 @@ the automatic loader's measuring steps), and a side's time is the median over it
     peers_bench.py <trainyard binary> <source dir>
 
 Environment: PEERS_RECIPES (default all three), PEERS_REPEATS (runs per side, default 5),
-PEERS_SWEEP_REPEATS (runs per sweep configuration, default 3; 0: no sweep), PEERS_STEPS_SCALE
+PEERS_SWEEP_REPEATS (runs per sweep configuration, default 3; 0: no sweep), PEERS_IMPLEMENTATION
+(the optimizers' update path on both sides: auto, single, foreach or fused), PEERS_STEPS_SCALE
 (multiplies each recipe's steps, default 1), PEERS_SMOKE=1 (3 intervals of 2 steps a run, one
 repeat, the default and two corners of the sweep once, no floors checked: proves the benchmark
 runs).
@@ -67,6 +68,9 @@ class Bench:
                 "--set", f"run.output_dir={out}", "--set", "sinks.console.enabled=false"]
         if recipe.startswith("fashion_mnist"):
             args += ["--set", "checkpoint.at_end=false", "--set", "checkpoint.every_steps=0"]
+        implementation = os.environ.get("PEERS_IMPLEMENTATION")
+        if implementation:
+            args += ["--set", f"optimizer.implementation={implementation}"]
         for item in sets:
             args += ["--set", item]
         done = subprocess.run(args, cwd=self.source, capture_output=True, text=True)

@@ -12,6 +12,7 @@ import glob
 import gzip
 import json
 import math
+import os
 import sys
 import time
 
@@ -163,7 +164,10 @@ def main():
     torch.manual_seed(0)
     model = make_model()
     model.train()
-    optimizer = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=weight_decay)
+    # PEERS_IMPLEMENTATION: the update path trainyard's optimizer.implementation names.
+    path = {"auto": {}, "single": {"foreach": False}, "foreach": {"foreach": True},
+            "fused": {"fused": True}}[os.environ.get("PEERS_IMPLEMENTATION") or "auto"]
+    optimizer = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=weight_decay, **path)
     parameters = [p for p in model.parameters()]
     generator = torch.Generator().manual_seed(0)
     loader = torch.utils.data.DataLoader(make_data(), batch_size=batch, shuffle=True, drop_last=True,

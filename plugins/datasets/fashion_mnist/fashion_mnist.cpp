@@ -125,8 +125,9 @@ class FashionMnistSplit final : public MapSource {
     if (labels_.numel() > 0 && labels_.max().item<std::int64_t>() > 9) {
       throw Error("dataset file " + labels_path.string() + " has labels outside 0..9");
     }
-    scale_ = normalize ? 1.0 / (255.0 * std) : 1.0 / 255.0;
-    shift_ = normalize ? -mean / std : 0.0;
+    normalize_ = normalize;
+    mean_ = at::full({1, 1, 1}, mean, at::kFloat);
+    std_ = at::full({1, 1, 1}, std, at::kFloat);
   }
 
   std::int64_t size() const override { return labels_.size(0); }
@@ -147,14 +148,20 @@ class FashionMnistSplit final : public MapSource {
   }
 
  private:
+  // torchvision's ToTensor then Normalize, in their float32 arithmetic: x / 255, then
+  // (x - mean) / std with mean and std as float32 tensors. Folding the three into one multiply
+  // and add would round differently from what a Python pipeline feeds its model.
   torch::Tensor to_float(const torch::Tensor& pixels) const {
-    return pixels.to(at::kFloat).mul_(scale_).add_(shift_);
+    torch::Tensor scaled = pixels.to(at::kFloat).div_(255);
+    if (!normalize_) return scaled;
+    return scaled.sub_(mean_).div_(std_);
   }
 
   torch::Tensor images_;
   torch::Tensor labels_;
-  double scale_ = 1.0;
-  double shift_ = 0.0;
+  bool normalize_ = true;
+  torch::Tensor mean_;  // float32, shape [1, 1, 1] as torchvision's Normalize holds it
+  torch::Tensor std_;
 };
 
 class FashionMnist final : public Dataset {

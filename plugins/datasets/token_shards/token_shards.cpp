@@ -14,6 +14,7 @@
 #include <cstring>
 #include <random>
 
+#include "trainyard/sample_index.hpp"
 #include "trainyard/error.hpp"
 
 namespace trainyard::token_shards {
@@ -313,7 +314,9 @@ class WindowReader final : public SampleStream {
     if (at >= used_) return std::nullopt;
     ++position_;
     const auto index = static_cast<std::int64_t>(permutation_(static_cast<std::uint64_t>(at)));
-    return corpus_->window(corpus_->train_window(index));
+    TensorMap sample = corpus_->window(corpus_->train_window(index));
+    sample.emplace(kSampleIndexKey, at::scalar_tensor(index, at::kLong));
+    return sample;
   }
 
   TensorMap state() const override {

@@ -65,6 +65,9 @@ class Loader {
   // The next batch of the epoch, or nullopt at its end. Rethrows a worker's error.
   std::optional<Batch> next();
   std::int64_t epoch() const { return epoch_; }
+  // The split's sample indices of the batch next() returns next (empty for a stream or at the
+  // end of the epoch): what a run records so that another program can replay its batches.
+  std::vector<std::int64_t> next_batch_indices() const;
   // Index of the batch next() returns next.
   std::int64_t position() const;
   const LoaderOptions& options() const { return options_; }

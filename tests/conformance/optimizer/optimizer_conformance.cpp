@@ -5,6 +5,8 @@
 #include <torch/optim/optimizer.h>
 #include <torch/utils.h>
 
+#include <map>
+
 #include "conformance.hpp"
 #include "trainyard/optimizer.hpp"
 
@@ -21,13 +23,24 @@ class OptimizerConformance : public ::testing::TestWithParam<std::string> {
   }
 
   // Option sets to try: the defaults, plus momentum when the optimizer has it (so that there is
-  // per-parameter state to save).
+  // per-parameter state to save); each of them on every update path when the optimizer offers a
+  // choice (`implementation`, as the bundled optimizers do).
   std::vector<std::pair<std::string, std::shared_ptr<Table>>> variants() {
-    std::vector<std::pair<std::string, std::shared_ptr<Table>>> out = {{"defaults", nullptr}};
+    std::vector<std::pair<std::string, std::shared_ptr<Table>>> base = {{"defaults", nullptr}};
     if (conformance::has_option("optimizer", GetParam(), "momentum")) {
       auto table = std::make_shared<Table>();
       table->set("momentum", Value(0.9));
-      out.emplace_back("momentum=0.9", table);
+      base.emplace_back("momentum=0.9", table);
+    }
+    if (!conformance::has_option("optimizer", GetParam(), "implementation")) return base;
+    std::vector<std::pair<std::string, std::shared_ptr<Table>>> out;
+    for (const auto& [label, options] : base) {
+      for (const char* path : {"auto", "single", "foreach", "fused"}) {
+        auto table = std::make_shared<Table>();
+        if (options) *table = *options;
+        table->set("implementation", Value(std::string(path)));
+        out.emplace_back(label + ", implementation=" + path, table);
+      }
     }
     return out;
   }
@@ -68,20 +81,23 @@ struct Problem {
 };
 
 TEST_P(OptimizerConformance, LearningRateIsPositiveAndApplied) {
-  auto optimizer = build();
-  const double lr = optimizer->learning_rate();
-  EXPECT_GT(lr, 0);
-  EXPECT_TRUE(std::isfinite(lr));
-  Problem problem = Problem::make();
-  auto torch_optimizer = optimizer->create(problem.params);
-  ASSERT_NE(torch_optimizer, nullptr);
-  ASSERT_FALSE(torch_optimizer->param_groups().empty());
-  std::size_t count = 0;
-  for (auto& group : torch_optimizer->param_groups()) {
-    EXPECT_DOUBLE_EQ(group.options().get_lr(), lr) << "groups must start at learning_rate()";
-    count += group.params().size();
+  for (const auto& [label, options] : variants()) {
+    SCOPED_TRACE(label);
+    auto optimizer = build(options);
+    const double lr = optimizer->learning_rate();
+    EXPECT_GT(lr, 0);
+    EXPECT_TRUE(std::isfinite(lr));
+    Problem problem = Problem::make();
+    auto torch_optimizer = optimizer->create(problem.params);
+    ASSERT_NE(torch_optimizer, nullptr);
+    ASSERT_FALSE(torch_optimizer->param_groups().empty());
+    std::size_t count = 0;
+    for (auto& group : torch_optimizer->param_groups()) {
+      EXPECT_DOUBLE_EQ(group.options().get_lr(), lr) << "groups must start at learning_rate()";
+      count += group.params().size();
+    }
+    EXPECT_EQ(count, problem.params.size()) << "create() must optimise every tensor it is given";
   }
-  EXPECT_EQ(count, problem.params.size()) << "create() must optimise every tensor it is given";
 }
 
 TEST_P(OptimizerConformance, FiftyStepsReduceAQuadratic) {
@@ -98,33 +114,36 @@ TEST_P(OptimizerConformance, FiftyStepsReduceAQuadratic) {
 }
 
 TEST_P(OptimizerConformance, SetLearningRateChangesTheStep) {
-  auto optimizer = build();
-  Problem base = Problem::make();
-  Problem a = base.clone();
-  Problem b = base.clone();
-  auto opt_a = optimizer->create(a.params);
-  auto opt_b = optimizer->create(b.params);
-  set_learning_rate(*opt_b, optimizer->learning_rate() * 4);
-  for (auto& group : opt_b->param_groups()) {
-    EXPECT_DOUBLE_EQ(group.options().get_lr(), optimizer->learning_rate() * 4);
-  }
-  a.step(*opt_a);
-  b.step(*opt_b);
-  double moved_a = 0, moved_b = 0;
-  for (std::size_t i = 0; i < base.params.size(); ++i) {
-    moved_a += (a.params[i] - base.params[i]).abs().sum().item<double>();
-    moved_b += (b.params[i] - base.params[i]).abs().sum().item<double>();
-  }
-  EXPECT_GT(moved_a, 0);
-  EXPECT_GT(moved_b, moved_a * 1.5) << "a 4x learning rate must take a larger step";
+  for (const auto& [label, options] : variants()) {
+    SCOPED_TRACE(label);
+    auto optimizer = build(options);
+    Problem base = Problem::make();
+    Problem a = base.clone();
+    Problem b = base.clone();
+    auto opt_a = optimizer->create(a.params);
+    auto opt_b = optimizer->create(b.params);
+    set_learning_rate(*opt_b, optimizer->learning_rate() * 4);
+    for (auto& group : opt_b->param_groups()) {
+      EXPECT_DOUBLE_EQ(group.options().get_lr(), optimizer->learning_rate() * 4);
+    }
+    a.step(*opt_a);
+    b.step(*opt_b);
+    double moved_a = 0, moved_b = 0;
+    for (std::size_t i = 0; i < base.params.size(); ++i) {
+      moved_a += (a.params[i] - base.params[i]).abs().sum().item<double>();
+      moved_b += (b.params[i] - base.params[i]).abs().sum().item<double>();
+    }
+    EXPECT_GT(moved_a, 0);
+    EXPECT_GT(moved_b, moved_a * 1.5) << "a 4x learning rate must take a larger step";
 
-  // Setting it to zero stops the first step entirely.
-  Problem c = base.clone();
-  auto opt_c = optimizer->create(c.params);
-  set_learning_rate(*opt_c, 0.0);
-  c.step(*opt_c);
-  for (std::size_t i = 0; i < base.params.size(); ++i) {
-    EXPECT_TRUE(at::equal(c.params[i], base.params[i])) << "lr 0 moved parameter " << i;
+    // Setting it to zero stops the first step entirely.
+    Problem c = base.clone();
+    auto opt_c = optimizer->create(c.params);
+    set_learning_rate(*opt_c, 0.0);
+    c.step(*opt_c);
+    for (std::size_t i = 0; i < base.params.size(); ++i) {
+      EXPECT_TRUE(at::equal(c.params[i], base.params[i])) << "lr 0 moved parameter " << i;
+    }
   }
 }
 
@@ -138,7 +157,8 @@ TEST_P(OptimizerConformance, StateRoundTripContinuesBitForBit) {
     StateDict saved;
     optimizer->save_state(*opt, "optimizer.", saved);
     for (const auto& [key, tensor] : saved.tensors) {
-      EXPECT_EQ(key.rfind("optimizer.", 0), 0u) << label << ": key '" << key << "' lacks the prefix";
+      EXPECT_EQ(key.rfind("optimizer.", 0), 0u)
+          << label << ": key '" << key << "' lacks the prefix";
       EXPECT_TRUE(tensor.defined()) << label << ": " << key;
     }
 
@@ -162,6 +182,30 @@ TEST_P(OptimizerConformance, StateRoundTripContinuesBitForBit) {
     for (const auto& [key, tensor] : saved.tensors) {
       EXPECT_TRUE(at::equal(tensor, before_steps.tensors.at(key)))
           << label << ": saved entry '" << key << "' aliases live optimizer state";
+    }
+  }
+}
+
+// The update paths compute the same rule and differ only in rounding: after twenty steps their
+// parameters agree to float32 accuracy (a path that got the rule wrong moves them by far more).
+TEST_P(OptimizerConformance, UpdatePathsAgreeUpToRounding) {
+  if (!conformance::has_option("optimizer", GetParam(), "implementation")) {
+    GTEST_SUCCEED() << "the optimizer offers one update path";
+    return;
+  }
+  std::map<std::string, std::vector<torch::Tensor>> reference;  // by option set
+  for (const auto& [label, options] : variants()) {
+    const std::string base = label.substr(0, label.find(", implementation="));
+    Problem problem = Problem::make();
+    auto optimizer = build(options);
+    auto torch_optimizer = optimizer->create(problem.params);
+    for (int i = 0; i < 20; ++i) problem.step(*torch_optimizer);
+    auto [it, first] = reference.emplace(base, problem.params);
+    if (first) continue;
+    for (std::size_t i = 0; i < problem.params.size(); ++i) {
+      EXPECT_TRUE(at::allclose(problem.params[i], it->second[i], 1e-5, 1e-6))
+          << label << ": parameter " << i << " differs from the first path's by "
+          << (problem.params[i] - it->second[i]).abs().max().item<double>();
     }
   }
 }

@@ -1,0 +1,45 @@
+#include "step_record.hpp"
+
+#include <cmath>
+#include <iomanip>
+#include <sstream>
+
+#include "trainyard/error.hpp"
+
+namespace trainyard {
+
+StepRecord::StepRecord(const std::filesystem::path& file) : file_(file) {
+  std::error_code error;
+  if (file.has_parent_path()) std::filesystem::create_directories(file.parent_path(), error);
+  out_.open(file, std::ios::out | std::ios::trunc);
+  if (!out_) throw Error("run.step_record_file: cannot write " + file.string());
+}
+
+void StepRecord::write(std::int64_t step, double learning_rate, double loss,
+                       const std::vector<std::vector<std::int64_t>>& micro_batch_indices) {
+  std::ostringstream line;
+  // 17 significant digits: the doubles read back bit for bit.
+  line << std::setprecision(17) << "{\"step\": " << step << ", \"lr\": " << learning_rate
+       << ", \"loss\": ";
+  // Python's json reads these spellings of the values JSON lacks.
+  if (std::isnan(loss)) {
+    line << "NaN";
+  } else if (std::isinf(loss)) {
+    line << (loss > 0 ? "Infinity" : "-Infinity");
+  } else {
+    line << loss;
+  }
+  line << ", \"indices\": [";
+  for (std::size_t m = 0; m < micro_batch_indices.size(); ++m) {
+    line << (m ? ", [" : "[");
+    for (std::size_t i = 0; i < micro_batch_indices[m].size(); ++i) {
+      line << (i ? ", " : "") << micro_batch_indices[m][i];
+    }
+    line << "]";
+  }
+  line << "]}\n";
+  out_ << line.str() << std::flush;
+  if (!out_) throw Error("run.step_record_file: cannot write " + file_.string());
+}
+
+}  // namespace trainyard
