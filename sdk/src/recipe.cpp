@@ -200,7 +200,7 @@ std::shared_ptr<const Table> apply_override(const std::shared_ptr<const Table>& 
     value = convert(*parsed.get("value"), origin);
     value.set_where(where);
   } catch (const toml::parse_error&) {
-    // Not TOML: a bare word such as cuda or adamw is taken as a string.
+    // Not TOML: a bare word such as cpu or adamw is taken as a string.
   }
   return set_path(*root, keys, 0, value, origin);
 }
@@ -328,7 +328,9 @@ const OptionSpecs& run_options() {
       option("seed", 0, "seed of every random stream (parameters, shuffling, dropout)"),
       option("epochs", 1, "passes over the training split").at_least(1),
       option("max_steps", 0, "stop after this many optimizer steps (0: run every epoch)"),
-      option("device", "cpu", "cpu, cuda, cuda:N, or auto (cuda when present)"),
+      option("device", "cpu",
+             "a device plugin's name, with :N for its N-th device (cpu, an accelerator), or auto "
+             "(the available device its plugin ranks highest)"),
       option("threads", 0, "intra-op threads (0: the cores divided among local ranks)").at_least(0),
       option("cpu_binding", "auto",
              "bind each local rank to its own CPUs, threads wide: auto (when the machine's ranks "
@@ -537,7 +539,7 @@ Recipe resolve_recipe(const Recipe& recipe, const Registry& registry) {
       continue;
     }
     if (section.section == "comm" && !require_table(root, "comm").has("plugin")) {
-      // No plugin named: the engine picks gloo on the CPU and nccl on CUDA.
+      // No plugin named: the engine takes the device backend's default communicator.
       put("comm", validate_section(require_table(root, "comm"), comm_options(), {}));
       continue;
     }
