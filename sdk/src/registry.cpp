@@ -23,7 +23,7 @@ Registry::~Registry() {
 void Registry::begin_library(std::shared_ptr<void> keep_alive, std::string path,
                              std::string plugin, std::string version) {
   loading_ = std::make_unique<Loading>(
-      Loading{std::move(keep_alive), std::move(path), std::move(plugin), std::move(version)});
+      Loading{std::move(keep_alive), std::move(path), std::move(plugin), std::move(version), {}});
 }
 
 void Registry::end_library() {
