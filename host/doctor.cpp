@@ -15,9 +15,11 @@
 
 #include "cli.hpp"
 #include "trainyard/build_context.hpp"
+#include "trainyard/communicator.hpp"
 #include "trainyard/dataset.hpp"
 #include "trainyard/device.hpp"
 #include "trainyard/error.hpp"
+#include "trainyard/libtorch_build.hpp"
 #include "trainyard/peak_flops.hpp"
 #include "trainyard/recipe.hpp"
 #include "trainyard/version.hpp"
@@ -53,27 +55,6 @@ class Report {
   bool failed_ = false;
 };
 
-// "KEY=value, KEY=value" pairs of LibTorch's build settings line.
-std::map<std::string, std::string> build_settings() {
-  std::map<std::string, std::string> out;
-  const std::string config = at::show_config();
-  auto start = config.find("Build settings:");
-  if (start == std::string::npos) return out;
-  std::stringstream items(config.substr(start + 15, config.find('\n', start) - start - 15));
-  std::string item;
-  while (std::getline(items, item, ',')) {
-    auto equals = item.find('=');
-    if (equals == std::string::npos) continue;
-    auto trim = [](std::string text) {
-      text.erase(0, text.find_first_not_of(' '));
-      text.erase(text.find_last_not_of(' ') + 1);
-      return text;
-    };
-    out[trim(item.substr(0, equals))] = trim(item.substr(equals + 1));
-  }
-  return out;
-}
-
 std::string gib(std::int64_t bytes) {
   std::ostringstream out;
   out << std::fixed << std::setprecision(1) << static_cast<double>(bytes) / (1LL << 30) << " GiB";
@@ -92,23 +73,17 @@ std::int64_t host_memory_bytes() {
 }
 
 void check_libtorch(Report& report) {
-  auto settings = build_settings();
-  auto get = [&](const std::string& key) {
-    auto it = settings.find(key);
-    return it == settings.end() ? std::string("?") : it->second;
-  };
-  const bool cuda = get("USE_CUDA") == "ON" || get("USE_CUDA") == "1";
+  const auto settings = libtorch_build_settings();
   std::string capability;
   const std::string config = at::show_config();
   if (auto at = config.find("CPU capability usage: "); at != std::string::npos) {
     capability = config.substr(at + 22, config.find('\n', at) - at - 22);
   }
+  // What LibTorch says of each device and collective library comes from their plugins
+  // (check_devices, check_comms).
   std::ostringstream line;
-  line << "libtorch " << get("TORCH_VERSION") << " ("
-       << (cuda ? "CUDA " + get("CUDA_VERSION") + ", cuDNN " + get("CUDNN_VERSION") : "CPU only")
-       << ", NCCL " << (get("USE_NCCL") == "1" || get("USE_NCCL") == "ON" ? "yes" : "no")
-       << ", Gloo " << (get("USE_GLOO") == "ON" || get("USE_GLOO") == "1" ? "yes" : "no")
-       << "; BLAS " << get("BLAS_INFO") << ", CPU " << (capability.empty() ? "?" : capability)
+  line << "libtorch " << libtorch_build_setting("TORCH_VERSION") << " (BLAS "
+       << libtorch_build_setting("BLAS_INFO") << ", CPU " << (capability.empty() ? "?" : capability)
        << ")";
   if (settings.empty()) {
     report.fail("libtorch: its build configuration could not be read");
@@ -186,6 +161,7 @@ void check_devices(Report& report, const Registry& registry) {
   for (const auto& name : registry.names("device")) {
     try {
       auto backend = registry.create<DeviceBackend>(name, Config({}, "device"), BuildContext{});
+      for (const auto& line : backend->doctor_report()) report.ok("device " + name + ": " + line);
       if (!backend->available()) {
         report.info("device " + name + ": not available on this machine");
         continue;
@@ -205,6 +181,21 @@ void check_devices(Report& report, const Registry& registry) {
       }
     } catch (const std::exception& error) {
       report.fail("device " + name + ": " + error.what());
+    }
+  }
+}
+
+// What each communicator plugin reports of its collective library, and the devices it serves.
+void check_comms(Report& report, const Registry& registry) {
+  for (const auto& name : registry.names("comm")) {
+    try {
+      auto comm = registry.create<Communicator>(name, Config({}, "comm"), BuildContext{});
+      for (const auto& line : comm->doctor_report()) report.ok("comm " + name + ": " + line);
+      std::string types;
+      for (const auto& type : comm->device_types()) types += (types.empty() ? "" : ", ") + type;
+      report.info("comm " + name + " serves " + (types.empty() ? "no" : types) + " devices");
+    } catch (const std::exception& error) {
+      report.fail("comm " + name + ": " + error.what());
     }
   }
 }
@@ -274,6 +265,7 @@ int command_doctor(const std::vector<std::string>& args, Registry& registry) {
   PluginLoader loader(registry);
   check_plugins(report, loader, common);
   check_devices(report, registry);
+  check_comms(report, registry);
   if (!recipe.empty()) check_recipe(report, recipe, loader, registry);
   if (report.failed()) {
     std::cout << "doctor: something a run needs is missing or broken (FAIL lines above)\n";

@@ -12,6 +12,7 @@
 #include <optional>
 #include <set>
 
+#include "trainyard/device.hpp"
 #include "trainyard/error.hpp"
 #include "trainyard/model.hpp"
 
@@ -36,21 +37,20 @@ std::vector<std::string> split(const std::string& text, char separator) {
 
 // What a recompute must reproduce of the original call: its function, random streams and autocast.
 struct AutocastState {
+  c10::DeviceType device_type = c10::DeviceType::CPU;
   bool enabled = false;
   at::ScalarType dtype = at::kFloat;
 };
 
-constexpr c10::DeviceType kAutocastDevices[] = {c10::DeviceType::CPU, c10::DeviceType::CUDA};
+AutocastState autocast_state(c10::DeviceType device_type) {
+  return {device_type, at::autocast::is_autocast_enabled(device_type),
+          at::autocast::get_autocast_dtype(device_type)};
+}
 
-struct Recompute : torch::CustomClassHolder {
-  std::function<Activations(const Activations&)> forward;
-  std::vector<std::string> input_names;   // of the bundle's tensors, in the order passed
-  std::vector<std::string> output_names;  // in the order returned
-  at::Tensor cpu_rng_state;
-  std::optional<c10::Device> device;  // a non-CPU device whose generator the forward may draw from
-  at::Tensor device_rng_state;
-  AutocastState autocast[std::size(kAutocastDevices)];
-};
+void set_autocast_state(const AutocastState& state) {
+  at::autocast::set_autocast_enabled(state.device_type, state.enabled);
+  at::autocast::set_autocast_dtype(state.device_type, state.dtype);
+}
 
 at::Generator generator_of(const c10::Device& device) {
   return at::globalContext().defaultGenerator(device);
@@ -66,29 +66,78 @@ void set_rng_state(at::Generator generator, const at::Tensor& state) {
   generator.set_state(state);
 }
 
+// A generator the forward may draw from: read and written through the device backend that drives
+// its device, or ATen's default generator of the device when no backend drives it.
+struct DeviceGenerator {
+  c10::Device device = c10::Device(c10::kCPU);
+  std::shared_ptr<DeviceBackend> backend;  // null: ATen's default generator
+
+  at::Tensor state() const {
+    return backend ? backend->rng_state(device.index()) : rng_state(generator_of(device));
+  }
+  void set_state(const at::Tensor& state) const {
+    if (backend) {
+      backend->set_rng_state(device.index(), state);
+    } else {
+      set_rng_state(generator_of(device), state);
+    }
+  }
+};
+
+// The generator a forward on `inputs` may draw from besides the CPU's: that of the first input
+// not on the CPU, through `backend` when it drives that type of device (the host's included:
+// a backend driving the CPU may keep a generator of its own).
+std::optional<DeviceGenerator> device_generator(const torch::autograd::variable_list& inputs,
+                                                const std::shared_ptr<DeviceBackend>& backend) {
+  c10::Device device(c10::kCPU, 0);
+  for (const auto& input : inputs) {
+    if (!input.defined() || input.is_cpu()) continue;
+    device = input.device();
+    if (!device.has_index()) device.set_index(0);
+    break;
+  }
+  if (backend && backend->device(0).type() == device.type()) return DeviceGenerator{device, backend};
+  if (device.is_cpu()) return std::nullopt;
+  return DeviceGenerator{device, nullptr};
+}
+
+struct Recompute : torch::CustomClassHolder {
+  std::function<Activations(const Activations&)> forward;
+  std::shared_ptr<DeviceBackend> backend;  // the run's, when known
+  std::vector<std::string> input_names;   // of the bundle's tensors, in the order passed
+  std::vector<std::string> output_names;  // in the order returned
+  at::Tensor cpu_rng_state;
+  std::optional<DeviceGenerator> device;  // another generator the forward may draw from
+  at::Tensor device_rng_state;
+  std::vector<AutocastState> autocast;  // the CPU's, and the device's when it has autocast
+};
+
 // Sets the random streams to a recorded state and puts the current one back on destruction
-// (torch.random.fork_rng): a recompute must not shift the draws that come after it.
+// (torch.random.fork_rng): a recompute must not shift the draws that come after it. Restored in
+// reverse order, so a generator reached twice (the host's, through a backend that drives it)
+// ends as it was.
 class ForkedRng {
  public:
   explicit ForkedRng(const Recompute& recompute) {
-    forks_.push_back({generator_of(c10::Device(c10::kCPU)), {}});
-    forks_.back().saved = rng_state(forks_.back().generator);
-    set_rng_state(forks_.back().generator, recompute.cpu_rng_state);
+    const DeviceGenerator cpu;
+    forks_.push_back({cpu, cpu.state()});
+    cpu.set_state(recompute.cpu_rng_state);
     if (recompute.device) {
-      forks_.push_back({generator_of(*recompute.device), {}});
-      forks_.back().saved = rng_state(forks_.back().generator);
-      set_rng_state(forks_.back().generator, recompute.device_rng_state);
+      forks_.push_back({*recompute.device, recompute.device->state()});
+      recompute.device->set_state(recompute.device_rng_state);
     }
   }
   ~ForkedRng() {
-    for (auto& fork : forks_) set_rng_state(fork.generator, fork.saved);
+    for (auto fork = forks_.rbegin(); fork != forks_.rend(); ++fork) {
+      fork->generator.set_state(fork->saved);
+    }
   }
   ForkedRng(const ForkedRng&) = delete;
   ForkedRng& operator=(const ForkedRng&) = delete;
 
  private:
   struct Fork {
-    at::Generator generator;
+    DeviceGenerator generator;
     at::Tensor saved;
   };
   std::vector<Fork> forks_;
@@ -98,27 +147,22 @@ class ForkedRng {
 class RestoredAutocast {
  public:
   explicit RestoredAutocast(const Recompute& recompute) {
-    for (std::size_t i = 0; i < std::size(kAutocastDevices); ++i) {
-      previous_[i] = {at::autocast::is_autocast_enabled(kAutocastDevices[i]),
-                      at::autocast::get_autocast_dtype(kAutocastDevices[i])};
-      at::autocast::set_autocast_enabled(kAutocastDevices[i], recompute.autocast[i].enabled);
-      at::autocast::set_autocast_dtype(kAutocastDevices[i], recompute.autocast[i].dtype);
+    for (const auto& recorded : recompute.autocast) {
+      previous_.push_back(autocast_state(recorded.device_type));
+      set_autocast_state(recorded);
     }
     at::autocast::increment_nesting();
   }
   ~RestoredAutocast() {
     // The casts cached during the recompute belong to its graph only.
     if (at::autocast::decrement_nesting() == 0) at::autocast::clear_cache();
-    for (std::size_t i = 0; i < std::size(kAutocastDevices); ++i) {
-      at::autocast::set_autocast_enabled(kAutocastDevices[i], previous_[i].enabled);
-      at::autocast::set_autocast_dtype(kAutocastDevices[i], previous_[i].dtype);
-    }
+    for (const auto& previous : previous_) set_autocast_state(previous);
   }
   RestoredAutocast(const RestoredAutocast&) = delete;
   RestoredAutocast& operator=(const RestoredAutocast&) = delete;
 
  private:
-  AutocastState previous_[std::size(kAutocastDevices)];
+  std::vector<AutocastState> previous_;
 };
 
 // The bundle of `tensors` under `names`, in order.
@@ -135,15 +179,14 @@ class CheckpointFunction : public torch::autograd::Function<CheckpointFunction> 
                                                 at::TensorList parameters,
                                                 c10::intrusive_ptr<Recompute> recompute) {
     recompute->cpu_rng_state = rng_state(generator_of(c10::Device(c10::kCPU)));
-    for (const auto& input : inputs) {
-      if (!input.is_cuda()) continue;
-      recompute->device = input.device();
-      recompute->device_rng_state = rng_state(generator_of(input.device()));
-      break;
-    }
-    for (std::size_t i = 0; i < std::size(kAutocastDevices); ++i) {
-      recompute->autocast[i] = {at::autocast::is_autocast_enabled(kAutocastDevices[i]),
-                                at::autocast::get_autocast_dtype(kAutocastDevices[i])};
+    recompute->autocast.push_back(autocast_state(c10::DeviceType::CPU));
+    recompute->device = device_generator(inputs.vec(), recompute->backend);
+    if (recompute->device) {
+      recompute->device_rng_state = recompute->device->state();
+      const c10::DeviceType type = recompute->device->device.type();
+      if (type != c10::DeviceType::CPU && at::autocast::is_autocast_available(type)) {
+        recompute->autocast.push_back(autocast_state(type));
+      }
     }
     std::vector<at::Tensor> saved = inputs.vec();
     saved.insert(saved.end(), parameters.begin(), parameters.end());
@@ -293,7 +336,8 @@ bool ActivationCheckpointing::selects(std::size_t index, const std::string& name
 }
 
 std::vector<Block> with_activation_checkpointing(std::vector<Block> blocks,
-                                                 const ActivationCheckpointing& selection) {
+                                                 const ActivationCheckpointing& selection,
+                                                 std::shared_ptr<DeviceBackend> device) {
   if (selection.mode == ActivationCheckpointing::Mode::kNamed) {
     std::set<std::string> known;
     std::string listed;
@@ -312,17 +356,18 @@ std::vector<Block> with_activation_checkpointing(std::vector<Block> blocks,
     if (!selection.selects(i, blocks[i].name)) continue;
     auto forward = blocks[i].forward;
     auto module = blocks[i].module;
-    blocks[i].forward = [forward, module](const Activations& x) {
+    blocks[i].forward = [forward, module, device](const Activations& x) {
       // Read at call time: a strategy may move or replace the parameters after wrapping.
-      return checkpointed_call(forward, x, module ? module->parameters(true)
-                                                  : std::vector<at::Tensor>{});
+      return checkpointed_call(
+          forward, x, module ? module->parameters(true) : std::vector<at::Tensor>{}, device);
     };
   }
   return blocks;
 }
 
 Activations checkpointed_call(const std::function<Activations(const Activations&)>& forward,
-                              const Activations& input, const std::vector<at::Tensor>& parameters) {
+                              const Activations& input, const std::vector<at::Tensor>& parameters,
+                              const std::shared_ptr<DeviceBackend>& device) {
   bool needs_graph = false;
   if (at::GradMode::is_enabled()) {
     for (const auto& [name, tensor] : input.tensors) {
@@ -333,6 +378,7 @@ Activations checkpointed_call(const std::function<Activations(const Activations&
   if (!needs_graph) return forward(input);
   auto recompute = c10::make_intrusive<Recompute>();
   recompute->forward = forward;
+  recompute->backend = device;
   torch::autograd::variable_list inputs;
   for (const auto& [name, tensor] : input.tensors) {
     recompute->input_names.push_back(name);

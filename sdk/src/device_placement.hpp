@@ -19,9 +19,10 @@ struct DevicePlacement {
   int index = 0;
   c10::Device device = c10::Device(c10::kCPU);
 
-  // The device `run.device` names ("auto": cuda when one is available). In a multi-process run
-  // (`local_rank` set) each rank of a machine drives its own GPU. Throws Error, located at
-  // run.device, for an unknown, unavailable or absent device.
+  // The device `run.device` names ("auto": the available device whose backend prefers itself
+  // most, DeviceBackend::auto_preference). In a multi-process run (`local_rank` set) the backend
+  // may give each rank of a machine its own device (DeviceBackend::device_for_local_rank).
+  // Throws Error, located at run.device, for an unknown, unavailable or absent device.
   static DevicePlacement choose(const RunOptions& run, const Registry& registry,
                                 std::optional<int> local_rank, const BuildContext& build);
 };

@@ -54,7 +54,8 @@ std::optional<int> DistributedRuntime::local_rank() const {
 }
 
 void DistributedRuntime::connect(const Recipe& recipe, const Registry& registry,
-                                 const c10::Device& device, BuildContext& build,
+                                 const DeviceBackend& backend, const c10::Device& device,
+                                 BuildContext& build,
                                  const std::function<void(const std::string&)>& log) {
   device_ = device;
   if (!rendezvous_) {
@@ -71,11 +72,22 @@ void DistributedRuntime::connect(const Recipe& recipe, const Registry& registry,
   const Config comm = recipe.section("comm");
   // An absent [comm] is not filled in by the recipe's resolution.
   meet.timeout = std::chrono::seconds(comm.has("timeout_s") ? comm.get_int("timeout_s") : 300);
-  const std::string plugin = comm.has("plugin") ? comm.get_string("plugin")
-                             : device.is_cuda() ? "nccl"
-                                                : "gloo";
+  const std::string device_type = c10::DeviceTypeName(device.type(), /*lower_case=*/true);
+  const std::string plugin = comm.has("plugin") ? comm.get_string("plugin") : backend.default_comm();
+  if (plugin.empty()) {
+    throw Error("the " + device_type + " device backend names no default communicator; name one "
+                "in [comm] plugin for a multi-process run");
+  }
   communicator_ =
       registry.create<Communicator>(plugin, plugin_options(comm, comm_options()), build);
+  const std::vector<std::string> served = communicator_->device_types();
+  if (std::find(served.begin(), served.end(), device_type) == served.end()) {
+    std::string types;
+    for (const auto& type : served) types += (types.empty() ? "" : ", ") + type;
+    throw Error("comm '" + plugin + "' serves " + types + " devices, but this run uses " +
+                device.str() + " (run.device); name a comm plugin for " + device_type +
+                " in [comm] plugin, or leave it out for the device's default");
+  }
   communicator_->connect(meet, device);
   const char* agent = std::getenv(kAgentStoreVariable);
   const bool hosts_store = meet.rank == 0 && !(agent && std::string(agent) == "True");

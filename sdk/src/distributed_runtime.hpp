@@ -16,6 +16,7 @@
 #include "run_options.hpp"
 #include "trainyard/build_context.hpp"
 #include "trainyard/communicator.hpp"
+#include "trainyard/device.hpp"
 #include "trainyard/device_mesh.hpp"
 #include "trainyard/distributed.hpp"
 #include "trainyard/process_mesh.hpp"
@@ -36,11 +37,13 @@ class DistributedRuntime {
   DistributedRuntime(const DistributedRuntime&) = delete;
   DistributedRuntime& operator=(const DistributedRuntime&) = delete;
 
-  // In a multi-process run: connects the communicator ([comm]), starts the failure monitor,
+  // In a multi-process run: connects the communicator ([comm], by default the one `backend`
+  // names; it must serve `device`'s type), starts the failure monitor,
   // builds the mesh's groups (collective) and logs the startup line. Sets build's rank, world
   // size, communicator and mesh; a single process gets the mesh of one rank.
-  void connect(const Recipe& recipe, const Registry& registry, const c10::Device& device,
-               BuildContext& build, const std::function<void(const std::string&)>& log);
+  void connect(const Recipe& recipe, const Registry& registry, const DeviceBackend& backend,
+               const c10::Device& device, BuildContext& build,
+               const std::function<void(const std::string&)>& log);
 
   bool multi_process() const { return rendezvous_.has_value(); }
   int rank() const { return rendezvous_ ? rendezvous_->rank : 0; }

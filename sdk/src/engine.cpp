@@ -97,7 +97,9 @@ Engine::Engine(Recipe recipe, const Registry& registry, RunControls controls)
   build.output_dir = s.run.output_dir;
   s.placement = DevicePlacement::choose(s.run, registry, s.runtime->local_rank(), build);
   build.device = s.placement.device;
-  s.runtime->connect(s.recipe, registry, s.placement.device, build, s.logger());
+  build.device_backend = s.placement.backend;
+  s.runtime->connect(s.recipe, registry, *s.placement.backend, s.placement.device, build,
+                     s.logger());
 
   // Every random stream starts from the recipe's seed, before anything draws from it.
   at::manual_seed(s.run.seed);

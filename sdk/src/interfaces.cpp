@@ -8,6 +8,8 @@
 #include <torch/optim/adamw.h>
 #include <torch/optim/sgd.h>
 
+#include <algorithm>
+#include <mutex>
 #include <unordered_set>
 
 #include "trainyard/batch.hpp"
@@ -21,6 +23,7 @@
 #include "trainyard/metrics.hpp"
 #include "trainyard/model.hpp"
 #include "trainyard/optimizer.hpp"
+#include "trainyard/peak_flops.hpp"
 #include "trainyard/precision.hpp"
 #include "trainyard/scheduler.hpp"
 #include "trainyard/strategy.hpp"
@@ -37,6 +40,30 @@ void HostClockEvent::record() { time_ = std::chrono::steady_clock::now(); }
 double HostClockEvent::elapsed_ms(const DeviceEvent& later) const {
   const auto& other = dynamic_cast<const HostClockEvent&>(later);
   return std::chrono::duration<double, std::milli>(other.time_ - time_).count();
+}
+
+std::shared_ptr<DeviceEvent> DeviceBackend::create_event(int index) {
+  return keep_library_loaded(std::shared_ptr<DeviceEvent>(make_event(index)), library());
+}
+
+torch::Tensor DeviceBackend::rng_state(int index) const {
+  at::Generator generator = at::globalContext().defaultGenerator(device(index));
+  std::lock_guard<std::mutex> lock(generator.mutex());
+  return generator.get_state();
+}
+
+void DeviceBackend::set_rng_state(int index, const torch::Tensor& state) {
+  at::Generator generator = at::globalContext().defaultGenerator(device(index));
+  std::lock_guard<std::mutex> lock(generator.mutex());
+  generator.set_state(state);
+}
+
+std::shared_ptr<const MapSource> Dataset::map_source(const std::string& split) const {
+  return keep_library_loaded(map_split(split), library());
+}
+
+std::shared_ptr<const StreamSource> Dataset::stream_source(const std::string& split) const {
+  return keep_library_loaded(stream_split(split), library());
 }
 
 const torch::Tensor& Batch::at(const std::string& name) const {
@@ -158,6 +185,29 @@ bool is_count_metric(std::string_view name) {
     if (name.ends_with(suffix)) return true;
   }
   return false;
+}
+
+void check_native_dtype(const std::string& precision, const torch::Device& device,
+                        torch::ScalarType dtype, const DeviceBackend* backend,
+                        const std::string& instead) {
+  if (device.is_cpu()) return;
+  const std::string refusal = "precision '" + precision + "' cannot run on device '" +
+                              device.str() + "': ";
+  const std::string dtype_text = dtype_name(dtype);
+  if (!at::autocast::is_autocast_available(device.type())) {
+    throw Error(refusal + "LibTorch has no autocast for this type of device; use precision '" +
+                instead + "'");
+  }
+  if (backend == nullptr || backend->device(0).type() != device.type()) {
+    throw Error(refusal + "no device backend of the run drives it, so whether it computes " +
+                dtype_text + " natively is unknown");
+  }
+  const auto native = backend->fast_compute_dtypes(device.has_index() ? device.index() : 0);
+  if (std::find(native.begin(), native.end(), dtype) != native.end()) return;
+  std::string listed;
+  for (const auto type : native) listed += (listed.empty() ? "" : ", ") + dtype_name(type);
+  throw Error(refusal + "it does not compute " + dtype_text + " natively (its native dtypes: " +
+              listed + "); use precision '" + instead + "'");
 }
 
 bool Precision::should_step(const torch::Tensor& found_inf) {

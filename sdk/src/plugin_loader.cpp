@@ -86,17 +86,18 @@ void PluginLoader::load_library(const fs::path& requested) {
     throw Error("plugin " + path.string() + " has an incomplete descriptor");
   }
 
+  // Registrations are staged: a callback that throws half-way leaves nothing registered.
   registry_.begin_library(library, path.string(), name, version);
   try {
     descriptor->register_components(registry_);
   } catch (const Error& error) {
-    registry_.end_library();
+    registry_.abandon_library();
     throw Error(std::string(error.what()));
   } catch (const std::exception& error) {
-    registry_.end_library();
+    registry_.abandon_library();
     throw Error("plugin " + path.string() + " failed to register: " + error.what());
   } catch (...) {
-    registry_.end_library();
+    registry_.abandon_library();
     throw Error("plugin " + path.string() + " failed to register with an unknown exception");
   }
   registry_.end_library();

@@ -19,7 +19,7 @@ constexpr std::array<MeshGroup, kMeshGroupCount> kGroups = {
 ProcessMesh::ProcessMesh() = default;
 
 ProcessMesh::ProcessMesh(const MeshLayout& layout, Communicator& communicator)
-    : layout_(layout), rank_(communicator.rank()) {
+    : communicator_library_(communicator.library()), layout_(layout), rank_(communicator.rank()) {
   if (layout.world_size() != communicator.world_size()) {
     throw Error("the mesh (" + layout.describe() + ") has " + std::to_string(layout.world_size()) +
                 " ranks, the job " + std::to_string(communicator.world_size()));

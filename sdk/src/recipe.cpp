@@ -123,7 +123,9 @@ const OptionSpecs& run_options() {
       option("seed", 0, "seed of every random stream (parameters, shuffling, dropout)"),
       option("epochs", 1, "passes over the training split").at_least(1),
       option("max_steps", 0, "stop after this many optimizer steps (0: run every epoch)"),
-      option("device", "cpu", "cpu, cuda, cuda:N, or auto (cuda when present)"),
+      option("device", "cpu",
+             "a device plugin's name, with :N for its N-th device (cpu, an accelerator), or auto "
+             "(the available device its plugin ranks highest)"),
       option("threads", 0, "intra-op threads (0: the cores divided among local ranks)").at_least(0),
       option("cpu_binding", "auto",
              "bind each local rank to its own CPUs, threads wide: auto (when the machine's ranks "
@@ -341,7 +343,7 @@ Recipe resolve_recipe(const Recipe& recipe, const Registry& registry) {
       continue;
     }
     if (section.section == "comm" && !require_table(root, "comm").has("plugin")) {
-      // No plugin named: the engine picks gloo on the CPU and nccl on CUDA.
+      // No plugin named: the engine takes the device backend's default communicator.
       put("comm", validate_section(require_table(root, "comm"), comm_options(), {}));
       continue;
     }

@@ -275,7 +275,7 @@ std::shared_ptr<const Table> apply_override(const std::shared_ptr<const Table>& 
   try {
     parsed = toml::parse("value = " + text);
   } catch (const toml::parse_error&) {
-    // Not TOML: a bare word such as cuda or adamw is taken as a string.
+    // Not TOML: a bare word such as cpu or adamw is taken as a string.
   }
   if (parsed) {
     // More than the one key: the text went on past the value ("1\nx = 2").

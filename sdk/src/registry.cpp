@@ -24,21 +24,41 @@ Registry::~Registry() {
 void Registry::begin_library(std::shared_ptr<void> keep_alive, std::string path,
                              std::string plugin, std::string version) {
   loading_ = std::make_unique<Loading>(
-      Loading{std::move(keep_alive), std::move(path), std::move(plugin), std::move(version)});
+      Loading{std::move(keep_alive), std::move(path), std::move(plugin), std::move(version), {}});
 }
 
-void Registry::end_library() { loading_.reset(); }
+void Registry::end_library() {
+  if (!loading_) return;
+  for (auto& [key, entry] : loading_->staged) entries_.emplace(key, std::move(entry));
+  loading_.reset();
+}
+
+void Registry::abandon_library() { loading_.reset(); }
+
+std::shared_ptr<void> hold_library(std::shared_ptr<void> object, std::shared_ptr<void> library) {
+  void* raw = object.get();
+  return std::shared_ptr<void>(raw, [object = std::move(object),
+                                     library = std::move(library)](void*) mutable {
+    object.reset();
+    library.reset();
+  });
+}
 
 void Registry::add_factory(std::string kind, std::string name, OptionSpecs options,
                            std::string help, ComponentFactory factory) {
   auto key = std::make_pair(kind, name);
   std::string library = loading_ ? loading_->path : std::string();
-  if (auto it = entries_.find(key); it != entries_.end()) {
+  const Entry* existing = nullptr;
+  if (auto it = entries_.find(key); it != entries_.end()) existing = &it->second;
+  if (loading_) {
+    if (auto it = loading_->staged.find(key); it != loading_->staged.end()) existing = &it->second;
+  }
+  if (existing) {
     auto describe = [](const std::string& path) {
       return path.empty() ? std::string("the host") : path;
     };
     throw Error("duplicate " + kind + " plugin '" + name + "': registered by " +
-                describe(it->second.info.library_path) + " and again by " + describe(library));
+                describe(existing->info.library_path) + " and again by " + describe(library));
   }
   Entry entry;
   entry.info.kind = std::move(kind);
@@ -52,7 +72,8 @@ void Registry::add_factory(std::string kind, std::string name, OptionSpecs optio
     entry.library = loading_->keep_alive;
   }
   entry.factory = std::move(factory);
-  entries_.emplace(std::move(key), std::move(entry));
+  auto& destination = loading_ ? loading_->staged : entries_;
+  destination.emplace(std::move(key), std::move(entry));
 }
 
 const Registry::Entry& Registry::entry(const std::string& kind, const std::string& name) const {
@@ -129,6 +150,7 @@ std::shared_ptr<Component> Registry::create_component(const std::string& kind,
   // The deleter holds the library: the object is destroyed first, then the library reference
   // is dropped. The control block is created here, in the SDK, not in the plugin.
   std::shared_ptr<void> library = found.library;
+  object->library_ = library;
   return std::shared_ptr<Component>(object.release(),
                                     [library](Component* component) { delete component; });
 }

@@ -45,7 +45,7 @@ PhaseClock::~PhaseClock() = default;
 std::size_t PhaseClock::record_event() {
   if (events_used_ == events_.size()) {
     events_.push_back(backend_ ? backend_->create_event(device_index_)
-                               : std::make_unique<HostClockEvent>());
+                               : std::shared_ptr<DeviceEvent>(std::make_shared<HostClockEvent>()));
   }
   events_[events_used_]->record();
   return events_used_++;

@@ -9,8 +9,8 @@ namespace trainyard {
 
 std::unique_ptr<Loader> open_split(const Dataset& dataset, const std::string& split,
                                    const LoaderOptions& options, bool equal_lengths) {
-  if (auto map = dataset.map_split(split)) return std::make_unique<Loader>(map, options);
-  if (auto stream = dataset.stream_split(split)) {
+  if (auto map = dataset.map_source(split)) return std::make_unique<Loader>(map, options);
+  if (auto stream = dataset.stream_source(split)) {
     return std::make_unique<Loader>(stream, options, equal_lengths);
   }
   return nullptr;

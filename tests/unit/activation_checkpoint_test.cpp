@@ -10,6 +10,7 @@
 #include "step_harness.hpp"
 #include "trainyard/activation_checkpoint.hpp"
 #include "trainyard/allocation_tracker.hpp"
+#include "trainyard/device.hpp"
 
 namespace {
 
@@ -115,6 +116,73 @@ TEST(ActivationCheckpointing, CnnStagesGradientsIdentical) {
   Pass expected = run_pass(*model, plain, batch);
   auto blocks = with_activation_checkpointing(plain, ActivationCheckpointing::parse("all"));
   expect_identical(run_pass(*model, blocks, batch), expected);
+}
+
+// A device backend for the host whose device generator is one of its own: only the backend knows
+// it, as only a device's plugin knows how to reach an accelerator's generator, so a recompute that
+// does not go through rng_state()/set_rng_state() draws a different dropout mask.
+class OwnGeneratorDevice final : public DeviceBackend {
+ public:
+  bool available() const override { return true; }
+  int device_count() const override { return 1; }
+  torch::Device device(int) const override { return torch::kCPU; }
+  void synchronize(int) override {}
+  DeviceMemory memory(int) const override { return {}; }
+  void manual_seed(std::uint64_t seed) override { generator_.set_current_seed(seed); }
+  void save_rng_state(StateDict&) const override {}
+  void load_rng_state(const StateDict&) override {}
+  torch::Tensor rng_state(int) const override {
+    ++states_read;
+    return generator_.get_state();
+  }
+  void set_rng_state(int, const torch::Tensor& state) override {
+    ++states_set;
+    generator_.set_state(state);
+  }
+  at::Generator generator() const { return generator_; }
+  mutable int states_read = 0;
+  int states_set = 0;
+
+ protected:
+  std::unique_ptr<DeviceEvent> make_event(int) override {
+    return std::make_unique<HostClockEvent>();
+  }
+
+ private:
+  at::Generator generator_ = at::make_generator<at::CPUGeneratorImpl>(11);
+};
+
+TEST(ActivationCheckpointing, RecomputeReplaysTheDeviceGeneratorThroughItsBackend) {
+  auto device = std::make_shared<OwnGeneratorDevice>();
+  torch::nn::Linear linear(8, 8);
+  // Dropout drawing its mask from the device's generator.
+  const Block block{"dropped", linear.ptr(), [linear, device](const Activations& x) {
+                      const torch::Tensor y = linear->forward(x.hidden());
+                      const torch::Tensor keep =
+                          at::rand(y.sizes(), device->generator(), y.options()) > 0.5;
+                      return x.with_hidden(y * keep * 2.0);
+                    }};
+  const torch::Tensor input = at::randn({4, 8});
+  auto weight_gradient = [&](const std::vector<Block>& blocks) {
+    linear->zero_grad(/*set_to_none=*/true);
+    device->manual_seed(5);
+    Activations x(input);
+    for (const auto& each : blocks) x = each.forward(x);
+    x.hidden().pow(2).sum().backward();
+    return linear->weight.grad().clone();
+  };
+  const torch::Tensor expected = weight_gradient({block});
+  const torch::Tensor through_backend = weight_gradient(
+      with_activation_checkpointing({block}, ActivationCheckpointing::parse("all"), device));
+  EXPECT_TRUE(at::equal(through_backend, expected))
+      << "the recompute drew another mask from the device's generator";
+  EXPECT_GE(device->states_read, 2) << "recorded before the forward, saved around the recompute";
+  EXPECT_GE(device->states_set, 2) << "set for the recompute, then put back";
+  // Without the backend the recompute cannot reach the generator: the gradients differ, so the
+  // comparison above would see a wrong mask.
+  const torch::Tensor without_backend = weight_gradient(
+      with_activation_checkpointing({block}, ActivationCheckpointing::parse("all")));
+  EXPECT_FALSE(at::equal(without_backend, expected));
 }
 
 TEST(ActivationCheckpointing, GradientsIdenticalWithDropoutOnCuda) {

@@ -155,14 +155,16 @@ class FakeDevice final : public DeviceBackend {
   int device_count() const override { return 1; }
   torch::Device device(int) const override { return torch::kCPU; }
   void synchronize(int) override {}
-  std::unique_ptr<DeviceEvent> create_event(int) override {
-    return std::make_unique<HostClockEvent>();
-  }
   DeviceMemory memory(int) const override { return {}; }
   std::vector<c10::ScalarType> fast_compute_dtypes(int) const override { return fast_; }
   void manual_seed(std::uint64_t) override {}
   void save_rng_state(StateDict&) const override {}
   void load_rng_state(const StateDict&) override {}
+
+ protected:
+  std::unique_ptr<DeviceEvent> make_event(int) override {
+    return std::make_unique<HostClockEvent>();
+  }
 
  private:
   std::vector<c10::ScalarType> fast_;

@@ -1,6 +1,7 @@
 // Unit tests of trainyard/plugin_loader.hpp with real plugin libraries: the bundled ones and the
 // misbehaving ones built for tests.
 
+#include <dlfcn.h>
 #include <gtest/gtest.h>
 
 #include <filesystem>
@@ -9,6 +10,8 @@
 
 #include "test_support.hpp"
 #include "trainyard/build_context.hpp"
+#include "trainyard/dataset.hpp"
+#include "trainyard/device.hpp"
 #include "trainyard/error.hpp"
 #include "trainyard/metrics.hpp"
 #include "trainyard/plugin_loader.hpp"
@@ -192,6 +195,70 @@ TEST(PluginLoaderTest, BundledFolderAndSearchPath) {
   EXPECT_TRUE(paths[1].is_absolute());
   EXPECT_EQ(paths[1], fs::current_path() / "relative/c");
   EXPECT_TRUE(split_search_path("").empty());
+}
+
+TEST(PluginLoaderTest, RegistrationFailingHalfWayLeavesNothingRegistered) {
+  Registry registry;
+  PluginLoader loader(registry);
+  fs::path path = test_plugin("partial_registration");
+  ASSERT_TRUE(fs::exists(path)) << path;
+  std::string message = error_of([&] { loader.load_library(path); });
+  EXPECT_HAS(message, "fails after its first component");
+  EXPECT_HAS(message, fs::weakly_canonical(path).string());
+  EXPECT_FALSE(registry.contains("sink", "partial_first"));
+  EXPECT_TRUE(registry.list().empty());
+  EXPECT_FALSE(loader.is_loaded(path));
+  // A good library loads afterwards as if nothing had happened.
+  loader.load_library(test_plugin("throwing"));
+  EXPECT_EQ(registry.names("sink"), (std::vector<std::string>{"throwing"}));
+}
+
+// Whether the library at `path` is loaded in this process (asked without loading it).
+bool library_loaded(const fs::path& path) {
+  void* handle = ::dlopen(fs::weakly_canonical(path).c_str(), RTLD_NOW | RTLD_NOLOAD);
+  if (handle == nullptr) return false;
+  ::dlclose(handle);
+  return true;
+}
+
+TEST(PluginLoaderTest, PluginEventOutlivesBackendAndRegistry) {
+  const fs::path path = test_plugin("event_device");
+  std::shared_ptr<DeviceEvent> start, stop;
+  {
+    Registry registry;
+    PluginLoader loader(registry);
+    loader.load_library(path);
+    auto backend = registry.create<DeviceBackend>("test_events", Config({}, "device"), BuildContext{});
+    start = backend->create_event(0);
+    stop = backend->create_event(0);
+  }
+  // The backend and the registry are gone; the events hold the library and their code runs.
+  ASSERT_TRUE(library_loaded(path));
+  start->record();
+  stop->record();
+  EXPECT_EQ(start->elapsed_ms(*stop), 1.0);
+  start.reset();
+  EXPECT_TRUE(library_loaded(path));
+  stop.reset();
+  EXPECT_FALSE(library_loaded(path)) << "the last event released the library";
+}
+
+TEST(PluginLoaderTest, DataSourceOutlivesDatasetAndRegistry) {
+  const fs::path path = test_plugin("slow_dataset");
+  std::shared_ptr<const MapSource> source;
+  {
+    Registry registry;
+    PluginLoader loader(registry);
+    loader.load_library(path);
+    auto dataset = registry.create<Dataset>("test_slow", Config({}, "dataset"), BuildContext{});
+    source = dataset->map_source("train");
+    ASSERT_NE(source, nullptr);
+  }
+  ASSERT_TRUE(library_loaded(path));
+  EXPECT_EQ(source->size(), 4096);
+  EXPECT_EQ(source->get(3).at("target").item<std::int64_t>(), 3);
+  source.reset();
+  EXPECT_FALSE(library_loaded(path)) << "the last source released the library";
 }
 
 }  // namespace

@@ -9,6 +9,7 @@
 #include <sstream>
 
 #include "step_harness.hpp"
+#include "trainyard/device.hpp"
 #include "trainyard/error.hpp"
 
 namespace {
@@ -204,9 +205,55 @@ TEST(PrecisionDeviceCheck, RefusesADeviceItCannotRunNamingBoth) {
   }
 }
 
+// An accelerator the precisions know nothing of by name, computing natively what it is told to.
+class NativeDtypesDevice final : public DeviceBackend {
+ public:
+  explicit NativeDtypesDevice(std::vector<c10::ScalarType> native) : native_(std::move(native)) {}
+  bool available() const override { return true; }
+  int device_count() const override { return 1; }
+  torch::Device device(int index) const override {
+    return torch::Device(c10::DeviceType::PrivateUse1, static_cast<c10::DeviceIndex>(index));
+  }
+  void synchronize(int) override {}
+  DeviceMemory memory(int) const override { return {}; }
+  std::vector<c10::ScalarType> fast_compute_dtypes(int) const override { return native_; }
+  void manual_seed(std::uint64_t) override {}
+  void save_rng_state(StateDict&) const override {}
+  void load_rng_state(const StateDict&) override {}
+
+ protected:
+  std::unique_ptr<DeviceEvent> make_event(int) override {
+    return std::make_unique<HostClockEvent>();
+  }
+
+ private:
+  std::vector<c10::ScalarType> native_;
+};
+
+TEST(PrecisionDeviceCheck, AcceleratorRunsWhatItsBackendComputesNatively) {
+  BuildContext context;
+  context.device_backend =
+      std::make_shared<NativeDtypesDevice>(std::vector<c10::ScalarType>{at::kFloat, at::kBFloat16});
+  const torch::Device device = context.device_backend->device(0);
+  auto bf16 = bundled_registry().create<Precision>("bf16", options_section("precision", ""), context);
+  EXPECT_NO_THROW(bf16->check_device(device));
+  auto fp16 = bundled_registry().create<Precision>("fp16", options_section("precision", ""), context);
+  const std::string message = error_of([&] { fp16->check_device(device); });
+  EXPECT_TRUE(contains(message, "'fp16'")) << message;
+  EXPECT_TRUE(contains(message, device.str())) << message;
+  EXPECT_TRUE(contains(message, "float16")) << message;
+  // Without the backend the precision cannot know, and says so rather than guessing.
+  auto unknown =
+      bundled_registry().create<Precision>("bf16", options_section("precision", ""), BuildContext{});
+  EXPECT_TRUE(contains(error_of([&] { unknown->check_device(device); }), "no device backend"));
+}
+
 TEST(PrecisionOnCuda, Bf16AndFp16StepsRunOnTheGpu) {
   if (!torch::cuda::is_available()) TRAINYARD_SKIP_WITHOUT_GPU() << "no CUDA device";
   BuildContext context;
+  // The precisions ask the device's backend which dtypes it computes natively.
+  context.device_backend =
+      bundled_registry().create<DeviceBackend>("cuda", Config({}, "device"), context);
   for (const std::string name : {"bf16", "fp16"}) {
     auto precision =
         bundled_registry().create<Precision>(name, options_section("precision", ""), context);

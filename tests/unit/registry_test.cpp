@@ -163,6 +163,22 @@ TEST(RegistryTest, DuplicateNamesBothLibraries) {
   }));
 }
 
+TEST(RegistryTest, LibraryRegistrationsTakeEffectTogether) {
+  Registry registry;
+  registry.begin_library(std::make_shared<int>(1), "/plugins/libhalf.so", "half", "1.0");
+  add_recorder(registry, "staged");
+  EXPECT_FALSE(registry.contains("sink", "staged")) << "visible before the library committed";
+  // A second registration of the same name in the same library is a duplicate too.
+  EXPECT_HAS(error_of([&] { add_recorder(registry, "staged"); }), "duplicate");
+  registry.abandon_library();
+  EXPECT_TRUE(registry.list().empty());
+
+  registry.begin_library(std::make_shared<int>(2), "/plugins/libwhole.so", "whole", "1.0");
+  add_recorder(registry, "staged");
+  registry.end_library();
+  EXPECT_EQ(registry.info("sink", "staged").library_path, "/plugins/libwhole.so");
+}
+
 TEST(RegistryTest, UnknownNameListsKnownOnes) {
   Registry registry;
   add_recorder(registry, "beta");

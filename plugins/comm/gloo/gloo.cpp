@@ -6,6 +6,7 @@
 
 #include "trainyard/c10d_communicator.hpp"
 #include "trainyard/error.hpp"
+#include "trainyard/libtorch_build.hpp"
 #include "trainyard/plugin.hpp"
 
 namespace trainyard {
@@ -22,6 +23,14 @@ class Gloo final : public C10dCommunicator {
   explicit Gloo(const Config& options)
       : threads_(options.get_int("threads")), interface_(options.get_string("interface")) {
     if (threads_ < 1) options.fail("threads", "must be >= 1");
+  }
+
+  // CPU tensors first (the conformance suite and the host's default); c10d's Gloo also takes
+  // CUDA tensors, copying them through the host.
+  std::vector<std::string> device_types() const override { return {"cpu", "cuda"}; }
+  std::vector<std::string> doctor_report() const override {
+    return {std::string("Gloo ") + (libtorch_built_with("USE_GLOO") ? "yes" : "no") +
+            " (LibTorch's c10d ProcessGroupGloo)"};
   }
 
  protected:

@@ -12,6 +12,7 @@
 
 #include "trainyard/c10d_communicator.hpp"
 #include "trainyard/error.hpp"
+#include "trainyard/libtorch_build.hpp"
 #include "trainyard/plugin.hpp"
 
 namespace trainyard {
@@ -39,6 +40,12 @@ class Nccl final : public C10dCommunicator {
       if (value.empty() || value == "0") continue;
       environment_.emplace_back(setting.variable, std::move(value));
     }
+  }
+
+  std::vector<std::string> device_types() const override { return {"cuda"}; }
+  std::vector<std::string> doctor_report() const override {
+    return {std::string("NCCL ") + (libtorch_built_with("USE_NCCL") ? "yes" : "no") +
+            " (LibTorch's c10d ProcessGroupNCCL)"};
   }
 
   void connect(const Rendezvous& rendezvous, const c10::Device& device) override {

@@ -24,10 +24,11 @@ class Cpu final : public DeviceBackend {
     if (index != 0) throw Error("the cpu device has index 0 only");
     return torch::kCPU;
   }
+  // The host is the fallback of `auto`, below any accelerator; the ranks of a machine share it,
+  // each bound to CPUs of its own, and meet over Gloo.
+  int auto_preference() const override { return 0; }
+  std::string default_comm() const override { return "gloo"; }
   void synchronize(int) override {}
-  std::unique_ptr<DeviceEvent> create_event(int) override {
-    return std::make_unique<HostClockEvent>();
-  }
   DeviceMemory memory(int) const override {
     DeviceMemory memory;
     long pages = 0, resident = 0;
@@ -54,10 +55,16 @@ class Cpu final : public DeviceBackend {
     const std::string model = host_cpu_model_name();
     return model.empty() ? "cpu" : model;
   }
-  // The CPU generator is torch's default one, seeded and saved by the engine itself.
+  // The CPU generator is torch's default one, seeded and saved by the engine itself; rng_state()
+  // reads it through the default (ATen's default generator of the device).
   void manual_seed(std::uint64_t) override {}
   void save_rng_state(StateDict&) const override {}
   void load_rng_state(const StateDict&) override {}
+
+ protected:
+  std::unique_ptr<DeviceEvent> make_event(int) override {
+    return std::make_unique<HostClockEvent>();
+  }
 
  private:
   std::mutex mutex_;

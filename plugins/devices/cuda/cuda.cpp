@@ -16,6 +16,7 @@
 
 #include "trainyard/device.hpp"
 #include "trainyard/error.hpp"
+#include "trainyard/libtorch_build.hpp"
 #include "trainyard/plugin.hpp"
 
 namespace trainyard {
@@ -50,10 +51,27 @@ class Cuda final : public DeviceBackend {
     }
     return torch::Device(torch::kCUDA, static_cast<c10::DeviceIndex>(index));
   }
-  void synchronize(int index) override { torch::cuda::synchronize(index); }
-  std::unique_ptr<DeviceEvent> create_event(int index) override {
-    return std::make_unique<CudaEvent>(index);
+  // Preferred over the host by `auto`; each rank of a machine drives the GPU of its local rank
+  // and the ranks meet over NCCL.
+  int auto_preference() const override { return 100; }
+  std::optional<int> device_for_local_rank(int local_rank) const override { return local_rank; }
+  std::string default_comm() const override { return "nccl"; }
+  // The CUDA and cuDNN versions LibTorch was built with, and the driver's, when one is loaded.
+  std::vector<std::string> doctor_report() const override {
+    if (!libtorch_built_with("USE_CUDA")) return {"LibTorch was built without CUDA"};
+    std::string line = "LibTorch built with CUDA " + libtorch_build_setting("CUDA_VERSION") +
+                       ", cuDNN " + libtorch_build_setting("CUDNN_VERSION");
+    int driver = 0;
+    if (cudaDriverGetVersion(&driver) == cudaSuccess && driver > 0) {
+      line += "; driver supports CUDA " + std::to_string(driver / 1000) + "." +
+              std::to_string(driver % 1000 / 10);
+    } else {
+      (void)cudaGetLastError();
+      line += "; no CUDA driver";
+    }
+    return {line};
   }
+  void synchronize(int index) override { torch::cuda::synchronize(index); }
   DeviceMemory memory(int index) const override {
     auto stats = c10::cuda::CUDACachingAllocator::getDeviceStats(static_cast<c10::DeviceIndex>(index));
     using c10::CachingDeviceAllocator::StatType;
@@ -154,6 +172,21 @@ class Cuda final : public DeviceBackend {
       std::lock_guard<std::mutex> lock(generator.mutex());
       generator.set_state(it->second);
     }
+  }
+  torch::Tensor rng_state(int index) const override {
+    auto generator = at::cuda::detail::getDefaultCUDAGenerator(static_cast<c10::DeviceIndex>(index));
+    std::lock_guard<std::mutex> lock(generator.mutex());
+    return generator.get_state();
+  }
+  void set_rng_state(int index, const torch::Tensor& state) override {
+    auto generator = at::cuda::detail::getDefaultCUDAGenerator(static_cast<c10::DeviceIndex>(index));
+    std::lock_guard<std::mutex> lock(generator.mutex());
+    generator.set_state(state);
+  }
+
+ protected:
+  std::unique_ptr<DeviceEvent> make_event(int index) override {
+    return std::make_unique<CudaEvent>(index);
   }
 
  private:

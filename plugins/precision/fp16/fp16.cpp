@@ -11,6 +11,7 @@
 #include <map>
 #include <tuple>
 
+#include "trainyard/device.hpp"
 #include "trainyard/error.hpp"
 #include "trainyard/plugin.hpp"
 #include "trainyard/precision.hpp"
@@ -31,16 +32,17 @@ constexpr const char* kSkippedKey = "precision.fp16.skipped_steps";
 
 class Fp16 final : public Precision {
  public:
-  explicit Fp16(const Fp16Options& options) : options_(options) {
+  Fp16(const Fp16Options& options, std::shared_ptr<DeviceBackend> device_backend)
+      : options_(options), device_backend_(std::move(device_backend)) {
     scale_ = at::full({}, options_.init_scale, at::kFloat);
     growth_tracker_ = at::zeros({}, at::kInt);
     skipped_ = at::zeros({}, at::kLong);
   }
 
+  // float16 must be one of the dtypes the device computes natively; the host CPU's autocast
+  // runs it on any CPU.
   void check_device(const torch::Device& device) const override {
-    if (device.is_cpu() || device.is_cuda()) return;
-    throw Error("precision 'fp16' cannot run on device '" + device.str() +
-                "': float16 autocast with loss scaling is supported on cpu and cuda only");
+    check_native_dtype("fp16", device, torch::kHalf, device_backend_.get(), "bf16' or 'fp32");
   }
 
   std::optional<torch::ScalarType> autocast_dtype() const override { return torch::kHalf; }
@@ -126,6 +128,7 @@ class Fp16 final : public Precision {
   }
 
   Fp16Options options_;
+  std::shared_ptr<DeviceBackend> device_backend_;
   torch::Tensor scale_;
   torch::Tensor growth_tracker_;
   torch::Tensor skipped_;
@@ -152,8 +155,8 @@ void register_components(Registry& registry) {
        option("growth_interval", 2000, "consecutive finite steps before the scale grows")
            .at_least(1)},
       "float16 autocast with dynamic loss scaling (GradScaler's rules); float32 master weights",
-      [](const Config& config, const BuildContext&) {
-        return std::make_unique<Fp16>(parse(config));
+      [](const Config& config, const BuildContext& context) {
+        return std::make_unique<Fp16>(parse(config), context.device_backend);
       });
 }
 

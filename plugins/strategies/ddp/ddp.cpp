@@ -93,7 +93,8 @@ class Ddp final : public Strategy {
     optimizer_ = context.optimizer->create(parameters_);
     autocast_dtype_ = context.precision->autocast_dtype();
     if (!group_) {  // the only data-parallel rank: plain training, nothing to synchronise
-      blocks_ = with_activation_checkpointing(blocks_, context.step.activation_checkpointing);
+      blocks_ = with_activation_checkpointing(blocks_, context.step.activation_checkpointing,
+                                              context.device_backend);
       return;
     }
 
@@ -112,7 +113,8 @@ class Ddp final : public Strategy {
     }
     // Recomputed blocks run their (possibly synchronised) forward again in backward, in the same
     // order on every rank; gradients still reach the reducer's hooks through the graph.
-    blocks_ = with_activation_checkpointing(blocks_, context.step.activation_checkpointing);
+    blocks_ = with_activation_checkpointing(blocks_, context.step.activation_checkpointing,
+                                            context.device_backend);
     std::vector<at::Tensor> trainable;
     for (std::size_t i = 0; i < parameters_.size(); ++i) {
       if (!parameters_[i].requires_grad()) continue;

@@ -125,8 +125,8 @@ class Fsdp final : public Strategy {
       throw Error(std::string("fsdp: ") + error.what());
     }
     optimizer_ = context.optimizer->create(units_->shards());
-    blocks_ =
-        with_activation_checkpointing(units_->blocks(), context.step.activation_checkpointing);
+    blocks_ = with_activation_checkpointing(units_->blocks(), context.step.activation_checkpointing,
+                                            context.device_backend);
   }
 
   StepResult train_step(std::span<const Batch> micro_batches) override {

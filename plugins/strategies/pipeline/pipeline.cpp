@@ -421,8 +421,8 @@ class Pipeline final : public Strategy {
         stage.layouts.push_back(std::move(layout));
       }
       stage.held = hold_parameters(stage);
-      stage.run = with_activation_checkpointing(stage.held->blocks(),
-                                                context_.step.activation_checkpointing);
+      stage.run = with_activation_checkpointing(
+          stage.held->blocks(), context_.step.activation_checkpointing, context_.device_backend);
       stages_.push_back(std::move(stage));
     }
   }

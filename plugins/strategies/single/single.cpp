@@ -25,8 +25,8 @@ class Single final : public Strategy {
     model_ = context.make_model(context.build);
     model_->module().to(context.build.device);
     model_->module().train();
-    blocks_ =
-        with_activation_checkpointing(model_->blocks(), context.step.activation_checkpointing);
+    blocks_ = with_activation_checkpointing(model_->blocks(), context.step.activation_checkpointing,
+                                            context.device_backend);
     parameters_ = model_->module().parameters(true);
     optimizer_ = context.optimizer->create(parameters_);
     autocast_dtype_ = context.precision->autocast_dtype();

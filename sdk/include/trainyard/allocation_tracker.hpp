@@ -1,7 +1,7 @@
 #pragma once
 // Counts the bytes LibTorch's allocators hand out while a tracker lives: live bytes now and
 // their peak, per device type. It listens on the allocators' own reporting hook (the one
-// torch.profiler's profile_memory uses: the CPU allocator and the CUDA caching allocator both
+// torch.profiler's profile_memory uses: the CPU allocator and the accelerators' caching allocators
 // report every allocation and free to it), so it measures real allocations, not estimates.
 // Only memory allocated while the tracker lives is counted; it covers the creating thread and
 // the threads that inherit its thread-local state (the autograd engine's, intra-op workers).

@@ -15,6 +15,7 @@
 namespace trainyard {
 
 class Communicator;
+class DeviceBackend;
 class ProcessMesh;
 
 // A contiguous range of a model's blocks, [begin, end) in forward order (end -1: to the last).
@@ -33,6 +34,9 @@ struct DatasetInfo {
 
 struct BuildContext {
   c10::Device device = c10::Device(c10::kCPU);
+  // The backend driving `device` (what a precision asks which dtypes the device computes
+  // natively); null outside a run and in tests that build a component alone.
+  std::shared_ptr<DeviceBackend> device_backend;
   std::uint64_t seed = 0;
   int rank = 0;
   int world_size = 1;

@@ -23,7 +23,7 @@ struct Rendezvous {
   std::chrono::milliseconds timeout{std::chrono::minutes(5)};
 };
 
-// A communicator plugin ("gloo", "nccl"). connect() joins the job through a c10d TCPStore; the
+// A communicator plugin, named after the collective library it drives. connect() joins the job through a c10d TCPStore; the
 // world group and any sub-group are c10d backends, so collectives are PyTorch's own. Creating a
 // sub-group is collective: every rank calls new_group with the same ranks in the same order.
 // Every collective ends within the rendezvous timeout with an Error when a peer has died. A rank
@@ -31,6 +31,11 @@ struct Rendezvous {
 class Communicator : public Component {
  public:
   static constexpr const char* kKind = "comm";
+  // The device types (device plugin names, as torch::Device spells the type) whose tensors its
+  // collectives take; connect() refuses a device of another type.
+  virtual std::vector<std::string> device_types() const = 0;
+  // What `trainyard doctor` reports of the collective library (built in, version), one line each.
+  virtual std::vector<std::string> doctor_report() const { return {}; }
   virtual void connect(const Rendezvous& rendezvous, const c10::Device& device) = 0;
   virtual int rank() const = 0;
   virtual int world_size() const = 0;

@@ -65,6 +65,10 @@ class Dataset : public Component {
   virtual std::vector<std::string> splits() const = 0;
   virtual std::shared_ptr<const MapSource> map_split(const std::string& split) const;
   virtual std::shared_ptr<const StreamSource> stream_split(const std::string& split) const;
+  // map_split() and stream_split() as the runtime takes them: the source keeps the dataset's
+  // library loaded while it lives, even after the dataset and the registry are gone.
+  std::shared_ptr<const MapSource> map_source(const std::string& split) const;
+  std::shared_ptr<const StreamSource> stream_source(const std::string& split) const;
 };
 
 }  // namespace trainyard

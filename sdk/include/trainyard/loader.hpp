@@ -28,8 +28,9 @@ struct LoaderOptions {
   int prefetch = 2;  // batches each worker may hold ready
   std::uint64_t seed = 0;
   DataParallelPlace place;
-  // Applied by the worker to every batch it has collated, off the training thread. On CUDA the
-  // engine pins the batch and starts its copy to the device here; unset on CPU.
+  // Applied by the worker to every batch it has collated, off the training thread. On an
+  // accelerator the engine pins the batch and starts its copy to the device here (the device
+  // backend's pin and prefetch); unset on the CPU.
   std::function<Batch(Batch)> finish_batch;
 };
 

@@ -19,8 +19,8 @@ namespace trainyard {
 std::uint64_t parameter_seed(std::uint64_t run_seed, std::string_view name);
 
 // Fills tensors from the stream of the name they are given. Values are drawn in float32 on the
-// CPU from a generator of their own and copied into the tensor wherever it lives, so a CPU and a
-// CUDA build hold the same values; the process's global generator is never drawn from.
+// CPU from a generator of their own and copied into the tensor wherever it lives, so a build on
+// the host and one on an accelerator hold the same values; the process's global generator is never drawn from.
 class ParameterInit {
  public:
   explicit ParameterInit(std::uint64_t run_seed) : run_seed_(run_seed) {}

@@ -28,7 +28,7 @@ struct PeakFlops {
 // What a probe's figure depends on, and so what its cache entry is keyed by.
 struct PeakProbeKey {
   std::string host;    // the machine's host name
-  std::string device;  // "cpu" / "cuda:0", then the device's name
+  std::string device;  // torch::Device::str() ("cpu", "<type>:0"), then the device's name
   std::string dtype;   // "float32", "bfloat16", "float16"
   int threads = 1;     // LibTorch's intra-op threads at the time of the probe
 

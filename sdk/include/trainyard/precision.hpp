@@ -13,6 +13,8 @@
 
 namespace trainyard {
 
+class DeviceBackend;
+
 // A precision plugin. The strategy runs forward and loss inside autocast(device) and
 // backpropagates scale_loss(loss). After backward (and after any gradient reduction) it:
 //   1. found_inf = unscale(gradients)   unscales in place, reports non-finite values; no host sync
@@ -51,6 +53,14 @@ class Precision : public Component {
   // update() with a host-side outcome.
   void update(bool found_inf);
 };
+
+// For a precision's check_device: throws Error naming `precision` and `device` unless autocast can
+// run in `dtype` there. The host CPU always can (ATen's CPU autocast); another device when its
+// type has autocast and `backend` (the backend driving it; null when unknown) lists `dtype` among
+// the device's fast_compute_dtypes. `instead` names the precisions to suggest ("fp16' or 'fp32").
+void check_native_dtype(const std::string& precision, const torch::Device& device,
+                        torch::ScalarType dtype, const DeviceBackend* backend,
+                        const std::string& instead);
 
 // Enables autocast for `device_type` with `dtype` for the guard's lifetime; does nothing for
 // nullopt. Nests correctly and clears the cast cache when the outermost guard ends.

@@ -44,6 +44,9 @@ class ProcessMesh {
   CollectiveCounter& collectives() const { return *collectives_; }
 
  private:
+  // The communicator's library, declared first so that it is released after the groups: a
+  // communicator plugin's backends may run its code, and the mesh may outlive the communicator.
+  std::shared_ptr<void> communicator_library_;
   MeshLayout layout_;
   int rank_ = 0;
   std::array<c10::intrusive_ptr<c10d::Backend>, kMeshGroupCount> groups_;

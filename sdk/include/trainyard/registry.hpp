@@ -30,8 +30,10 @@ struct ComponentInfo {
 };
 
 // The registry every plugin library registers into. A duplicate (kind, name) is an error naming
-// both libraries. Objects it creates hold their library loaded until they are destroyed, and
-// exceptions thrown by plugin factories are turned into trainyard::Error while the library is
+// both libraries. A library's registrations are staged and take effect together when its register
+// callback returns, so a callback that throws half-way leaves nothing registered. Objects it
+// creates hold their library loaded until they are destroyed (and know it: Component::library()),
+// and exceptions thrown by plugin factories are turned into trainyard::Error while the library is
 // still loaded.
 class Registry {
  public:
@@ -70,10 +72,12 @@ class Registry {
   std::vector<std::string> names(const std::string& kind) const;
 
   // Set by the plugin loader around a library's register callback: components added meanwhile
-  // belong to that library and keep `keep_alive` referenced.
+  // belong to that library and keep `keep_alive` referenced. They are staged until
+  // end_library() registers them all; abandon_library() drops them (the callback failed).
   void begin_library(std::shared_ptr<void> keep_alive, std::string path, std::string plugin,
                      std::string version);
   void end_library();
+  void abandon_library();
   // The folders and libraries plugins were loaded from, which an unknown-plugin error lists.
   void note_searched(std::string place);
   const std::vector<std::string>& searched() const { return searched_; }
@@ -95,8 +99,10 @@ class Registry {
 
   std::map<std::pair<std::string, std::string>, Entry> entries_;
   struct Loading {
+    // Declared first, destroyed last: the staged factories' code lives in the library.
     std::shared_ptr<void> keep_alive;
     std::string path, plugin, version;
+    std::map<std::pair<std::string, std::string>, Entry> staged;
   };
   std::unique_ptr<Loading> loading_;
   std::vector<std::string> searched_;

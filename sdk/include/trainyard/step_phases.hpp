@@ -103,7 +103,7 @@ class PhaseClock {
   bool keep_spans_;
   Clock::time_point origin_;
   // Events are pooled: an interval reuses the previous interval's events once they are read.
-  std::vector<std::unique_ptr<DeviceEvent>> events_;
+  std::vector<std::shared_ptr<DeviceEvent>> events_;
   std::size_t events_used_ = 0;
   std::vector<Step> steps_;
   bool in_step_ = false;

@@ -1,8 +1,9 @@
 // Communicator conformance: ranks (threads of this process, or a child process for a peer that
 // dies) meet over loopback through the store and must get PyTorch's results from point-to-point
 // transfers, every collective the strategies use, sub-groups of some ranks and the groups of a
-// device mesh. A plugin that needs CUDA is skipped, with a message, where there are not enough
-// GPUs for its ranks.
+// device mesh. Ranks run on the device types the plugin declares it serves
+// (Communicator::device_types), through the device plugins of those types; a plugin is skipped,
+// with a message, where no type it serves has a device for each rank.
 
 #include <ATen/ATen.h>
 #include <ATen/Context.h>
@@ -24,6 +25,7 @@
 #include "test_support.hpp"
 #include "trainyard/collective_counter.hpp"
 #include "trainyard/communicator.hpp"
+#include "trainyard/device.hpp"
 #include "trainyard/device_mesh.hpp"
 #include "trainyard/distributed.hpp"
 #include "trainyard/error.hpp"
@@ -97,30 +99,40 @@ double sum_of_rank_bits(const std::vector<int>& ranks) {
 
 class CommConformance : public ::testing::TestWithParam<std::string> {
  protected:
-  bool needs_cuda() const {
-    const auto& help = trainyard::conformance::registry().info("comm", GetParam()).help;
-    return help.find("CUDA") != std::string::npos;
+  // The device types the plugin serves, in its order of preference.
+  std::vector<std::string> served_types() const {
+    auto comm = trainyard::conformance::registry().create<Communicator>(
+        GetParam(), trainyard::conformance::section("comm"),
+        trainyard::conformance::classification_context());
+    return comm->device_types();
   }
 
-  // The device of each of `world_size` ranks here: the CPU, or a GPU per rank for a plugin that
-  // drives CUDA (nullopt when there are not enough).
+  // The device of each of `world_size` ranks here, on the first type the plugin serves whose
+  // device plugin is loaded and has a device for every rank (each rank's own where the backend
+  // gives each local rank one); nullopt when no served type has enough.
   std::optional<std::vector<c10::Device>> devices_for(int world_size) const {
-    std::vector<c10::Device> out;
-    for (int rank = 0; rank < world_size; ++rank) {
-      if (!needs_cuda()) {
-        out.emplace_back(c10::kCPU);
-      } else if (at::hasCUDA() && at::getNumGPUs() >= static_cast<std::size_t>(world_size)) {
-        out.emplace_back(c10::kCUDA, static_cast<c10::DeviceIndex>(rank));
-      } else {
-        return std::nullopt;
+    const auto& registry = trainyard::conformance::registry();
+    for (const auto& type : served_types()) {
+      if (!registry.contains("device", type)) continue;
+      auto backend = registry.create<trainyard::DeviceBackend>(
+          type, trainyard::Config({}, "device"), trainyard::BuildContext{});
+      if (!backend->available()) continue;
+      std::vector<c10::Device> out;
+      for (int rank = 0; rank < world_size; ++rank) {
+        const int index = backend->device_for_local_rank(rank).value_or(0);
+        if (index >= backend->device_count()) break;
+        out.push_back(backend->device(index));
       }
+      if (static_cast<int>(out.size()) == world_size) return out;
     }
-    return out;
+    return std::nullopt;
   }
 
   std::string missing_devices(int world_size) const {
-    return "comm '" + GetParam() + "' needs " + std::to_string(world_size) +
-           " CUDA devices; there are fewer here";
+    std::string types;
+    for (const auto& type : served_types()) types += (types.empty() ? "" : ", ") + type;
+    return "comm '" + GetParam() + "' serves " + types + " devices; none has a device for each of " +
+           std::to_string(world_size) + " ranks here";
   }
 
   std::optional<c10::Device> device_for(int rank) {
@@ -646,13 +658,9 @@ TEST_P(CommConformance, PeerThatDiesMidCollectiveEndsTheOthersWithAnError) {
 
 TEST_P(CommConformance, CollectivesOnOneRank) {
   // A world of one runs wherever one device is: the path a single GPU can check.
-  c10::Device device(c10::kCPU);
-  if (needs_cuda()) {
-    if (!at::hasCUDA() || at::getNumGPUs() < 1) {
-      TRAINYARD_SKIP_WITHOUT_GPU() << "comm '" << GetParam() << "' needs a CUDA device; none here";
-    }
-    device = c10::Device(c10::kCUDA, 0);
-  }
+  auto devices = devices_for(1);
+  if (!devices) TRAINYARD_SKIP_WITHOUT_GPU() << missing_devices(1);
+  const c10::Device device = devices->front();
   auto comm = trainyard::conformance::registry().create<Communicator>(
       GetParam(), trainyard::conformance::section("comm"),
       trainyard::conformance::classification_context());

@@ -1,7 +1,8 @@
 // Device backend conformance: availability queries never crash; an available device has a
 // device 0 of its type, events that measure time, memory statistics, utilisation within range
-// where reported, float32 among its fast dtypes, a name, pinning that preserves values and
-// generator state that restores exactly.
+// where reported, float32 among its fast dtypes, a name, pinning that preserves values,
+// generator state that restores exactly, and placement, default-comm and doctor hooks that hold
+// together.
 
 #include <ATen/ATen.h>
 #include <torch/utils.h>
@@ -14,6 +15,7 @@
 #include "conformance.hpp"
 #include "test_support.hpp"
 #include "trainyard/batch.hpp"
+#include "trainyard/communicator.hpp"
 #include "trainyard/device.hpp"
 
 namespace {
@@ -195,6 +197,42 @@ TEST_P(DeviceConformance, RngStateRestoresTheSequence) {
   backend->manual_seed(1234);
   torch::Tensor reseeded = torch::randn({64}, options).cpu();
   EXPECT_TRUE(at::equal(first, reseeded)) << "manual_seed is not deterministic";
+}
+
+// What activation checkpointing replays: rng_state() read before random work and set back makes
+// the device draw the same numbers again.
+TEST_P(DeviceConformance, GeneratorStateReplaysRandomWork) {
+  AVAILABLE_OR_SKIP(backend);
+  const auto options = torch::TensorOptions().device(backend->device(0));
+  const torch::Tensor state = backend->rng_state(0);
+  ASSERT_TRUE(state.defined());
+  torch::Tensor first = torch::rand({64}, options).cpu();
+  backend->set_rng_state(0, state);
+  torch::Tensor again = torch::rand({64}, options).cpu();
+  EXPECT_TRUE(at::equal(first, again)) << "set_rng_state did not replay the draws";
+}
+
+// What the runtime asks instead of naming device types: a device for each local rank within
+// range, a default communicator that is loaded and serves this type, and doctor lines that say
+// something.
+TEST_P(DeviceConformance, PlacementCommAndDoctorHooks) {
+  auto backend = build();
+  for (const auto& line : backend->doctor_report()) EXPECT_FALSE(line.empty());
+  if (!backend->available()) GTEST_SKIP() << "device '" << GetParam() << "' is not available";
+  for (int local_rank = 0; local_rank < backend->device_count(); ++local_rank) {
+    const auto own = backend->device_for_local_rank(local_rank);
+    if (own) { EXPECT_EQ(*own, local_rank) << "each local rank drives a device of its own"; }
+  }
+  const std::string comm = backend->default_comm();
+  if (comm.empty()) return;
+  const auto& registry = trainyard::conformance::registry();
+  ASSERT_TRUE(registry.contains("comm", comm)) << "default comm '" << comm << "' is not loaded";
+  auto communicator = registry.create<trainyard::Communicator>(
+      comm, trainyard::conformance::section("comm"),
+      trainyard::conformance::classification_context());
+  const auto types = communicator->device_types();
+  EXPECT_NE(std::find(types.begin(), types.end(), GetParam()), types.end())
+      << "the default comm '" << comm << "' does not serve " << GetParam() << " devices";
 }
 
 }  // namespace
