@@ -41,10 +41,9 @@ class EventDevice final : public DeviceBackend {
 };
 
 void register_components(Registry& registry) {
-  registry.add<DeviceBackend>("test_events", {}, "the host, with events counted in ticks",
-                              [](const Config&, const BuildContext&) {
-                                return std::make_unique<EventDevice>();
-                              });
+  registry.add<DeviceBackend>(
+      "test_events", {}, "the host, with events counted in ticks",
+      [](const Config&, const BuildContext&) { return std::make_unique<EventDevice>(); });
 }
 
 }  // namespace

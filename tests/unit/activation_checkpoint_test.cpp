@@ -156,8 +156,8 @@ TEST(ActivationCheckpointing, RecomputeReplaysTheDeviceGeneratorThroughItsBacken
   auto device = std::make_shared<OwnGeneratorDevice>();
   torch::nn::Linear linear(8, 8);
   // Dropout drawing its mask from the device's generator.
-  const Block block{"dropped", linear.ptr(), [linear, device](const Activations& x) {
-                      const torch::Tensor y = linear->forward(x.hidden());
+  const Block block{"dropped", linear.ptr(), [layer = linear.ptr(), device](const Activations& x) {
+                      const torch::Tensor y = layer->forward(x.hidden());
                       const torch::Tensor keep =
                           at::rand(y.sizes(), device->generator(), y.options()) > 0.5;
                       return x.with_hidden(y * keep * 2.0);

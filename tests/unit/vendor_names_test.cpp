@@ -26,12 +26,12 @@ const std::map<std::string, std::string> kAllowed = {
 };
 
 // Names that are always a vendor's, matched in any case anywhere in a word.
-const std::vector<std::string> kLongNames = {"cuda",  "cudnn", "cublas", "nccl", "rccl",
-                                             "nvidia", "nvml", "rocm",  "gloo", "oneccl"};
+const std::vector<std::string> kLongNames = {"cuda",   "cudnn", "cublas", "nccl", "rccl",
+                                             "nvidia", "nvml",  "rocm",   "gloo", "oneccl"};
 // Short device-type names, matched only as a word of their own, in lower or upper case
 // (is_xpu, kMPS, "hip"), so that "ship" or "chip" do not count.
-const std::vector<std::string> kShortNames = {"hip", "xpu", "mps", "hpu", "npu", "mtia", "xla",
-                                              "mlu", "tpu", "metal"};
+const std::vector<std::string> kShortNames = {"hip",  "xpu", "mps", "hpu", "npu",
+                                              "mtia", "xla", "mlu", "tpu", "metal"};
 
 std::string lower(std::string text) {
   for (auto& c : text) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
@@ -49,8 +49,7 @@ bool names_word(const std::string& line, const std::string& name) {
       return upper_case ? std::isupper(static_cast<unsigned char>(c)) != 0
                         : std::islower(static_cast<unsigned char>(c)) != 0;
     };
-    for (auto at = line.find(spelling); at != std::string::npos;
-         at = line.find(spelling, at + 1)) {
+    for (auto at = line.find(spelling); at != std::string::npos; at = line.find(spelling, at + 1)) {
       const bool starts = at == 0 || !same_case_letter(line[at - 1]);
       const std::size_t end = at + spelling.size();
       const bool ends = end == line.size() || !same_case_letter(line[end]);
