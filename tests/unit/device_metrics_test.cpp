@@ -311,9 +311,6 @@ class TrackedPeakCpu final : public DeviceBackend {
   int device_count() const override { return 1; }
   torch::Device device(int index) const override { return cpu_->device(index); }
   void synchronize(int index) override { cpu_->synchronize(index); }
-  std::unique_ptr<DeviceEvent> create_event(int index) override {
-    return cpu_->create_event(index);
-  }
   DeviceMemory memory(int) const override {
     DeviceMemory memory;
     memory.current_bytes = tracker_.current_bytes();
@@ -324,6 +321,11 @@ class TrackedPeakCpu final : public DeviceBackend {
   void manual_seed(std::uint64_t) override {}
   void save_rng_state(StateDict&) const override {}
   void load_rng_state(const StateDict&) override {}
+
+ protected:
+  std::unique_ptr<DeviceEvent> make_event(int) override {
+    return std::make_unique<HostClockEvent>();
+  }
 
  private:
   std::shared_ptr<DeviceBackend> cpu_;
