@@ -1,6 +1,6 @@
 // The sim accelerator (ports/sim), built out of tree against the installed SDK alone and loaded
 // with --plugin-path: it passes the device and comm conformance suites and trains as the CPU
-// does, alone and under ddp and fsdp. The build is the ctest fixture sim_port_build.
+// does, alone and under ddp and fsdp.
 
 #include <gtest/gtest.h>
 
@@ -35,6 +35,23 @@ CommandResult run_installed(const std::vector<std::string>& command, const fs::p
   argv.insert(argv.end(), extra.begin(), extra.end());
   return run_command(argv, source_dir(), 900);
 }
+
+// Builds the port once per test process (the install is refreshed, an unchanged build is a
+// no-op), under a lock so that concurrent test processes take turns.
+class SimPortBuild : public ::testing::Environment {
+ public:
+  void SetUp() override {
+    fs::create_directories(port_dir());
+    auto build = run_command({"flock", (port_dir() / ".lock").string(),
+                              (source_dir() / "tests" / "e2e" / "build_sim_port.sh").string(),
+                              binary_dir().string(), port_dir().string()},
+                             source_dir(), 1800);
+    ASSERT_EQ(build.exit_code, 0) << describe(build);
+  }
+};
+
+[[maybe_unused]] ::testing::Environment* const kSimPortBuild =
+    ::testing::AddGlobalTestEnvironment(new SimPortBuild);
 
 const fs::path kCnn = "recipes/fashion_mnist_cnn.toml";
 const std::vector<std::string> kFiftySteps = {
