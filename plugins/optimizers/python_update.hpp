@@ -8,6 +8,7 @@
 // for-loop otherwise, cpu included (torch/optim/optimizer.py, _default_to_fused_or_foreach).
 
 #include <ATen/core/Tensor.h>
+#include <torch/optim/optimizer.h>
 
 #include <cstdlib>
 #include <iostream>
@@ -62,6 +63,16 @@ inline bool has_foreach_kernels(const at::Tensor& tensor) {
 }
 
 // What `auto` stands for with these parameters.
+// Every parameter of an optimizer's groups, in order (what resolve() decides the path over).
+inline std::vector<at::Tensor> all_parameters(
+    const std::vector<torch::optim::OptimizerParamGroup>& groups) {
+  std::vector<at::Tensor> all;
+  for (const auto& group : groups) {
+    for (const auto& p : group.params()) all.push_back(p);
+  }
+  return all;
+}
+
 inline Path resolve(Path path, const std::vector<at::Tensor>& parameters) {
   if (path != Path::kAuto) return path;
   for (const auto& parameter : parameters) {

@@ -34,12 +34,8 @@ class PythonAdamW final : public torch::optim::AdamW {
   PythonAdamW(std::vector<torch::Tensor> params, const torch::optim::AdamWOptions& options,
               Path path)
       : torch::optim::AdamW(std::move(params), options) {
-    std::vector<at::Tensor> all;
-    for (const auto& group : param_groups()) {
-      for (const auto& p : group.params()) all.push_back(p);
-    }
     requested_ = path;
-    path_ = python_update::resolve(path, all);
+    path_ = python_update::resolve(path, python_update::all_parameters(param_groups()));
   }
 
   torch::Tensor step(LossClosure closure = nullptr) override {

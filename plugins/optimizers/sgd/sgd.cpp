@@ -26,12 +26,8 @@ class PythonSgd final : public torch::optim::SGD {
  public:
   PythonSgd(std::vector<torch::Tensor> params, const torch::optim::SGDOptions& options, Path path)
       : torch::optim::SGD(std::move(params), options) {
-    std::vector<at::Tensor> all;
-    for (const auto& group : param_groups()) {
-      for (const auto& p : group.params()) all.push_back(p);
-    }
     requested_ = path;
-    path_ = python_update::resolve(path, all);
+    path_ = python_update::resolve(path, python_update::all_parameters(param_groups()));
   }
 
   torch::Tensor step(LossClosure closure = nullptr) override {
