@@ -1,29 +1,128 @@
 #include "trainyard/allocation_tracker.hpp"
 
 #include <c10/core/Allocator.h>
+#include <c10/core/CPUAllocator.h>
 #include <c10/util/ThreadLocalDebugInfo.h>
 
 #include <algorithm>
 #include <array>
+#include <cstdint>
+#include <memory>
 #include <mutex>
+#include <unordered_map>
 
 namespace trainyard {
 
-struct AllocationTracker::Counters : c10::MemoryReportingInfoBase {
+struct AllocationTracker::Counters : c10::MemoryReportingInfoBase,
+                                     std::enable_shared_from_this<AllocationTracker::Counters> {
   std::mutex mutex;
   std::array<std::int64_t, c10::COMPILE_TIME_MAX_DEVICE_TYPES> current{};
   std::array<std::int64_t, c10::COMPILE_TIME_MAX_DEVICE_TYPES> peak{};
 
-  void reportMemoryUsage(void*, int64_t alloc_size, size_t, size_t,
-                         c10::Device device) override {
-    const auto type = static_cast<std::size_t>(device.type());
+  void add(c10::DeviceType device, std::int64_t bytes) {
+    const auto type = static_cast<std::size_t>(device);
     if (type >= current.size()) return;
     std::lock_guard<std::mutex> lock(mutex);
-    current[type] += alloc_size;
+    current[type] += bytes;
     peak[type] = std::max(peak[type], current[type]);
+  }
+
+  // The accelerators' caching allocators report here. CPU memory is counted by the tracking CPU
+  // allocator below instead, because the allocators report a free to the freeing thread's
+  // tracker: a tensor a communication worker thread frees would stay counted forever.
+  void reportMemoryUsage(void*, int64_t alloc_size, size_t, size_t,
+                         c10::Device device) override {
+    if (device.type() == c10::DeviceType::CPU) return;
+    add(device.type(), alloc_size);
   }
   bool memoryProfilingEnabled() const override { return true; }
 };
+
+namespace {
+
+// The tracker of the calling thread, if one is installed there (or inherited with the thread's
+// local state, as the autograd engine's and intra-op threads do).
+std::shared_ptr<AllocationTracker::Counters> current_counters() {
+  auto* info = c10::ThreadLocalDebugInfo::get(c10::DebugInfoKind::PROFILER_STATE);
+  auto* counters = dynamic_cast<AllocationTracker::Counters*>(info);
+  if (counters == nullptr) return nullptr;
+  return counters->shared_from_this();
+}
+
+// Stands in front of LibTorch's CPU allocator once a tracker has been created, for the rest of
+// the process (storages keep a pointer to the allocator that made them, so it must never go
+// away). An allocation made under a tracker is remembered with that tracker; its free is
+// charged back to the same tracker from whichever thread it happens on. Allocations outside
+// any tracker pass through untouched.
+class TrackingCpuAllocator final : public c10::Allocator {
+ public:
+  explicit TrackingCpuAllocator(c10::Allocator* inner) : inner_(inner) {}
+
+  c10::DataPtr allocate(std::size_t bytes) override {
+    c10::DataPtr data = inner_->allocate(bytes);
+    auto counters = current_counters();
+    const auto inner_deleter = inner_->raw_deleter();
+    // Only plain allocations (the data is its own context, freed by the inner raw deleter) can
+    // be re-labelled without changing what frees them.
+    if (counters == nullptr || inner_deleter == nullptr || data.get() != data.get_context()) {
+      return data;
+    }
+    void* pointer = data.release_context();
+    counters->add(c10::DeviceType::CPU, static_cast<std::int64_t>(bytes));
+    {
+      std::lock_guard<std::mutex> lock(live_mutex());
+      live()[pointer] = Live{std::move(counters), static_cast<std::int64_t>(bytes), inner_deleter};
+    }
+    return {pointer, pointer, &free_tracked, c10::Device(c10::DeviceType::CPU)};
+  }
+
+  c10::DeleterFnPtr raw_deleter() const override { return &free_tracked; }
+
+  void copy_data(void* destination, const void* source, std::size_t count) const override {
+    inner_->copy_data(destination, source, count);
+  }
+
+ private:
+  struct Live {
+    std::shared_ptr<AllocationTracker::Counters> counters;
+    std::int64_t bytes = 0;
+    c10::DeleterFnPtr inner_deleter = nullptr;
+  };
+
+  static std::mutex& live_mutex() {
+    static std::mutex mutex;
+    return mutex;
+  }
+  static std::unordered_map<void*, Live>& live() {
+    static auto* map = new std::unordered_map<void*, Live>();  // outlives static destruction
+    return *map;
+  }
+
+  static void free_tracked(void* pointer) {
+    Live entry;
+    {
+      std::lock_guard<std::mutex> lock(live_mutex());
+      auto found = live().find(pointer);
+      if (found == live().end()) return;
+      entry = std::move(found->second);
+      live().erase(found);
+    }
+    entry.counters->add(c10::DeviceType::CPU, -entry.bytes);
+    entry.inner_deleter(pointer);
+  }
+
+  c10::Allocator* inner_;
+};
+
+void install_tracking_cpu_allocator() {
+  static std::once_flag installed;
+  std::call_once(installed, [] {
+    static auto* allocator = new TrackingCpuAllocator(c10::GetCPUAllocator());
+    c10::SetAllocator(c10::DeviceType::CPU, allocator, /*priority=*/UINT8_MAX);
+  });
+}
+
+}  // namespace
 
 struct AllocationTracker::Installation {
   explicit Installation(std::shared_ptr<c10::DebugInfoBase> info)
@@ -32,8 +131,10 @@ struct AllocationTracker::Installation {
 };
 
 AllocationTracker::AllocationTracker()
-    : counters_(std::make_shared<Counters>()),
-      installation_(std::make_unique<Installation>(counters_)) {}
+    : counters_(std::make_shared<Counters>()) {
+  install_tracking_cpu_allocator();
+  installation_ = std::make_unique<Installation>(counters_);
+}
 
 AllocationTracker::~AllocationTracker() = default;
 

@@ -47,7 +47,7 @@ Replay train_and_replay(const TempDir& dir, const std::string& recipe,
   std::vector<std::string> run = {"run", recipe};
   for (const auto& setting : settings) run.insert(run.end(), {"--set", setting});
   for (const auto& setting : trainyard_only) run.insert(run.end(), {"--set", setting});
-  for (const std::string setting : {"run.initial_model_file=" + (dir / "initial.pt").string(),
+  for (const std::string& setting : {"run.initial_model_file=" + (dir / "initial.pt").string(),
                                     "run.step_record_file=" + (dir / "steps.jsonl").string(),
                                     "run.final_model_file=" + (dir / "final.pt").string(),
                                     std::string("sinks.jsonl.enabled=true")}) {

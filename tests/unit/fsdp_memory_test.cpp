@@ -8,7 +8,9 @@
 #include <ATen/Parallel.h>
 #include <gtest/gtest.h>
 
+#include <chrono>
 #include <iostream>
+#include <thread>
 
 #include "step_harness.hpp"
 #include "trainyard/allocation_tracker.hpp"
@@ -25,6 +27,22 @@ struct Held {
   std::int64_t tracked = 0;  // what the rank's allocations that are still live add up to
   double loss = 0;
 };
+
+// The tracker's live bytes once the communicator's worker threads have let go of the last
+// collectives' tensors: a worker drops its reference to a finished collective just after waking
+// the rank that waits on it, so for a moment after the steps the rank's gathered parameters may
+// still be alive there.
+std::int64_t settled_bytes(const AllocationTracker& tracker) {
+  std::int64_t bytes = tracker.current_bytes();
+  int unchanged = 0;
+  for (int attempt = 0; attempt < 400 && unchanged < 5; ++attempt) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    const std::int64_t now = tracker.current_bytes();
+    unchanged = now == bytes ? unchanged + 1 : 0;
+    bytes = now;
+  }
+  return bytes;
+}
 
 // One rank: a cnn with AdamW under `strategy` (its options in TOML), two steps, then what it
 // holds.
@@ -49,7 +67,8 @@ Held run_rank(int rank, int port, const std::string& strategy, const std::string
     Batch batch = random_batch(8, kShape, kClasses, 100 * step + static_cast<std::uint64_t>(rank));
     held.loss = harness.strategy->train_step(std::span<const Batch>(&batch, 1)).loss.item<double>();
   }
-  held.tracked = tracker.current_bytes();
+  harness.context.communicator->barrier();
+  held.tracked = settled_bytes(tracker);
   held.bytes = harness.strategy->held_bytes();
   harness.context.communicator->barrier();
   return held;

@@ -37,6 +37,7 @@ UnitSharding parse_sharding(const Config& config) {
   const std::string value = config.get_string("sharding");
   if (value == "full") return UnitSharding::kFull;
   if (value == "grad_op") return UnitSharding::kGradOp;
+  if (value == "none") return UnitSharding::kNone;
   // The declared choices keep other names out before the factory runs.
   config.fail("sharding", "is not a known sharding: '" + value + "'");
 }

@@ -1,8 +1,11 @@
 #pragma once
 // Counts the bytes LibTorch's allocators hand out while a tracker lives: live bytes now and
-// their peak, per device type. It listens on the allocators' own reporting hook (the one
-// torch.profiler's profile_memory uses: the CPU allocator and the accelerators' caching allocators
-// report every allocation and free to it), so it measures real allocations, not estimates.
+// their peak, per device type, from the allocators themselves, not from estimates. Accelerator
+// memory comes from the caching allocators' reporting hook (the one torch.profiler's
+// profile_memory uses); CPU memory from a thin allocator placed in front of LibTorch's CPU
+// allocator when the first tracker is created, which remembers which tracker each allocation
+// belongs to, so a free is charged back to it from whichever thread frees (a communication
+// worker often drops the last reference to a collective's tensors).
 // Only memory allocated while the tracker lives is counted; it covers the creating thread and
 // the threads that inherit its thread-local state (the autograd engine's, intra-op workers).
 
