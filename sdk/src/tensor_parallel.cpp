@@ -3,7 +3,6 @@
 #include <ATen/ATen.h>
 #include <ATen/core/grad_mode.h>
 #include <torch/csrc/autograd/custom_function.h>
-#include <torch/nn/functional/linear.h>
 #include <torch/csrc/distributed/c10d/Backend.hpp>
 
 #include <map>
@@ -267,8 +266,8 @@ class SequenceParallelColumnLinear
     if (has_bias) context->saved_data["bias_dtype"] = bias->scalar_type();
     // Under autocast the product runs in the autocast dtype; backward, where autocast is off,
     // computes in its gradient's dtype (that one) and casts back as autocast's casts would.
-    const at::Tensor output = torch::nn::functional::linear(
-        all_gather(input, region->dim, region->group), weight, bias.value_or(at::Tensor()));
+    const at::Tensor output =
+        at::linear(all_gather(input, region->dim, region->group), weight, bias);
     return output.is_view() ? output.clone() : output;
   }
 
@@ -492,8 +491,10 @@ at::Tensor ColumnParallelLinearImpl::forward(const at::Tensor& input) {
         input, weight, bias.defined() ? std::optional<at::Tensor>(bias) : std::nullopt,
         c10::make_intrusive<Region>(group_, dim));
   } else {
-    output =
-        torch::nn::functional::linear(copy_to_tensor_parallel_region(input, group_), weight, bias);
+    // at::linear, as torch.nn.functional.linear: it adds the bias inside the product. The C++
+    // frontend's torch::nn::functional::linear multiplies a 3-d input first and adds the bias
+    // after, which under bf16 autocast rounds twice and trains differently from Python.
+    output = at::linear(copy_to_tensor_parallel_region(input, group_), weight, bias);
   }
   return gather_output_ ? gather_from_tensor_parallel_region(output, group_) : output;
 }
@@ -520,8 +521,8 @@ RowParallelLinearImpl::RowParallelLinearImpl(std::int64_t in_features, std::int6
 }
 
 at::Tensor RowParallelLinearImpl::forward(const at::Tensor& input) {
-  if (group_.size == 1) return torch::nn::functional::linear(input, weight, bias);
-  const at::Tensor partial = torch::nn::functional::linear(input, weight);
+  if (group_.size == 1) return at::linear(input, weight, bias);
+  const at::Tensor partial = at::linear(input, weight);
   at::Tensor output = sequence_parallel_ ? reduce_scatter_to_sequence_parallel_region(
                                                partial, sequence_dim_, group_)
                                          : reduce_from_tensor_parallel_region(partial, group_);
