@@ -1,5 +1,7 @@
 #include "device_placement.hpp"
 
+#include <c10/core/impl/DeviceGuardImplInterface.h>
+
 #include <algorithm>
 #include <string>
 #include <vector>
@@ -98,6 +100,13 @@ DevicePlacement DevicePlacement::choose(const RunOptions& run, const Registry& r
   }
   placement.device = placement.backend->device(placement.index);
   return placement;
+}
+
+void DevicePlacement::make_current() const {
+  if (device.is_cpu() || !device.has_index() || !c10::impl::hasDeviceGuardImpl(device.type())) {
+    return;
+  }
+  c10::impl::getDeviceGuardImpl(device.type())->setDevice(device);
 }
 
 }  // namespace trainyard

@@ -25,6 +25,12 @@ struct DevicePlacement {
   // Throws Error, located at run.device, for an unknown, unavailable or absent device.
   static DevicePlacement choose(const RunOptions& run, const Registry& registry,
                                 std::optional<int> local_rank, const BuildContext& build);
+
+  // Makes `device` the calling thread's current device of its type (through c10's device guard),
+  // so that what is created on the index-less device or on the current device lands on this
+  // rank's device, as a torchrun script arranges by setting the device of its local rank.
+  // Nothing for the CPU.
+  void make_current() const;
 };
 
 }  // namespace trainyard

@@ -96,6 +96,7 @@ Engine::Engine(Recipe recipe, const Registry& registry, RunControls controls)
   build.recipe_dir = s.recipe.path.parent_path();
   build.output_dir = s.run.output_dir;
   s.placement = DevicePlacement::choose(s.run, registry, s.runtime->local_rank(), build);
+  s.placement.make_current();
   build.device = s.placement.device;
   build.device_backend = s.placement.backend;
   s.runtime->connect(s.recipe, registry, *s.placement.backend, s.placement.device, build,

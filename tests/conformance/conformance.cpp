@@ -31,6 +31,7 @@ pass through.
 struct Selection {
   std::vector<fs::path> plugin_paths;
   std::set<std::string> components;
+  std::vector<std::string> arguments;  // the runner's own, as given
 };
 
 Selection& selection() {
@@ -120,6 +121,8 @@ std::vector<std::string> plugin_names(const std::string& kind) {
   return out;
 }
 
+std::vector<std::string> runner_arguments() { return selection().arguments; }
+
 // Reads the runner's own arguments out of argv, leaving GoogleTest's. Returns false (after
 // printing why) when the command line cannot be used.
 bool take_runner_arguments(int& argc, char** argv) {
@@ -136,8 +139,10 @@ bool take_runner_arguments(int& argc, char** argv) {
         std::cerr << "trainyard-conformance: --component needs a component name\n";
         return false;
       }
+      chosen.arguments.insert(chosen.arguments.end(), {arg, argv[i + 1]});
       chosen.components.insert(argv[++i]);
     } else if (arg.rfind("--component=", 0) == 0) {
+      chosen.arguments.push_back(arg);
       chosen.components.insert(arg.substr(std::strlen("--component=")));
     } else if (arg.rfind("-", 0) == 0) {
       argv[kept++] = argv[i];  // GoogleTest's
@@ -149,6 +154,7 @@ bool take_runner_arguments(int& argc, char** argv) {
         return false;
       }
       chosen.plugin_paths.push_back(path);
+      chosen.arguments.push_back(path.string());
     }
   }
   argc = kept;

@@ -1,6 +1,7 @@
 // Sim kernels. Memory, copies and views are implemented here; random ops draw from the sim
-// generator; everything else runs through a boxed CPU fallback (inputs copied to the host, the
-// CPU kernel run, results copied back), so the sim device computes bit for bit what the CPU does.
+// generator; batch norm runs the CPU kernel on host aliases of sim memory; everything else runs
+// through a boxed CPU fallback (inputs copied to the host, the CPU kernel run, results copied
+// back), so the sim device computes bit for bit what the CPU does.
 
 #include <ATen/EmptyTensor.h>
 #include <ATen/core/op_registration/adaption.h>
@@ -17,6 +18,7 @@
 #include <torch/library.h>
 
 #include <mutex>
+#include <optional>
 #include <string>
 
 #include "sim_generator.hpp"
@@ -205,7 +207,40 @@ void cpu_fallback(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
   at::native::cpu_fallback(op, stack);
 }
 
+// Runs the CPU kernel on host aliases of the sim tensors, with no copies, so that whatever the
+// kernel writes into its arguments lands in sim memory. For ops that update an argument their
+// schema does not declare mutable (native_batch_norm's running statistics): the copying fallback
+// copies back only declared mutations, and would drop those updates. The results, new CPU
+// tensors, move to the device of the first sim argument.
+void host_alias_kernel(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
+  const std::size_t count = op.schema().arguments().size();
+  std::optional<c10::Device> device;
+  for (std::size_t i = stack->size() - count; i < stack->size(); ++i) {
+    c10::IValue& argument = (*stack)[i];
+    if (!argument.isTensor()) continue;
+    const at::Tensor& tensor = argument.toTensor();
+    if (!tensor.defined() || !tensor.is_privateuseone()) continue;
+    if (!device) device = tensor.device();
+    argument = host_alias(tensor);
+  }
+  TORCH_CHECK(device.has_value(), "sim: '", op.schema().operator_name(),
+              "' was dispatched to the sim device without a sim tensor");
+  op.redispatchBoxed(c10::DispatchKeySet(c10::DispatchKey::CPU), stack);
+  const std::size_t results = op.schema().returns().size();
+  for (std::size_t i = stack->size() - results; i < stack->size(); ++i) {
+    c10::IValue& result = (*stack)[i];
+    if (result.isTensor() && result.toTensor().defined()) {
+      result = result.toTensor().to(*device);
+    }
+  }
+}
+
 }  // namespace
+
+// The batch-norm kernels that update the running statistics in place without declaring it.
+TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
+  m.impl("native_batch_norm", torch::CppFunction::makeFromBoxedFunction<&host_alias_kernel>());
+}
 
 TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
   m.impl("empty.memory_format", empty_memory_format);

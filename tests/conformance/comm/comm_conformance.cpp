@@ -632,9 +632,14 @@ TEST_P(CommConformance, PeerThatDiesMidCollectiveEndsTheOthersWithAnError) {
 
   const ::testing::TestInfo* test = ::testing::UnitTest::GetInstance()->current_test_info();
   std::optional<Clock::time_point> killed_at;
+  std::vector<std::string> peer_command = {std::filesystem::read_symlink("/proc/self/exe").string(),
+                                           std::string("--gtest_filter=") +
+                                               test->test_suite_name() + "." + test->name()};
+  for (const auto& argument : trainyard::conformance::runner_arguments()) {
+    peer_command.push_back(argument);
+  }
   auto peer = trainyard::testing::run_command(
-      {std::filesystem::read_symlink("/proc/self/exe").string(),
-       std::string("--gtest_filter=") + test->test_suite_name() + "." + test->name()},
+      peer_command,
       {}, /*timeout_s=*/180, {std::string(kDyingPeerPortVariable) + "=" + std::to_string(port)},
       [&] {
         const auto since = waiting_since.load();
