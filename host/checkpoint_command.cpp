@@ -12,7 +12,7 @@
 #include "cli.hpp"
 #include "trainyard/build_context.hpp"
 #include "trainyard/checkpoint.hpp"
-#include "trainyard/checkpoint_store.hpp"
+#include "trainyard/runtime/checkpoint_store.hpp"
 #include "trainyard/error.hpp"
 #include "trainyard/files.hpp"
 #include "trainyard/placed_state.hpp"

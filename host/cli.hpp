@@ -8,7 +8,7 @@
 #include <string>
 #include <vector>
 
-#include "trainyard/plugin_loader.hpp"
+#include "trainyard/runtime/plugin_loader.hpp"
 
 namespace trainyard {
 

@@ -28,7 +28,7 @@
 #include "trainyard/error.hpp"
 #include "trainyard/strict_json.hpp"
 #include "trainyard/pipeline_timeline.hpp"
-#include "trainyard/recipe.hpp"
+#include "trainyard/runtime/recipe.hpp"
 
 namespace po = boost::program_options;
 namespace fs = std::filesystem;

@@ -10,7 +10,7 @@
 #include "trainyard/device_mesh.hpp"
 #include "trainyard/error.hpp"
 #include "trainyard/pipeline_schedule.hpp"
-#include "trainyard/recipe.hpp"
+#include "trainyard/runtime/recipe.hpp"
 
 namespace trainyard {
 namespace {

@@ -20,8 +20,8 @@
 #include "trainyard/device.hpp"
 #include "trainyard/error.hpp"
 #include "trainyard/libtorch_build.hpp"
-#include "trainyard/peak_flops.hpp"
-#include "trainyard/recipe.hpp"
+#include "trainyard/runtime/peak_flops.hpp"
+#include "trainyard/runtime/recipe.hpp"
 #include "trainyard/version.hpp"
 
 namespace po = boost::program_options;

@@ -3,7 +3,7 @@
 #include "trainyard/config.hpp"
 #include "trainyard/device_mesh.hpp"
 #include "trainyard/error.hpp"
-#include "trainyard/recipe.hpp"
+#include "trainyard/runtime/recipe.hpp"
 
 namespace trainyard {
 namespace {

@@ -17,7 +17,7 @@
 #include "group_resize.hpp"
 #include "progress_watch.hpp"
 #include "trainyard/distributed.hpp"
-#include "trainyard/heartbeat.hpp"
+#include "trainyard/runtime/heartbeat.hpp"
 #include "trainyard/error.hpp"
 
 extern char** environ;

@@ -9,7 +9,7 @@
 #include <string>
 #include <vector>
 
-#include "trainyard/heartbeat.hpp"
+#include "trainyard/runtime/heartbeat.hpp"
 
 namespace trainyard {
 

@@ -1,4 +1,4 @@
-#include "trainyard/allocation_tracker.hpp"
+#include "trainyard/runtime/allocation_tracker.hpp"
 
 #include <c10/core/Allocator.h>
 #include <c10/core/CPUAllocator.h>

@@ -7,7 +7,7 @@
 #include <cerrno>
 #include <cstring>
 
-#include "trainyard/crc32.hpp"
+#include "trainyard/runtime/crc32.hpp"
 #include "trainyard/error.hpp"
 
 namespace trainyard {

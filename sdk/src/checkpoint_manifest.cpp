@@ -1,11 +1,11 @@
-#include "trainyard/checkpoint_manifest.hpp"
+#include "trainyard/runtime/checkpoint_manifest.hpp"
 
 #include <limits>
 #include <sstream>
 
 #include "trainyard/config.hpp"
 #include "trainyard/error.hpp"
-#include "trainyard/recipe.hpp"
+#include "trainyard/runtime/recipe.hpp"
 
 namespace trainyard {
 

@@ -1,4 +1,4 @@
-#include "trainyard/checkpoint_store.hpp"
+#include "trainyard/runtime/checkpoint_store.hpp"
 
 #include <ATen/ATen.h>
 
@@ -12,7 +12,7 @@
 #include <iomanip>
 #include <sstream>
 
-#include "trainyard/crc32.hpp"
+#include "trainyard/runtime/crc32.hpp"
 #include "trainyard/error.hpp"
 #include "trainyard/files.hpp"
 #include "trainyard/version.hpp"

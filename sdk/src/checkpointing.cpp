@@ -8,7 +8,7 @@
 #include "trainyard/checkpoint.hpp"
 #include "trainyard/device.hpp"
 #include "trainyard/error.hpp"
-#include "trainyard/loader.hpp"
+#include "trainyard/runtime/loader.hpp"
 #include "trainyard/precision.hpp"
 #include "trainyard/strategy.hpp"
 #include "trainyard/version.hpp"

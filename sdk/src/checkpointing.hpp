@@ -12,8 +12,8 @@
 #include <string>
 
 #include "trainyard/build_context.hpp"
-#include "trainyard/checkpoint_store.hpp"
-#include "trainyard/recipe.hpp"
+#include "trainyard/runtime/checkpoint_store.hpp"
+#include "trainyard/runtime/recipe.hpp"
 #include "trainyard/registry.hpp"
 
 namespace trainyard {

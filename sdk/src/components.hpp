@@ -5,7 +5,7 @@
 #include <memory>
 
 #include "trainyard/build_context.hpp"
-#include "trainyard/recipe.hpp"
+#include "trainyard/runtime/recipe.hpp"
 #include "trainyard/registry.hpp"
 #include "trainyard/strategy.hpp"
 

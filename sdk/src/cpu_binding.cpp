@@ -1,4 +1,4 @@
-#include "trainyard/cpu_binding.hpp"
+#include "trainyard/runtime/cpu_binding.hpp"
 
 #include <sched.h>
 #include <sys/syscall.h>

@@ -1,4 +1,4 @@
-#include "trainyard/crash_report.hpp"
+#include "trainyard/runtime/crash_report.hpp"
 
 #include <execinfo.h>
 #include <sys/syscall.h>

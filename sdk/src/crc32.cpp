@@ -1,4 +1,4 @@
-#include "trainyard/crc32.hpp"
+#include "trainyard/runtime/crc32.hpp"
 
 #include <zlib.h>
 

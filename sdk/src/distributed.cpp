@@ -26,7 +26,7 @@
 #include <vector>
 
 #include "trainyard/error.hpp"
-#include "trainyard/heartbeat.hpp"
+#include "trainyard/runtime/heartbeat.hpp"
 
 namespace trainyard {
 

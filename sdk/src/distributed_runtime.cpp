@@ -6,7 +6,7 @@
 #include <algorithm>
 #include <cstdlib>
 
-#include "trainyard/cpu_binding.hpp"
+#include "trainyard/runtime/cpu_binding.hpp"
 #include "trainyard/error.hpp"
 
 namespace trainyard {

@@ -20,7 +20,7 @@
 #include "trainyard/device_mesh.hpp"
 #include "trainyard/distributed.hpp"
 #include "trainyard/process_mesh.hpp"
-#include "trainyard/recipe.hpp"
+#include "trainyard/runtime/recipe.hpp"
 #include "trainyard/registry.hpp"
 #include "trainyard/strategy.hpp"
 

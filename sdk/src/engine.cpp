@@ -1,4 +1,4 @@
-#include "trainyard/engine.hpp"
+#include "trainyard/runtime/engine.hpp"
 
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
@@ -22,9 +22,9 @@
 #include "trainyard/collective_counter.hpp"
 #include "trainyard/device.hpp"
 #include "trainyard/error.hpp"
-#include "trainyard/loader.hpp"
-#include "trainyard/loader_tuning.hpp"
-#include "trainyard/optimizer_step_gate.hpp"
+#include "trainyard/runtime/loader.hpp"
+#include "trainyard/runtime/loader_tuning.hpp"
+#include "trainyard/runtime/optimizer_step_gate.hpp"
 #include "trainyard/sample_index.hpp"
 #include "trainyard/scheduler.hpp"
 #include "trainyard/step_phases.hpp"

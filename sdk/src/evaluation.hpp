@@ -11,7 +11,7 @@
 #include <vector>
 
 #include "distributed_runtime.hpp"
-#include "trainyard/loader.hpp"
+#include "trainyard/runtime/loader.hpp"
 
 namespace trainyard {
 

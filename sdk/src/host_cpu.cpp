@@ -7,7 +7,7 @@
 #include <iterator>
 #include <sstream>
 
-#include "trainyard/cpu_binding.hpp"
+#include "trainyard/runtime/cpu_binding.hpp"
 
 namespace trainyard {
 namespace {

@@ -23,7 +23,7 @@
 #include "trainyard/metrics.hpp"
 #include "trainyard/model.hpp"
 #include "trainyard/optimizer.hpp"
-#include "trainyard/peak_flops.hpp"
+#include "trainyard/runtime/peak_flops.hpp"
 #include "trainyard/precision.hpp"
 #include "trainyard/scheduler.hpp"
 #include "trainyard/strategy.hpp"

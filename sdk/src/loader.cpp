@@ -1,4 +1,4 @@
-#include "trainyard/loader.hpp"
+#include "trainyard/runtime/loader.hpp"
 
 #include <ATen/ATen.h>
 #include <ATen/CPUGeneratorImpl.h>
@@ -13,7 +13,7 @@
 #include <thread>
 
 #include "trainyard/error.hpp"
-#include "trainyard/stream_loader.hpp"
+#include "trainyard/runtime/stream_loader.hpp"
 
 namespace trainyard {
 

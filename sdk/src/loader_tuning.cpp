@@ -1,4 +1,4 @@
-#include "trainyard/loader_tuning.hpp"
+#include "trainyard/runtime/loader_tuning.hpp"
 
 #include <algorithm>
 #include <cmath>

@@ -10,7 +10,7 @@
 
 #include "trainyard/device.hpp"
 #include "trainyard/error.hpp"
-#include "trainyard/loader.hpp"
+#include "trainyard/runtime/loader.hpp"
 #include "trainyard/precision.hpp"
 #include "trainyard/scheduler.hpp"
 #include "trainyard/strategy.hpp"

@@ -3,7 +3,7 @@
 #include <string>
 
 #include "trainyard/distributed.hpp"
-#include "trainyard/optimizer_step_gate.hpp"
+#include "trainyard/runtime/optimizer_step_gate.hpp"
 #include "trainyard/state.hpp"
 #include "trainyard/strategy.hpp"
 

@@ -1,4 +1,4 @@
-#include "trainyard/optimizer_step_gate.hpp"
+#include "trainyard/runtime/optimizer_step_gate.hpp"
 
 #include <utility>
 

@@ -1,4 +1,4 @@
-#include "trainyard/optimizer_stepped_memory.hpp"
+#include "trainyard/runtime/optimizer_stepped_memory.hpp"
 
 namespace trainyard {
 

@@ -1,4 +1,4 @@
-#include "trainyard/peak_flops.hpp"
+#include "trainyard/runtime/peak_flops.hpp"
 
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>

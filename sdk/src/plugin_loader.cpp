@@ -1,4 +1,4 @@
-#include "trainyard/plugin_loader.hpp"
+#include "trainyard/runtime/plugin_loader.hpp"
 
 #include <boost/dll/shared_library.hpp>
 #include <dlfcn.h>

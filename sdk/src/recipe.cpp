@@ -1,4 +1,4 @@
-#include "trainyard/recipe.hpp"
+#include "trainyard/runtime/recipe.hpp"
 
 #include <algorithm>
 #include <set>

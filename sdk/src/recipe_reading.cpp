@@ -11,7 +11,7 @@
 #include <string_view>
 
 #include "trainyard/error.hpp"
-#include "trainyard/recipe.hpp"
+#include "trainyard/runtime/recipe.hpp"
 
 namespace trainyard {
 

@@ -2,7 +2,7 @@
 
 #include "stop_signals.hpp"
 #include "trainyard/error.hpp"
-#include "trainyard/loader.hpp"
+#include "trainyard/runtime/loader.hpp"
 
 namespace trainyard {
 

@@ -10,8 +10,8 @@
 
 #include "trainyard/activation_checkpoint.hpp"
 #include "trainyard/config.hpp"
-#include "trainyard/cpu_binding.hpp"
-#include "trainyard/recipe.hpp"
+#include "trainyard/runtime/cpu_binding.hpp"
+#include "trainyard/runtime/recipe.hpp"
 
 namespace trainyard {
 

@@ -1,4 +1,4 @@
-#include "trainyard/stream_loader.hpp"
+#include "trainyard/runtime/stream_loader.hpp"
 
 #include <ATen/ATen.h>
 

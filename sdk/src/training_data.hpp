@@ -9,7 +9,7 @@
 #include "device_placement.hpp"
 #include "run_options.hpp"
 #include "trainyard/dataset.hpp"
-#include "trainyard/loader.hpp"
+#include "trainyard/runtime/loader.hpp"
 
 namespace trainyard {
 

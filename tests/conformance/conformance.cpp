@@ -9,8 +9,8 @@
 #include <iostream>
 #include <set>
 
-#include "trainyard/crash_report.hpp"
-#include "trainyard/plugin_loader.hpp"
+#include "trainyard/runtime/crash_report.hpp"
+#include "trainyard/runtime/plugin_loader.hpp"
 
 namespace trainyard::conformance {
 namespace {

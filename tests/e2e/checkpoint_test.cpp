@@ -14,8 +14,8 @@
 #include "test_support.hpp"
 #include "trainyard/build_context.hpp"
 #include "trainyard/checkpoint.hpp"
-#include "trainyard/checkpoint_store.hpp"
-#include "trainyard/plugin_loader.hpp"
+#include "trainyard/runtime/checkpoint_store.hpp"
+#include "trainyard/runtime/plugin_loader.hpp"
 
 namespace trainyard::testing {
 namespace {

@@ -26,7 +26,7 @@
 #include "test_support.hpp"
 #include "trainyard/pipeline_schedule.hpp"
 #include "trainyard/pipeline_timeline.hpp"
-#include "trainyard/recipe.hpp"
+#include "trainyard/runtime/recipe.hpp"
 
 namespace trainyard::testing {
 namespace {

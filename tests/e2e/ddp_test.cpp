@@ -15,7 +15,7 @@
 
 #include "metrics_file.hpp"
 #include "test_support.hpp"
-#include "trainyard/cpu_binding.hpp"
+#include "trainyard/runtime/cpu_binding.hpp"
 #include "trainyard/distributed.hpp"
 
 namespace trainyard::testing {

@@ -7,7 +7,7 @@
 
 #include "trainyard/dataset.hpp"
 #include "trainyard/error.hpp"
-#include "trainyard/loader.hpp"
+#include "trainyard/runtime/loader.hpp"
 #include "trainyard/plugin.hpp"
 
 namespace trainyard {

@@ -4,7 +4,7 @@
 
 #include <cstdlib>
 
-#include "trainyard/crash_report.hpp"
+#include "trainyard/runtime/crash_report.hpp"
 
 int main(int argc, char** argv) {
   // A test that crashes prints its call stack: a crash seen once in a long run is then

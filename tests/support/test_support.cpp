@@ -16,7 +16,7 @@
 
 #include "trainyard/distributed.hpp"
 #include "trainyard/files.hpp"
-#include "trainyard/plugin_loader.hpp"
+#include "trainyard/runtime/plugin_loader.hpp"
 
 extern char** environ;
 

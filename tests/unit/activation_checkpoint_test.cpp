@@ -9,7 +9,7 @@
 
 #include "step_harness.hpp"
 #include "trainyard/activation_checkpoint.hpp"
-#include "trainyard/allocation_tracker.hpp"
+#include "trainyard/runtime/allocation_tracker.hpp"
 #include "trainyard/device.hpp"
 
 namespace {

@@ -19,9 +19,9 @@
 #include "step_harness.hpp"
 #include "test_support.hpp"
 #include "trainyard/checkpoint.hpp"
-#include "trainyard/checkpoint_store.hpp"
-#include "trainyard/optimizer_step_gate.hpp"
-#include "trainyard/optimizer_stepped_memory.hpp"
+#include "trainyard/runtime/checkpoint_store.hpp"
+#include "trainyard/runtime/optimizer_step_gate.hpp"
+#include "trainyard/runtime/optimizer_stepped_memory.hpp"
 
 namespace trainyard::testing {
 namespace {

@@ -12,7 +12,7 @@
 
 #include "test_support.hpp"
 #include "trainyard/checkpoint_file.hpp"
-#include "trainyard/crc32.hpp"
+#include "trainyard/runtime/crc32.hpp"
 #include "trainyard/error.hpp"
 
 namespace trainyard {

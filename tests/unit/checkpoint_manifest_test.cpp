@@ -7,8 +7,8 @@
 #include <string>
 
 #include "test_support.hpp"
-#include "trainyard/checkpoint_manifest.hpp"
-#include "trainyard/checkpoint_store.hpp"
+#include "trainyard/runtime/checkpoint_manifest.hpp"
+#include "trainyard/runtime/checkpoint_store.hpp"
 
 namespace trainyard {
 namespace {

@@ -16,7 +16,7 @@
 
 #include "test_support.hpp"
 #include "trainyard/checkpoint.hpp"
-#include "trainyard/checkpoint_store.hpp"
+#include "trainyard/runtime/checkpoint_store.hpp"
 #include "trainyard/error.hpp"
 #include "trainyard/version.hpp"
 

@@ -10,7 +10,7 @@
 #include "test_support.hpp"
 #include "trainyard/config.hpp"
 #include "trainyard/error.hpp"
-#include "trainyard/recipe.hpp"
+#include "trainyard/runtime/recipe.hpp"
 
 namespace trainyard {
 namespace {

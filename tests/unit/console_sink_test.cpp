@@ -6,7 +6,7 @@
 #include "trainyard/build_context.hpp"
 #include "trainyard/config.hpp"
 #include "trainyard/metrics.hpp"
-#include "trainyard/plugin_loader.hpp"
+#include "trainyard/runtime/plugin_loader.hpp"
 
 namespace trainyard::testing {
 namespace {

@@ -11,7 +11,7 @@
 #include <functional>
 #include <string>
 
-#include "trainyard/crash_report.hpp"
+#include "trainyard/runtime/crash_report.hpp"
 
 namespace trainyard::testing {
 namespace {

@@ -14,12 +14,12 @@
 
 #include "nvml.hpp"
 #include "test_support.hpp"
-#include "trainyard/allocation_tracker.hpp"
+#include "trainyard/runtime/allocation_tracker.hpp"
 #include "trainyard/build_context.hpp"
-#include "trainyard/cpu_binding.hpp"
+#include "trainyard/runtime/cpu_binding.hpp"
 #include "trainyard/device.hpp"
 #include "trainyard/host_cpu.hpp"
-#include "trainyard/peak_flops.hpp"
+#include "trainyard/runtime/peak_flops.hpp"
 #include "trainyard/step_phases.hpp"
 
 namespace trainyard::testing {

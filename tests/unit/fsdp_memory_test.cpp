@@ -13,7 +13,7 @@
 #include <thread>
 
 #include "step_harness.hpp"
-#include "trainyard/allocation_tracker.hpp"
+#include "trainyard/runtime/allocation_tracker.hpp"
 
 namespace trainyard::testing {
 namespace {

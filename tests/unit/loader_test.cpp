@@ -18,7 +18,7 @@
 #include "trainyard/batch.hpp"
 #include "trainyard/dataset.hpp"
 #include "trainyard/error.hpp"
-#include "trainyard/loader.hpp"
+#include "trainyard/runtime/loader.hpp"
 
 namespace trainyard {
 namespace {

@@ -5,7 +5,7 @@
 
 #include <optional>
 
-#include "trainyard/loader_tuning.hpp"
+#include "trainyard/runtime/loader_tuning.hpp"
 
 namespace trainyard {
 namespace {

@@ -7,7 +7,7 @@
 #include <torch/optim/adamw.h>
 
 #include "test_support.hpp"
-#include "trainyard/checkpoint_store.hpp"
+#include "trainyard/runtime/checkpoint_store.hpp"
 #include "trainyard/error.hpp"
 #include "trainyard/optimizer.hpp"
 #include "trainyard/parameter_pieces.hpp"

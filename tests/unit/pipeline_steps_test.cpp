@@ -11,7 +11,7 @@
 #include <map>
 
 #include "step_harness.hpp"
-#include "trainyard/allocation_tracker.hpp"
+#include "trainyard/runtime/allocation_tracker.hpp"
 #include "trainyard/block_selection.hpp"
 
 namespace trainyard::testing {

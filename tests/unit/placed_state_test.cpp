@@ -5,7 +5,7 @@
 #include <gtest/gtest.h>
 
 #include "test_support.hpp"
-#include "trainyard/checkpoint_store.hpp"
+#include "trainyard/runtime/checkpoint_store.hpp"
 #include "trainyard/error.hpp"
 #include "trainyard/placed_state.hpp"
 

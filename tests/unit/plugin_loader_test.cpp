@@ -14,7 +14,7 @@
 #include "trainyard/device.hpp"
 #include "trainyard/error.hpp"
 #include "trainyard/metrics.hpp"
-#include "trainyard/plugin_loader.hpp"
+#include "trainyard/runtime/plugin_loader.hpp"
 #include "trainyard/registry.hpp"
 #include "trainyard/version.hpp"
 

@@ -11,7 +11,7 @@
 #include "test_support.hpp"
 #include "trainyard/config.hpp"
 #include "trainyard/error.hpp"
-#include "trainyard/recipe.hpp"
+#include "trainyard/runtime/recipe.hpp"
 #include "trainyard/registry.hpp"
 
 namespace trainyard {

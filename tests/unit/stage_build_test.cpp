@@ -13,7 +13,7 @@
 #include <map>
 
 #include "test_support.hpp"
-#include "trainyard/allocation_tracker.hpp"
+#include "trainyard/runtime/allocation_tracker.hpp"
 #include "trainyard/build_context.hpp"
 #include "trainyard/model.hpp"
 

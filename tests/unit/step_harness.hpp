@@ -23,7 +23,7 @@
 #include "trainyard/optimizer.hpp"
 #include "trainyard/precision.hpp"
 #include "trainyard/process_mesh.hpp"
-#include "trainyard/recipe.hpp"
+#include "trainyard/runtime/recipe.hpp"
 #include "trainyard/strategy.hpp"
 
 namespace trainyard::testing {

@@ -18,8 +18,8 @@
 #include "trainyard/batch.hpp"
 #include "trainyard/dataset.hpp"
 #include "trainyard/error.hpp"
-#include "trainyard/loader.hpp"
-#include "trainyard/stream_loader.hpp"
+#include "trainyard/runtime/loader.hpp"
+#include "trainyard/runtime/stream_loader.hpp"
 
 namespace trainyard {
 namespace {

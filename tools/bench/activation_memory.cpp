@@ -15,14 +15,14 @@
 #include <vector>
 
 #include "trainyard/activation_checkpoint.hpp"
-#include "trainyard/allocation_tracker.hpp"
+#include "trainyard/runtime/allocation_tracker.hpp"
 #include "trainyard/dataset.hpp"
-#include "trainyard/engine.hpp"
+#include "trainyard/runtime/engine.hpp"
 #include "trainyard/error.hpp"
 #include "trainyard/model.hpp"
-#include "trainyard/plugin_loader.hpp"
+#include "trainyard/runtime/plugin_loader.hpp"
 #include "trainyard/precision.hpp"
-#include "trainyard/recipe.hpp"
+#include "trainyard/runtime/recipe.hpp"
 
 namespace {
 

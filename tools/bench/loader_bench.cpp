@@ -22,8 +22,8 @@
 
 #include "trainyard/config.hpp"
 #include "trainyard/dataset.hpp"
-#include "trainyard/loader.hpp"
-#include "trainyard/plugin_loader.hpp"
+#include "trainyard/runtime/loader.hpp"
+#include "trainyard/runtime/plugin_loader.hpp"
 #include "trainyard/registry.hpp"
 
 namespace {

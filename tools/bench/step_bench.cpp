@@ -21,10 +21,10 @@
 #include <string_view>
 #include <vector>
 
-#include "trainyard/engine.hpp"
-#include "trainyard/loader.hpp"
-#include "trainyard/plugin_loader.hpp"
-#include "trainyard/recipe.hpp"
+#include "trainyard/runtime/engine.hpp"
+#include "trainyard/runtime/loader.hpp"
+#include "trainyard/runtime/plugin_loader.hpp"
+#include "trainyard/runtime/recipe.hpp"
 
 namespace {
 

@@ -6,7 +6,7 @@
 #include <cstdlib>
 #include <string>
 
-#include "trainyard/checkpoint_manifest.hpp"
+#include "trainyard/runtime/checkpoint_manifest.hpp"
 #include "trainyard/error.hpp"
 
 namespace {

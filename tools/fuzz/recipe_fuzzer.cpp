@@ -19,7 +19,7 @@
 #include <vector>
 
 #include "trainyard/error.hpp"
-#include "trainyard/recipe.hpp"
+#include "trainyard/runtime/recipe.hpp"
 
 namespace fs = std::filesystem;
 

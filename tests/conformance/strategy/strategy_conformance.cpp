@@ -20,7 +20,7 @@
 
 #include "conformance.hpp"
 #include "test_support.hpp"
-#include "trainyard/allocation_tracker.hpp"
+#include "trainyard/runtime/allocation_tracker.hpp"
 #include "trainyard/communicator.hpp"
 #include "trainyard/device.hpp"
 #include "trainyard/model.hpp"

@@ -37,7 +37,7 @@
 
 #include "trainyard/batch.hpp"
 #include "trainyard/dataset.hpp"
-#include "trainyard/loader.hpp"
+#include "trainyard/runtime/loader.hpp"
 #include "trainyard/state.hpp"
 
 namespace trainyard {

@@ -13,9 +13,9 @@
 #include <vector>
 
 #include "trainyard/checkpoint.hpp"
-#include "trainyard/checkpoint_manifest.hpp"
-#include "trainyard/optimizer_step_gate.hpp"
-#include "trainyard/optimizer_stepped_memory.hpp"
+#include "trainyard/runtime/checkpoint_manifest.hpp"
+#include "trainyard/runtime/optimizer_step_gate.hpp"
+#include "trainyard/runtime/optimizer_stepped_memory.hpp"
 #include "trainyard/state.hpp"
 
 namespace trainyard {

@@ -13,7 +13,7 @@
 #include <vector>
 
 #include "trainyard/batch.hpp"
-#include "trainyard/recipe.hpp"
+#include "trainyard/runtime/recipe.hpp"
 #include "trainyard/registry.hpp"
 #include "trainyard/strategy.hpp"
 
