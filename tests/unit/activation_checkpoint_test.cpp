@@ -7,6 +7,8 @@
 #include <torch/cuda.h>
 #include <torch/nn/modules/linear.h>
 
+#include <thread>
+
 #include "step_harness.hpp"
 #include "trainyard/activation_checkpoint.hpp"
 #include "trainyard/runtime/allocation_tracker.hpp"
@@ -350,6 +352,22 @@ TEST(AllocationTracker, CountsTheBytesAllocatedAndFreedWhileItLives) {
   EXPECT_EQ(tracker.peak_bytes(), 1000 * 4 + 500 * 8);
   tracker.reset_peak();
   EXPECT_EQ(tracker.peak_bytes(), 0);
+}
+
+// A tensor the tracked thread allocated and another thread frees (as a communication worker
+// drops the last reference to a collective's tensors) is charged back to the tracker; one the
+// other thread allocates is not the tracker's.
+TEST(AllocationTracker, AFreeOnAnotherThreadIsChargedToTheTrackerThatCounted) {
+  AllocationTracker tracker;
+  torch::Tensor handed_over = at::empty({1000});
+  EXPECT_EQ(tracker.current_bytes(), 1000 * 4);
+  std::thread other([moved = std::move(handed_over)]() mutable {
+    torch::Tensor own = at::empty({700});
+    moved.reset();
+  });
+  other.join();
+  EXPECT_EQ(tracker.current_bytes(), 0);
+  EXPECT_EQ(tracker.peak_bytes(), 1000 * 4);
 }
 
 struct Footprint {
