@@ -31,7 +31,6 @@ pass through.
 struct Selection {
   std::vector<fs::path> plugin_paths;
   std::set<std::string> components;
-  std::vector<std::string> arguments;  // the runner's own, as given
 };
 
 Selection& selection() {
@@ -121,7 +120,12 @@ std::vector<std::string> plugin_names(const std::string& kind) {
   return out;
 }
 
-std::vector<std::string> runner_arguments() { return selection().arguments; }
+std::vector<std::string> runner_arguments() {
+  std::vector<std::string> arguments;
+  for (const auto& path : selection().plugin_paths) arguments.push_back(path.string());
+  for (const auto& name : selection().components) arguments.push_back("--component=" + name);
+  return arguments;
+}
 
 // Reads the runner's own arguments out of argv, leaving GoogleTest's. Returns false (after
 // printing why) when the command line cannot be used.
@@ -139,10 +143,8 @@ bool take_runner_arguments(int& argc, char** argv) {
         std::cerr << "trainyard-conformance: --component needs a component name\n";
         return false;
       }
-      chosen.arguments.insert(chosen.arguments.end(), {arg, argv[i + 1]});
       chosen.components.insert(argv[++i]);
     } else if (arg.rfind("--component=", 0) == 0) {
-      chosen.arguments.push_back(arg);
       chosen.components.insert(arg.substr(std::strlen("--component=")));
     } else if (arg.rfind("-", 0) == 0) {
       argv[kept++] = argv[i];  // GoogleTest's
@@ -154,7 +156,6 @@ bool take_runner_arguments(int& argc, char** argv) {
         return false;
       }
       chosen.plugin_paths.push_back(path);
-      chosen.arguments.push_back(path.string());
     }
   }
   argc = kept;

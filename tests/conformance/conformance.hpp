@@ -36,8 +36,9 @@ const std::vector<std::string>& load_errors();
 // command line (narrowed by --component), else every one in registry().
 std::vector<std::string> plugin_names(const std::string& kind);
 
-// The runner's own arguments (plugin paths, --component) as given: a test that runs itself again
-// in a child process passes them on, so that the child loads and selects the same plugins.
+// The runner's own arguments (plugin paths, --component), rebuilt from its selection: a test that
+// runs itself again in a child process passes them on, so that the child loads and selects the
+// same plugins.
 std::vector<std::string> runner_arguments();
 
 // Test-name suffix for a plugin name: GoogleTest allows only [A-Za-z0-9_].
