@@ -23,8 +23,8 @@
 #include "trainyard/metrics.hpp"
 #include "trainyard/model.hpp"
 #include "trainyard/optimizer.hpp"
-#include "trainyard/runtime/peak_flops.hpp"
 #include "trainyard/precision.hpp"
+#include "trainyard/runtime/dtype_name.hpp"
 #include "trainyard/scheduler.hpp"
 #include "trainyard/strategy.hpp"
 

@@ -112,14 +112,6 @@ bool write_entry(const fs::path& file, const PeakProbeKey& key, double flops_per
 
 }  // namespace
 
-// "Float" is LibTorch's name for float32; people and the cache files say float32.
-std::string dtype_name(c10::ScalarType dtype) {
-  if (dtype == c10::kFloat) return "float32";
-  if (dtype == c10::kBFloat16) return "bfloat16";
-  if (dtype == c10::kHalf) return "float16";
-  return c10::toString(dtype);
-}
-
 const char* peak_source_name(PeakSource source) {
   switch (source) {
     case PeakSource::Declared:

@@ -13,7 +13,9 @@
 #include "trainyard/dataset.hpp"
 #include "trainyard/device.hpp"
 #include "trainyard/error.hpp"
+#include "trainyard/held_blocks.hpp"
 #include "trainyard/metrics.hpp"
+#include "trainyard/model.hpp"
 #include "trainyard/runtime/plugin_loader.hpp"
 #include "trainyard/registry.hpp"
 #include "trainyard/version.hpp"
@@ -259,6 +261,28 @@ TEST(PluginLoaderTest, DataSourceOutlivesDatasetAndRegistry) {
   EXPECT_EQ(source->get(3).at("target").item<std::int64_t>(), 3);
   source.reset();
   EXPECT_FALSE(library_loaded(path)) << "the last source released the library";
+}
+
+TEST(PluginLoaderTest, ModelBlocksOutliveModelAndRegistry) {
+  const fs::path path = test_plugin("block_model");
+  std::vector<Block> blocks;
+  {
+    Registry registry;
+    PluginLoader loader(registry);
+    loader.load_library(path);
+    auto model = registry.create<Model>("test_blocks", Config({}, "model"), BuildContext{});
+    blocks = held_blocks(*model);
+  }
+  // The model and the registry are gone; the block's module and forward hold the library.
+  ASSERT_TRUE(library_loaded(path));
+  ASSERT_EQ(blocks.size(), 1u);
+  const at::Tensor output = blocks[0].forward(Activations(at::ones({3}))).hidden();
+  EXPECT_TRUE(at::equal(output, at::full({3}, 2.0)));
+  EXPECT_EQ(blocks[0].module->named_parameters().size(), 1u);
+  blocks[0].forward = nullptr;
+  EXPECT_TRUE(library_loaded(path)) << "the module still holds the library";
+  blocks.clear();
+  EXPECT_FALSE(library_loaded(path)) << "the last block released the library";
 }
 
 }  // namespace

@@ -16,6 +16,7 @@
 #include "trainyard/error.hpp"
 #include "trainyard/gradient_reducer.hpp"
 #include "trainyard/gradients.hpp"
+#include "trainyard/held_blocks.hpp"
 #include "trainyard/micro_batch.hpp"
 #include "trainyard/model.hpp"
 #include "trainyard/optimizer.hpp"
@@ -75,7 +76,7 @@ class Ddp final : public Strategy {
     model_ = context.make_model(context.build);
     model_->module().to(context.build.device);
     model_->module().train();
-    blocks_ = model_->blocks();
+    blocks_ = held_blocks(*model_);
     for (const auto& item : model_->module().named_parameters(true)) {
       parameters_.push_back(item.value());
       names_.push_back(item.key());

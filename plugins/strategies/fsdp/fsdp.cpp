@@ -17,6 +17,7 @@
 #include "trainyard/distributed.hpp"
 #include "trainyard/error.hpp"
 #include "trainyard/gradients.hpp"
+#include "trainyard/held_blocks.hpp"
 #include "trainyard/micro_batch.hpp"
 #include "trainyard/model.hpp"
 #include "trainyard/module_state.hpp"
@@ -121,7 +122,7 @@ class Fsdp final : public Strategy {
       broadcast_coalesced(state);
     }
     try {
-      units_ = std::make_unique<ShardedUnits>(parameters_, names_, model_->blocks(), group_, units);
+      units_ = std::make_unique<ShardedUnits>(parameters_, names_, held_blocks(*model_), group_, units);
     } catch (const Error& error) {
       throw Error(std::string("fsdp: ") + error.what());
     }

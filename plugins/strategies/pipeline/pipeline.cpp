@@ -28,6 +28,7 @@
 #include "trainyard/error.hpp"
 #include "trainyard/gradient_reducer.hpp"
 #include "trainyard/gradients.hpp"
+#include "trainyard/held_blocks.hpp"
 #include "trainyard/model.hpp"
 #include "trainyard/optimizer.hpp"
 #include "trainyard/parameter_pieces.hpp"
@@ -473,14 +474,14 @@ class Pipeline final : public Strategy {
 
   std::unique_ptr<StageParameters> hold_parameters(const LocalStage& stage) const {
     if (!options_.sharding) {
-      return replicated_stage_parameters(stage.parameters, stage.names, stage.model->blocks(),
+      return replicated_stage_parameters(stage.parameters, stage.names, held_blocks(*stage.model),
                                          stage.layouts, dp_group_, options_.reducer);
     }
     ShardedUnitsOptions units;
     units.sharding = *options_.sharding;
     units.gather_dtype = autocast_dtype_.value_or(at::kFloat);
     units.reduce_dtype = at::kFloat;
-    return sharded_stage_parameters(stage.parameters, stage.names, stage.model->blocks(),
+    return sharded_stage_parameters(stage.parameters, stage.names, held_blocks(*stage.model),
                                     mesh_->group(MeshGroup::kDataShard), units);
   }
 

@@ -6,6 +6,7 @@
 
 #include "trainyard/activation_checkpoint.hpp"
 #include "trainyard/gradients.hpp"
+#include "trainyard/held_blocks.hpp"
 #include "trainyard/micro_batch.hpp"
 #include "trainyard/model.hpp"
 #include "trainyard/parameter_pieces.hpp"
@@ -25,7 +26,7 @@ class Single final : public Strategy {
     model_ = context.make_model(context.build);
     model_->module().to(context.build.device);
     model_->module().train();
-    blocks_ = with_activation_checkpointing(model_->blocks(), context.step.activation_checkpointing,
+    blocks_ = with_activation_checkpointing(held_blocks(*model_), context.step.activation_checkpointing,
                                             context.device_backend);
     parameters_ = model_->module().parameters(true);
     optimizer_ = context.optimizer->create(parameters_);

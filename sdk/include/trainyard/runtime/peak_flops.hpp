@@ -11,6 +11,8 @@
 #include <optional>
 #include <string>
 
+#include "trainyard/runtime/dtype_name.hpp"
+
 namespace trainyard {
 
 class DeviceBackend;
@@ -61,9 +63,6 @@ PeakFlops resolve_peak_flops(double declared_tflops, DeviceBackend& backend, int
                              std::optional<c10::ScalarType> autocast_dtype,
                              const std::filesystem::path& folder,
                              const std::function<void(const std::string&)>& warn);
-
-// "float32", "bfloat16", "float16": what the cache and the logs call a probe's dtype.
-std::string dtype_name(c10::ScalarType dtype);
 
 // "0.184 TFLOP/s (cached, bfloat16 matmul probe, <file>)", for logs.
 std::string describe_peak(const PeakFlops& peak);
