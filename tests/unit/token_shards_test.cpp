@@ -334,6 +334,16 @@ TEST(TokenShardBadInput, UnknownVersionAndTokenSizeAreNamed) {
   EXPECT_HAS(tokens_error(width), "3 bytes per token at offset 12");
 }
 
+TEST(TokenShardBadInput, NonZeroReservedFieldIsNamedWithItsOffset) {
+  TempDir dir;
+  std::string bytes = shard_bytes("TYTOKENS", 1, 2, 100, 256, 100);
+  bytes[28] = 7;
+  auto path = dir.write("reserved.tok", bytes);
+  auto error = tokens_error(path);
+  EXPECT_HAS(error, path.string());
+  EXPECT_HAS(error, "7 in its reserved field at offset 28");
+}
+
 TEST(TokenShardBadInput, WindowLongerThanAShardIsNamed) {
   TempDir dir;
   auto path = dir.write("short.tok", shard_bytes("TYTOKENS", 1, 2, 50, 256, 50));

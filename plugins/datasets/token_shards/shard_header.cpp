@@ -53,6 +53,12 @@ ShardHeader read_shard_header(std::span<const unsigned char> file, const std::st
   }
   const auto declared = load<std::uint64_t>(data + 16);
   header.vocab_size = load<std::uint32_t>(data + 24);
+  // Reserved for a later version of the format, whose reader would give it a meaning this one
+  // cannot honour; a corrupt header shows here too.
+  if (auto reserved = load<std::uint32_t>(data + 28); reserved != 0) {
+    fail("has " + std::to_string(reserved) + " in its reserved field at offset 28; version " +
+         std::to_string(kVersion) + " shards hold 0 there");
+  }
   const std::size_t payload = file.size() - kHeaderBytes;
   if (declared > payload / header.token_bytes) {
     fail("is truncated: its header (offset 16) declares " + std::to_string(declared) +
