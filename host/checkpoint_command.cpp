@@ -12,10 +12,10 @@
 #include "cli.hpp"
 #include "trainyard/build_context.hpp"
 #include "trainyard/checkpoint.hpp"
-#include "trainyard/runtime/checkpoint_store.hpp"
 #include "trainyard/error.hpp"
 #include "trainyard/files.hpp"
 #include "trainyard/placed_state.hpp"
+#include "trainyard/runtime/checkpoint_store.hpp"
 #include "trainyard/version.hpp"
 
 namespace po = boost::program_options;

@@ -1,9 +1,9 @@
 #include "compare.hpp"
 
+#include <boost/program_options.hpp>
 #include <fcntl.h>
 #include <sys/wait.h>
 #include <unistd.h>
-#include <boost/program_options.hpp>
 
 #include <algorithm>
 #include <cerrno>
@@ -26,9 +26,9 @@
 #include "cli.hpp"
 #include "compare_report.hpp"
 #include "trainyard/error.hpp"
-#include "trainyard/strict_json.hpp"
 #include "trainyard/pipeline_timeline.hpp"
 #include "trainyard/runtime/recipe.hpp"
+#include "trainyard/strict_json.hpp"
 
 namespace po = boost::program_options;
 namespace fs = std::filesystem;

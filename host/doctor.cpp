@@ -20,6 +20,7 @@
 #include "trainyard/device.hpp"
 #include "trainyard/error.hpp"
 #include "trainyard/libtorch_build.hpp"
+#include "trainyard/runtime/dtype_name.hpp"
 #include "trainyard/runtime/peak_flops.hpp"
 #include "trainyard/runtime/recipe.hpp"
 #include "trainyard/version.hpp"

@@ -17,8 +17,8 @@
 #include "group_resize.hpp"
 #include "progress_watch.hpp"
 #include "trainyard/distributed.hpp"
-#include "trainyard/runtime/heartbeat.hpp"
 #include "trainyard/error.hpp"
+#include "trainyard/runtime/heartbeat.hpp"
 
 extern char** environ;
 

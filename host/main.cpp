@@ -20,12 +20,12 @@
 #include "doctor.hpp"
 #include "launch.hpp"
 #include "schedule_command.hpp"
+#include "trainyard/error.hpp"
+#include "trainyard/registry.hpp"
 #include "trainyard/runtime/crash_report.hpp"
 #include "trainyard/runtime/engine.hpp"
-#include "trainyard/error.hpp"
 #include "trainyard/runtime/plugin_loader.hpp"
 #include "trainyard/runtime/recipe.hpp"
-#include "trainyard/registry.hpp"
 #include "trainyard/version.hpp"
 
 namespace po = boost::program_options;

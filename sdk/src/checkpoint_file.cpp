@@ -7,8 +7,8 @@
 #include <cerrno>
 #include <cstring>
 
-#include "trainyard/runtime/crc32.hpp"
 #include "trainyard/error.hpp"
+#include "trainyard/runtime/crc32.hpp"
 
 namespace trainyard {
 

@@ -5,16 +5,16 @@
 #include <algorithm>
 #include <atomic>
 #include <cstdio>
-#include <exception>
-#include <future>
 #include <cstring>
+#include <exception>
 #include <fstream>
+#include <future>
 #include <iomanip>
 #include <sstream>
 
-#include "trainyard/runtime/crc32.hpp"
 #include "trainyard/error.hpp"
 #include "trainyard/files.hpp"
+#include "trainyard/runtime/crc32.hpp"
 #include "trainyard/version.hpp"
 
 namespace trainyard {

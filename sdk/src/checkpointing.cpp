@@ -8,8 +8,8 @@
 #include "trainyard/checkpoint.hpp"
 #include "trainyard/device.hpp"
 #include "trainyard/error.hpp"
-#include "trainyard/runtime/loader.hpp"
 #include "trainyard/precision.hpp"
+#include "trainyard/runtime/loader.hpp"
 #include "trainyard/strategy.hpp"
 #include "trainyard/version.hpp"
 

@@ -12,9 +12,9 @@
 #include <string>
 
 #include "trainyard/build_context.hpp"
+#include "trainyard/registry.hpp"
 #include "trainyard/runtime/checkpoint_store.hpp"
 #include "trainyard/runtime/recipe.hpp"
-#include "trainyard/registry.hpp"
 
 namespace trainyard {
 

@@ -5,8 +5,8 @@
 #include <memory>
 
 #include "trainyard/build_context.hpp"
-#include "trainyard/runtime/recipe.hpp"
 #include "trainyard/registry.hpp"
+#include "trainyard/runtime/recipe.hpp"
 #include "trainyard/strategy.hpp"
 
 namespace trainyard {

@@ -12,10 +12,10 @@
 #include <torch/csrc/jit/serialization/pickle.h>
 
 #include <cctype>
-#include <csignal>
-#include <cstdio>
 #include <cerrno>
+#include <csignal>
 #include <cstdint>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <fstream>

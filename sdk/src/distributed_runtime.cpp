@@ -6,8 +6,8 @@
 #include <algorithm>
 #include <cstdlib>
 
-#include "trainyard/runtime/cpu_binding.hpp"
 #include "trainyard/error.hpp"
+#include "trainyard/runtime/cpu_binding.hpp"
 
 namespace trainyard {
 

@@ -20,8 +20,8 @@
 #include "trainyard/device_mesh.hpp"
 #include "trainyard/distributed.hpp"
 #include "trainyard/process_mesh.hpp"
-#include "trainyard/runtime/recipe.hpp"
 #include "trainyard/registry.hpp"
+#include "trainyard/runtime/recipe.hpp"
 #include "trainyard/strategy.hpp"
 
 namespace trainyard {

@@ -5,8 +5,8 @@
 
 #include <chrono>
 #include <cstring>
-#include <limits>
 #include <iostream>
+#include <limits>
 
 #include "checkpointing.hpp"
 #include "components.hpp"

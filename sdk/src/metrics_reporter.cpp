@@ -10,8 +10,9 @@
 
 #include "trainyard/device.hpp"
 #include "trainyard/error.hpp"
-#include "trainyard/runtime/loader.hpp"
 #include "trainyard/precision.hpp"
+#include "trainyard/runtime/dtype_name.hpp"
+#include "trainyard/runtime/loader.hpp"
 #include "trainyard/scheduler.hpp"
 #include "trainyard/strategy.hpp"
 

@@ -17,12 +17,12 @@
 #include "device_placement.hpp"
 #include "training_meter.hpp"
 #include "trainyard/build_context.hpp"
-#include "trainyard/runtime/engine.hpp"
 #include "trainyard/host_cpu.hpp"
 #include "trainyard/metrics.hpp"
+#include "trainyard/registry.hpp"
+#include "trainyard/runtime/engine.hpp"
 #include "trainyard/runtime/peak_flops.hpp"
 #include "trainyard/runtime/recipe.hpp"
-#include "trainyard/registry.hpp"
 
 namespace trainyard {
 

@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "trainyard/device.hpp"
+#include "trainyard/runtime/dtype_name.hpp"
 
 namespace fs = std::filesystem;
 

@@ -15,8 +15,8 @@
 
 #include "metrics_file.hpp"
 #include "test_support.hpp"
-#include "trainyard/runtime/cpu_binding.hpp"
 #include "trainyard/distributed.hpp"
+#include "trainyard/runtime/cpu_binding.hpp"
 
 namespace trainyard::testing {
 namespace {

@@ -7,8 +7,8 @@
 
 #include "trainyard/dataset.hpp"
 #include "trainyard/error.hpp"
-#include "trainyard/runtime/loader.hpp"
 #include "trainyard/plugin.hpp"
+#include "trainyard/runtime/loader.hpp"
 
 namespace trainyard {
 namespace {

@@ -11,8 +11,8 @@
 
 #include "step_harness.hpp"
 #include "trainyard/activation_checkpoint.hpp"
-#include "trainyard/runtime/allocation_tracker.hpp"
 #include "trainyard/device.hpp"
+#include "trainyard/runtime/allocation_tracker.hpp"
 
 namespace {
 

@@ -12,8 +12,8 @@
 
 #include "test_support.hpp"
 #include "trainyard/checkpoint_file.hpp"
-#include "trainyard/runtime/crc32.hpp"
 #include "trainyard/error.hpp"
+#include "trainyard/runtime/crc32.hpp"
 
 namespace trainyard {
 namespace {

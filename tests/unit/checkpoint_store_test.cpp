@@ -7,8 +7,8 @@
 #include <filesystem>
 #include <fstream>
 #include <map>
-#include <mutex>
 #include <memory>
+#include <mutex>
 #include <set>
 #include <string>
 #include <thread>
@@ -16,8 +16,8 @@
 
 #include "test_support.hpp"
 #include "trainyard/checkpoint.hpp"
-#include "trainyard/runtime/checkpoint_store.hpp"
 #include "trainyard/error.hpp"
+#include "trainyard/runtime/checkpoint_store.hpp"
 #include "trainyard/version.hpp"
 
 namespace trainyard {

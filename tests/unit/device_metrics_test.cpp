@@ -2,8 +2,8 @@
 // NVML's absence kept quiet, the dtypes each device computes fast and the advice that follows
 // from them, and the cached peak FLOP/s that model FLOPs utilisation divides by.
 
-#include <gtest/gtest.h>
 #include <ATen/Parallel.h>
+#include <gtest/gtest.h>
 #include <torch/torch.h>
 
 #include <atomic>
@@ -14,11 +14,11 @@
 
 #include "nvml.hpp"
 #include "test_support.hpp"
-#include "trainyard/runtime/allocation_tracker.hpp"
 #include "trainyard/build_context.hpp"
-#include "trainyard/runtime/cpu_binding.hpp"
 #include "trainyard/device.hpp"
 #include "trainyard/host_cpu.hpp"
+#include "trainyard/runtime/allocation_tracker.hpp"
+#include "trainyard/runtime/cpu_binding.hpp"
 #include "trainyard/runtime/peak_flops.hpp"
 #include "trainyard/step_phases.hpp"
 

@@ -7,10 +7,10 @@
 #include <torch/optim/adamw.h>
 
 #include "test_support.hpp"
-#include "trainyard/runtime/checkpoint_store.hpp"
 #include "trainyard/error.hpp"
 #include "trainyard/optimizer.hpp"
 #include "trainyard/parameter_pieces.hpp"
+#include "trainyard/runtime/checkpoint_store.hpp"
 
 namespace trainyard {
 namespace {

@@ -11,8 +11,8 @@
 #include <map>
 
 #include "step_harness.hpp"
-#include "trainyard/runtime/allocation_tracker.hpp"
 #include "trainyard/block_selection.hpp"
+#include "trainyard/runtime/allocation_tracker.hpp"
 
 namespace trainyard::testing {
 namespace {

@@ -5,9 +5,9 @@
 #include <gtest/gtest.h>
 
 #include "test_support.hpp"
-#include "trainyard/runtime/checkpoint_store.hpp"
 #include "trainyard/error.hpp"
 #include "trainyard/placed_state.hpp"
+#include "trainyard/runtime/checkpoint_store.hpp"
 
 namespace trainyard {
 namespace {

@@ -16,8 +16,8 @@
 #include "trainyard/held_blocks.hpp"
 #include "trainyard/metrics.hpp"
 #include "trainyard/model.hpp"
-#include "trainyard/runtime/plugin_loader.hpp"
 #include "trainyard/registry.hpp"
+#include "trainyard/runtime/plugin_loader.hpp"
 #include "trainyard/version.hpp"
 
 namespace trainyard {

@@ -11,8 +11,8 @@
 #include "test_support.hpp"
 #include "trainyard/config.hpp"
 #include "trainyard/error.hpp"
-#include "trainyard/runtime/recipe.hpp"
 #include "trainyard/registry.hpp"
+#include "trainyard/runtime/recipe.hpp"
 
 namespace trainyard {
 namespace {

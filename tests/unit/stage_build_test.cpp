@@ -13,9 +13,9 @@
 #include <map>
 
 #include "test_support.hpp"
-#include "trainyard/runtime/allocation_tracker.hpp"
 #include "trainyard/build_context.hpp"
 #include "trainyard/model.hpp"
+#include "trainyard/runtime/allocation_tracker.hpp"
 
 namespace trainyard::testing {
 namespace {

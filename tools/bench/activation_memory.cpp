@@ -15,13 +15,13 @@
 #include <vector>
 
 #include "trainyard/activation_checkpoint.hpp"
-#include "trainyard/runtime/allocation_tracker.hpp"
 #include "trainyard/dataset.hpp"
-#include "trainyard/runtime/engine.hpp"
 #include "trainyard/error.hpp"
 #include "trainyard/model.hpp"
-#include "trainyard/runtime/plugin_loader.hpp"
 #include "trainyard/precision.hpp"
+#include "trainyard/runtime/allocation_tracker.hpp"
+#include "trainyard/runtime/engine.hpp"
+#include "trainyard/runtime/plugin_loader.hpp"
 #include "trainyard/runtime/recipe.hpp"
 
 namespace {

@@ -31,8 +31,8 @@
 #include <chrono>
 #include <cmath>
 #include <cstdio>
-#include <filesystem>
 #include <cstdlib>
+#include <filesystem>
 #include <functional>
 #include <iterator>
 #include <memory>
@@ -41,17 +41,17 @@
 
 #include "trainyard/build_context.hpp"
 #include "trainyard/checkpoint.hpp"
-#include "trainyard/runtime/checkpoint_store.hpp"
 #include "trainyard/device.hpp"
 #include "trainyard/files.hpp"
 #include "trainyard/model.hpp"
 #include "trainyard/optimizer.hpp"
+#include "trainyard/precision.hpp"
+#include "trainyard/registry.hpp"
+#include "trainyard/runtime/checkpoint_store.hpp"
 #include "trainyard/runtime/optimizer_step_gate.hpp"
 #include "trainyard/runtime/optimizer_stepped_memory.hpp"
 #include "trainyard/runtime/plugin_loader.hpp"
-#include "trainyard/precision.hpp"
 #include "trainyard/runtime/recipe.hpp"
-#include "trainyard/registry.hpp"
 #include "trainyard/strategy.hpp"
 
 namespace fs = std::filesystem;
@@ -70,6 +70,20 @@ double process_cpu_seconds() {
   timespec now{};
   ::clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &now);
   return static_cast<double>(now.tv_sec) + static_cast<double>(now.tv_nsec) * 1e-9;
+}
+
+// The wall-clock and process CPU seconds one piece of work took.
+struct Spent {
+  double wall = 0;
+  double cpu = 0;
+};
+
+template <typename Work>
+Spent spend(Work&& work) {
+  const double cpu = process_cpu_seconds();
+  const auto begin = Clock::now();
+  work();
+  return {seconds_since(begin), process_cpu_seconds() - cpu};
 }
 
 double median(std::vector<double> values) {
@@ -263,44 +277,35 @@ int main(int argc, char** argv) {
       figures.sync.push_back(seconds_since(start));
       clear(store);
 
-      double none_s = 0, sync_s = 0, async_s = 0, call_s = 0;
-      double none_cpu = 0, sync_cpu = 0, async_cpu = 0;
-      auto without_save = [&] {
-        const double cpu = process_cpu_seconds();
-        const auto begin = Clock::now();
-        steps();
-        none_s = seconds_since(begin);
-        none_cpu = process_cpu_seconds() - cpu;
-      };
+      Spent none, sync, async;
+      double call_s = 0;
+      auto without_save = [&] { none = spend(steps); };
       auto with_sync_save = [&] {
-        const double cpu = process_cpu_seconds();
-        const auto begin = Clock::now();
-        store.save(step++, loop.state());
-        steps();
-        sync_s = seconds_since(begin);
-        sync_cpu = process_cpu_seconds() - cpu;
+        sync = spend([&] {
+          store.save(step++, loop.state());
+          steps();
+        });
         clear(store);
       };
       auto with_async_save = [&] {
-        const double cpu = process_cpu_seconds();
-        const auto begin = Clock::now();
-        loop.save_async(store, step++);
-        call_s = seconds_since(begin);
-        steps();
-        store.commit_pending();
-        async_s = seconds_since(begin);
-        async_cpu = process_cpu_seconds() - cpu;
+        async = spend([&] {
+          const auto begin = Clock::now();
+          loop.save_async(store, step++);
+          call_s = seconds_since(begin);
+          steps();
+          store.commit_pending();
+        });
         clear(store);
       };
       std::vector<std::function<void()>> windows = {without_save, with_sync_save,
                                                     with_async_save};
       std::rotate(windows.begin(), windows.begin() + (r % 3), windows.end());
       for (const auto& run : windows) run();
-      figures.sync_stall.push_back(sync_s - none_s);
-      figures.async_stall.push_back(async_s - none_s);
+      figures.sync_stall.push_back(sync.wall - none.wall);
+      figures.async_stall.push_back(async.wall - none.wall);
       figures.async_call.push_back(call_s);
-      figures.sync_cpu.push_back(sync_cpu - none_cpu);
-      figures.async_cpu.push_back(async_cpu - none_cpu);
+      figures.sync_cpu.push_back(sync.cpu - none.cpu);
+      figures.async_cpu.push_back(async.cpu - none.cpu);
     }
   }
 

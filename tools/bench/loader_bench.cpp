@@ -22,9 +22,9 @@
 
 #include "trainyard/config.hpp"
 #include "trainyard/dataset.hpp"
+#include "trainyard/registry.hpp"
 #include "trainyard/runtime/loader.hpp"
 #include "trainyard/runtime/plugin_loader.hpp"
-#include "trainyard/registry.hpp"
 
 namespace {
 

@@ -6,8 +6,8 @@
 #include <cstdlib>
 #include <string>
 
-#include "trainyard/runtime/checkpoint_manifest.hpp"
 #include "trainyard/error.hpp"
+#include "trainyard/runtime/checkpoint_manifest.hpp"
 
 namespace {
 

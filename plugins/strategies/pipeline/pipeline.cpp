@@ -10,8 +10,8 @@
 #include <ATen/ATen.h>
 #include <ATen/core/grad_mode.h>
 #include <torch/csrc/autograd/autograd.h>
-#include <torch/optim/optimizer.h>
 #include <torch/csrc/distributed/c10d/Backend.hpp>
+#include <torch/optim/optimizer.h>
 
 #include <chrono>
 #include <cmath>

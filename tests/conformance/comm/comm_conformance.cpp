@@ -635,9 +635,8 @@ TEST_P(CommConformance, PeerThatDiesMidCollectiveEndsTheOthersWithAnError) {
   std::vector<std::string> peer_command = {std::filesystem::read_symlink("/proc/self/exe").string(),
                                            std::string("--gtest_filter=") +
                                                test->test_suite_name() + "." + test->name()};
-  for (const auto& argument : trainyard::conformance::runner_arguments()) {
-    peer_command.push_back(argument);
-  }
+  const std::vector<std::string> runner = trainyard::conformance::runner_arguments();
+  peer_command.insert(peer_command.end(), runner.begin(), runner.end());
   auto peer = trainyard::testing::run_command(
       peer_command,
       {}, /*timeout_s=*/180, {std::string(kDyingPeerPortVariable) + "=" + std::to_string(port)},

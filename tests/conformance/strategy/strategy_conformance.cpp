@@ -20,13 +20,13 @@
 
 #include "conformance.hpp"
 #include "test_support.hpp"
-#include "trainyard/runtime/allocation_tracker.hpp"
 #include "trainyard/communicator.hpp"
 #include "trainyard/device.hpp"
 #include "trainyard/model.hpp"
 #include "trainyard/optimizer.hpp"
 #include "trainyard/precision.hpp"
 #include "trainyard/process_mesh.hpp"
+#include "trainyard/runtime/allocation_tracker.hpp"
 #include "trainyard/step_phases.hpp"
 #include "trainyard/strategy.hpp"
 

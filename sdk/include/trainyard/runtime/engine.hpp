@@ -13,8 +13,8 @@
 #include <vector>
 
 #include "trainyard/batch.hpp"
-#include "trainyard/runtime/recipe.hpp"
 #include "trainyard/registry.hpp"
+#include "trainyard/runtime/recipe.hpp"
 #include "trainyard/strategy.hpp"
 
 namespace trainyard {

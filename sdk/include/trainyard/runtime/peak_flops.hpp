@@ -11,8 +11,6 @@
 #include <optional>
 #include <string>
 
-#include "trainyard/runtime/dtype_name.hpp"
-
 namespace trainyard {
 
 class DeviceBackend;
