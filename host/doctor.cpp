@@ -14,6 +14,7 @@
 #include <thread>
 
 #include "cli.hpp"
+#include "malloc_provider.hpp"
 #include "trainyard/build_context.hpp"
 #include "trainyard/communicator.hpp"
 #include "trainyard/dataset.hpp"
@@ -96,6 +97,21 @@ void check_libtorch(Report& report) {
   report.ok("threads: " + std::to_string(at::get_num_threads()) + " intra-op, " +
             std::to_string(at::get_num_interop_threads()) + " inter-op, " +
             std::to_string(std::thread::hardware_concurrency()) + " cores");
+}
+
+// Which malloc serves the run: the host links tcmalloc for step speed, and a preloaded allocator
+// replaces it.
+void check_malloc(Report& report) {
+  const std::string provider = malloc_provider();
+#ifdef TRAINYARD_LINKS_TCMALLOC
+  if (provider.find("tcmalloc") != std::string::npos) {
+    report.ok("malloc: " + provider + " (linked by the host)");
+  } else {
+    report.info("malloc: " + provider + " (preloaded in place of the host's tcmalloc)");
+  }
+#else
+  report.info("malloc: " + provider + " (this host is built without tcmalloc)");
+#endif
 }
 
 // Loads every library of every plugin place one by one, so one broken plugin is reported
@@ -263,6 +279,7 @@ int command_doctor(const std::vector<std::string>& args, Registry& registry) {
   if (!values) return 0;
   Report report;
   check_libtorch(report);
+  check_malloc(report);
   PluginLoader loader(registry);
   check_plugins(report, loader, common);
   check_devices(report, registry);

@@ -161,12 +161,13 @@ int dispatch(int argc, char** argv, Registry& registry) {
   return kUsageError;
 }
 
-// A training step allocates and frees the same few-megabyte activations every time. glibc serves
+// For a host built without tcmalloc (TRAINYARD_TCMALLOC=OFF), or glibc's malloc preloaded: a
+// training step allocates and frees the same few-megabyte activations every time. glibc serves
 // blocks above its mmap threshold (128 KiB, raised only after a large block is freed) with a
 // fresh mmap each time, so every step pays page faults for them: a CPU run measured 20% slower
 // than the same run after a large allocation had happened to raise the threshold. Fixed
-// thresholds keep those blocks in the heap for reuse. An explicit MALLOC_MMAP_THRESHOLD_ or
-// MALLOC_TRIM_THRESHOLD_ (or another allocator, preloaded) is left alone.
+// thresholds keep those blocks in the heap for reuse. tcmalloc ignores mallopt. An explicit
+// MALLOC_MMAP_THRESHOLD_ or MALLOC_TRIM_THRESHOLD_ is left alone.
 void keep_step_allocations_in_the_heap() {
   if (!std::getenv("MALLOC_MMAP_THRESHOLD_")) mallopt(M_MMAP_THRESHOLD, 64 << 20);
   if (!std::getenv("MALLOC_TRIM_THRESHOLD_")) mallopt(M_TRIM_THRESHOLD, 256 << 20);

@@ -83,8 +83,10 @@ inline Path resolve(Path path, const std::vector<at::Tensor>& parameters) {
 
 // Says which path a run's optimizer takes, once per process and only on rank 0 (RANK, as the
 // launcher sets it; sharded strategies create one optimizer per shard group, all alike). Called
-// at the first step, so that a run failing before it still says only why.
-inline void announce(const char* optimizer, Path requested, Path taken) {
+// at the first step, so that a run failing before it still says only why. `how` says more of how
+// the path is computed, when there is more to say.
+inline void announce(const char* optimizer, Path requested, Path taken,
+                     const std::string& how = "") {
   static std::once_flag once;
   std::call_once(once, [&] {
     const char* rank = std::getenv("RANK");
@@ -92,6 +94,7 @@ inline void announce(const char* optimizer, Path requested, Path taken) {
     std::string line = std::string("trainyard: optimizer ") + optimizer + ": implementation " +
                        path_name(taken);
     if (requested == Path::kAuto) line += " (auto: torch.optim's default for these devices)";
+    if (!how.empty()) line += "; " + how;
     std::cerr << line << std::endl;
   });
 }

@@ -13,6 +13,8 @@ TEST(DoctorTest, PassesHereWithOneLinePerCheck) {
   EXPECT_HAS(result.out, "ok    libtorch 2.11.0");
   EXPECT_HAS(result.out, "Gloo yes");
   EXPECT_HAS(result.out, "ok    threads:");
+  // The host's own malloc, not glibc's, serves the run (host/CMakeLists.txt says why).
+  EXPECT_HAS(result.out, "ok    malloc: libtcmalloc_minimal.so.4 (linked by the host)");
   EXPECT_HAS(result.out, "ok    plugin folder " + plugin_folder().string());
   EXPECT_HAS(result.out, "ok    plugin single ");
   EXPECT_HAS(result.out, "ok    device cpu: ");

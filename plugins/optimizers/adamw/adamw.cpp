@@ -11,9 +11,11 @@
 #include <torch/optim/adamw.h>
 
 #include <cmath>
+#include <string>
 #include <unordered_map>
 
 #include "../python_update.hpp"
+#include "adamw_update.hpp"
 #include "trainyard/error.hpp"
 #include "trainyard/optimizer.hpp"
 #include "trainyard/plugin.hpp"
@@ -44,7 +46,7 @@ class PythonAdamW final : public torch::optim::AdamW {
       at::AutoGradMode enable_grad(true);
       loss = closure();
     }
-    python_update::announce("adamw", requested_, path_);
+    python_update::announce("adamw", requested_, path_, describe_single());
     at::NoGradGuard no_grad;
     for (auto& group : param_groups()) {
       const auto& options = static_cast<const torch::optim::AdamWOptions&>(group.options());
@@ -66,6 +68,13 @@ class PythonAdamW final : public torch::optim::AdamW {
   }
 
  private:
+  std::string describe_single() const {
+    if (path_ != Path::kSingle) return "";
+    return adamw::two_passes_match_operations()
+               ? "float32 parameters in two passes each, the same bits as its operations"
+               : "operation by operation (this machine's ATen rounds unlike the two passes)";
+  }
+
   // torch.optim.Adam._init_group: lazily created zero moments for parameters with gradients.
   GroupTensors collect(torch::optim::OptimizerParamGroup& group, bool amsgrad) {
     GroupTensors out;
@@ -95,37 +104,28 @@ class PythonAdamW final : public torch::optim::AdamW {
     return out;
   }
 
-  // torch/optim/adam.py _single_tensor_adam (capturable and differentiable off). Python's floats
-  // are doubles and `x ** y` is C's pow, so the scalars here are computed as Python computes them.
+  // torch/optim/adam.py _single_tensor_adam (capturable and differentiable off), parameter by
+  // parameter: in two passes where they give the same bits, else operation by operation
+  // (adamw_update.hpp).
   static void single(GroupTensors& t, const torch::optim::AdamWOptions& options) {
-    const double lr = options.lr();
-    const double beta1 = std::get<0>(options.betas());
-    const double beta2 = std::get<1>(options.betas());
-    const double weight_decay = options.weight_decay();
-    const double eps = options.eps();
+    adamw::UpdateSettings settings;
+    settings.lr = options.lr();
+    settings.beta1 = std::get<0>(options.betas());
+    settings.beta2 = std::get<1>(options.betas());
+    settings.eps = options.eps();
+    settings.weight_decay = options.weight_decay();
     for (std::size_t i = 0; i < t.params.size(); ++i) {
-      at::Tensor& param = t.params[i];
-      const at::Tensor& grad = t.grads[i];
-      at::Tensor& exp_avg = t.exp_avgs[i];
-      at::Tensor& exp_avg_sq = t.exp_avg_sqs[i];
       const std::int64_t step = t.states[i]->step() + 1;
       t.states[i]->step(step);
-      if (weight_decay != 0) param.mul_(1 - lr * weight_decay);
-      exp_avg.lerp_(grad, 1 - beta1);
-      exp_avg_sq.mul_(beta2).addcmul_(grad, grad, 1 - beta2);
-      const double bias_correction1 = 1 - std::pow(beta1, static_cast<double>(step));
-      const double bias_correction2 = 1 - std::pow(beta2, static_cast<double>(step));
-      const double step_size = lr / bias_correction1;
-      const double bias_correction2_sqrt = std::pow(bias_correction2, 0.5);
-      at::Tensor denom;
-      if (options.amsgrad()) {
-        at::Tensor& max_exp_avg_sq = t.max_exp_avg_sqs[i];
-        at::maximum_out(max_exp_avg_sq, max_exp_avg_sq, exp_avg_sq);
-        denom = (max_exp_avg_sq.sqrt() / bias_correction2_sqrt).add_(eps);
+      if (!options.amsgrad() &&
+          adamw::two_passes_apply(t.params[i], t.grads[i], t.exp_avgs[i], t.exp_avg_sqs[i])) {
+        adamw::update_in_two_passes(t.params[i], t.grads[i], t.exp_avgs[i], t.exp_avg_sqs[i],
+                                    settings, step);
       } else {
-        denom = (exp_avg_sq.sqrt() / bias_correction2_sqrt).add_(eps);
+        adamw::update_by_operations(
+            t.params[i], t.grads[i], t.exp_avgs[i], t.exp_avg_sqs[i],
+            options.amsgrad() ? t.max_exp_avg_sqs[i] : at::Tensor(), settings, step);
       }
-      param.addcdiv_(exp_avg, denom, -step_size);
     }
   }
 
