@@ -8,8 +8,8 @@ the automatic loader's measuring steps), and a side's time is the median over it
 
     peers_bench.py <trainyard binary> <source dir>
 
-Environment: PEERS_RECIPES (default all three), PEERS_REPEATS (runs per side, default 5),
-PEERS_SWEEP_REPEATS (runs per sweep configuration, default 3; 0: no sweep), PEERS_IMPLEMENTATION
+Environment: PEERS_RECIPES (default all three), PEERS_REPEATS (runs per side, default 7),
+PEERS_SWEEP_REPEATS (runs per sweep configuration, default 5; 0: no sweep), PEERS_IMPLEMENTATION
 (the optimizers' update path on both sides: auto, single, foreach or fused), PEERS_STEPS_SCALE
 (multiplies each recipe's steps, default 1), PEERS_SMOKE=1 (3 intervals of 2 steps a run, one
 repeat, the default and two corners of the sweep once, no floors checked: proves the benchmark
@@ -166,8 +166,8 @@ def main():
     for recipe in recipes:
         if recipe not in RECIPES:
             raise SystemExit(f"peers: unknown recipe '{recipe}' ({', '.join(RECIPES)})")
-    repeats = 1 if bench.smoke else int(os.environ.get("PEERS_REPEATS", "5"))
-    sweep_repeats = 1 if bench.smoke else int(os.environ.get("PEERS_SWEEP_REPEATS", "3"))
+    repeats = 1 if bench.smoke else int(os.environ.get("PEERS_REPEATS", "7"))
+    sweep_repeats = 1 if bench.smoke else int(os.environ.get("PEERS_SWEEP_REPEATS", "5"))
     ok = bench.peers(recipes, repeats)
     if sweep_repeats > 0:
         ok = bench.sweep(recipes, sweep_repeats) and ok
