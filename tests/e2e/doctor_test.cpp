@@ -1,6 +1,10 @@
 // `trainyard doctor`: passes on a working install, and names what is missing.
 
+#include <dlfcn.h>
+#include <gnu/libc-version.h>
 #include <gtest/gtest.h>
+
+#include <string>
 
 #include "test_support.hpp"
 
@@ -21,6 +25,17 @@ TEST(DoctorTest, PassesHereWithOneLinePerCheck) {
   EXPECT_HAS(result.out, "tensor round trip ok");
   EXPECT_HAS(result.out, "ok    recipe dataset fashion_mnist opens");
   EXPECT_EQ(result.out.find("FAIL"), std::string::npos) << result.out;
+}
+
+// A malloc preloaded with LD_PRELOAD takes the place of the tcmalloc the host links, and doctor
+// says so: here glibc's own, the way to time a run without tcmalloc.
+TEST(DoctorTest, NamesAPreloadedMallocInPlaceOfTcmalloc) {
+  Dl_info libc{};
+  ASSERT_NE(dladdr(reinterpret_cast<void*>(&gnu_get_libc_version), &libc), 0);
+  const CommandResult result = run_command({host_binary().string(), "doctor"}, source_dir(), 600,
+                                           {std::string("LD_PRELOAD=") + libc.dli_fname});
+  ASSERT_EQ(result.exit_code, 0) << describe(result);
+  EXPECT_HAS(result.out, "info  malloc: libc.so.6 (preloaded in place of the host's tcmalloc)");
 }
 
 // The peak FLOP/s a run would divide by: measured and cached by the first doctor, read back by
