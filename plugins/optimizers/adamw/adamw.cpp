@@ -38,6 +38,8 @@ class PythonAdamW final : public torch::optim::AdamW {
       : torch::optim::AdamW(std::move(params), options) {
     requested_ = path;
     path_ = python_update::resolve(path, python_update::all_parameters(param_groups()));
+    // Once, here: the probe of the two-pass update runs before the first step, not in it.
+    how_ = describe_single();
   }
 
   torch::Tensor step(LossClosure closure = nullptr) override {
@@ -46,7 +48,7 @@ class PythonAdamW final : public torch::optim::AdamW {
       at::AutoGradMode enable_grad(true);
       loss = closure();
     }
-    python_update::announce("adamw", requested_, path_, describe_single());
+    python_update::announce("adamw", requested_, path_, how_);
     at::NoGradGuard no_grad;
     for (auto& group : param_groups()) {
       const auto& options = static_cast<const torch::optim::AdamWOptions&>(group.options());
@@ -208,6 +210,7 @@ class PythonAdamW final : public torch::optim::AdamW {
 
   Path requested_;
   Path path_;
+  std::string how_;  // what the announcement adds about the path
   std::unordered_map<const void*, DeviceStep> device_steps_;
 };
 
