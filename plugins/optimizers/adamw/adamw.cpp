@@ -10,7 +10,6 @@
 #include <ATen/core/grad_mode.h>
 #include <torch/optim/adamw.h>
 
-#include <cmath>
 #include <string>
 #include <unordered_map>
 
@@ -106,16 +105,21 @@ class PythonAdamW final : public torch::optim::AdamW {
     return out;
   }
 
-  // torch/optim/adam.py _single_tensor_adam (capturable and differentiable off), parameter by
-  // parameter: in two passes where they give the same bits, else operation by operation
-  // (adamw_update.hpp).
-  static void single(GroupTensors& t, const torch::optim::AdamWOptions& options) {
+  static adamw::UpdateSettings update_settings(const torch::optim::AdamWOptions& options) {
     adamw::UpdateSettings settings;
     settings.lr = options.lr();
     settings.beta1 = std::get<0>(options.betas());
     settings.beta2 = std::get<1>(options.betas());
     settings.eps = options.eps();
     settings.weight_decay = options.weight_decay();
+    return settings;
+  }
+
+  // torch/optim/adam.py _single_tensor_adam (capturable and differentiable off), parameter by
+  // parameter: in two passes where they give the same bits, else operation by operation
+  // (adamw_update.hpp).
+  static void single(GroupTensors& t, const torch::optim::AdamWOptions& options) {
+    const adamw::UpdateSettings settings = update_settings(options);
     for (std::size_t i = 0; i < t.params.size(); ++i) {
       const std::int64_t step = t.states[i]->step() + 1;
       t.states[i]->step(step);
@@ -124,20 +128,18 @@ class PythonAdamW final : public torch::optim::AdamW {
         adamw::update_in_two_passes(t.params[i], t.grads[i], t.exp_avgs[i], t.exp_avg_sqs[i],
                                     settings, step);
       } else {
-        adamw::update_by_operations(
-            t.params[i], t.grads[i], t.exp_avgs[i], t.exp_avg_sqs[i],
-            options.amsgrad() ? t.max_exp_avg_sqs[i] : at::Tensor(), settings, step);
+        adamw::update_by_operations(t.params[i], t.grads[i], t.exp_avgs[i], t.exp_avg_sqs[i],
+                                    options.amsgrad() ? t.max_exp_avg_sqs[i] : at::Tensor(),
+                                    settings, step);
       }
     }
   }
 
   // torch/optim/adam.py _multi_tensor_adam (capturable off), per device and dtype.
   static void foreach_path(GroupTensors& t, const torch::optim::AdamWOptions& options) {
-    const double lr = options.lr();
-    const double beta1 = std::get<0>(options.betas());
-    const double beta2 = std::get<1>(options.betas());
-    const double weight_decay = options.weight_decay();
-    const double eps = options.eps();
+    const adamw::UpdateSettings settings = update_settings(options);
+    const double lr = settings.lr, beta1 = settings.beta1, beta2 = settings.beta2;
+    const double weight_decay = settings.weight_decay, eps = settings.eps;
     for (const auto& indices : python_update::group_by_device_and_dtype(t.params)) {
       auto params = python_update::pick(t.params, indices);
       auto grads = python_update::pick(t.grads, indices);
@@ -147,10 +149,10 @@ class PythonAdamW final : public torch::optim::AdamW {
       for (auto i : indices) {
         const std::int64_t step = t.states[i]->step() + 1;
         t.states[i]->step(step);
-        const double bias_correction1 = 1 - std::pow(beta1, static_cast<double>(step));
-        const double bias_correction2 = 1 - std::pow(beta2, static_cast<double>(step));
-        step_size.emplace_back((lr / bias_correction1) * -1);
-        bias_correction2_sqrt.emplace_back(std::pow(bias_correction2, 0.5));
+        // Python's `(lr / bias_correction1) * -1`: a negation, exact either way.
+        const adamw::BiasCorrected corrected = adamw::bias_corrected(settings, step);
+        step_size.emplace_back(-corrected.step_size);
+        bias_correction2_sqrt.emplace_back(corrected.bias_correction2_sqrt);
       }
       if (weight_decay != 0) at::_foreach_mul_(params, 1 - lr * weight_decay);
       at::_foreach_lerp_(exp_avgs, grads, 1 - beta1);

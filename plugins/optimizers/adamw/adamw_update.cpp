@@ -24,17 +24,6 @@ struct PassScalars {
   float neg_step_size = 0;  // -lr / bias_correction1
 };
 
-struct StepScalars {
-  double step_size;
-  double bias_correction2_sqrt;
-};
-
-StepScalars step_scalars(const UpdateSettings& s, std::int64_t step) {
-  const double bias_correction1 = 1 - std::pow(s.beta1, static_cast<double>(step));
-  const double bias_correction2 = 1 - std::pow(s.beta2, static_cast<double>(step));
-  return {s.lr / bias_correction1, std::pow(bias_correction2, 0.5)};
-}
-
 #if defined(__x86_64__)
 #define TRAINYARD_TWO_PASS_TARGET __attribute__((target("avx2,fma")))
 #else
@@ -105,13 +94,19 @@ bool compute_match() {
 
 }  // namespace
 
+BiasCorrected bias_corrected(const UpdateSettings& s, std::int64_t step) {
+  const double bias_correction1 = 1 - std::pow(s.beta1, static_cast<double>(step));
+  const double bias_correction2 = 1 - std::pow(s.beta2, static_cast<double>(step));
+  return {s.lr / bias_correction1, std::pow(bias_correction2, 0.5)};
+}
+
 void update_by_operations(at::Tensor& param, const at::Tensor& grad, at::Tensor& exp_avg,
                           at::Tensor& exp_avg_sq, const at::Tensor& max_exp_avg_sq,
                           const UpdateSettings& settings, std::int64_t step) {
   if (settings.weight_decay != 0) param.mul_(1 - settings.lr * settings.weight_decay);
   exp_avg.lerp_(grad, 1 - settings.beta1);
   exp_avg_sq.mul_(settings.beta2).addcmul_(grad, grad, 1 - settings.beta2);
-  const StepScalars scalars = step_scalars(settings, step);
+  const BiasCorrected scalars = bias_corrected(settings, step);
   at::Tensor denom;
   if (max_exp_avg_sq.defined()) {
     at::Tensor max_sq = max_exp_avg_sq;
@@ -138,7 +133,7 @@ bool two_passes_apply(const at::Tensor& param, const at::Tensor& grad, const at:
 void update_in_two_passes(at::Tensor& param, const at::Tensor& grad, at::Tensor& exp_avg,
                           at::Tensor& exp_avg_sq, const UpdateSettings& settings,
                           std::int64_t step) {
-  const StepScalars step_values = step_scalars(settings, step);
+  const BiasCorrected step_values = bias_corrected(settings, step);
   PassScalars s;
   s.decay = settings.weight_decay != 0;
   s.decay_factor = static_cast<float>(1 - settings.lr * settings.weight_decay);

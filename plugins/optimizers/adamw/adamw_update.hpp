@@ -19,6 +19,14 @@ struct UpdateSettings {
   double weight_decay = 0.0;
 };
 
+// The step size (lr / bias_correction1) and the square root of bias_correction2 at `step`
+// (counted from 1), in doubles with C's pow, as Python computes them.
+struct BiasCorrected {
+  double step_size;
+  double bias_correction2_sqrt;
+};
+BiasCorrected bias_corrected(const UpdateSettings& settings, std::int64_t step);
+
 // torch/optim/adam.py _single_tensor_adam for one parameter at `step` (counted from 1). Python's
 // floats are doubles and `x ** y` is C's pow, so the scalars are computed as Python computes
 // them. `max_exp_avg_sq` is defined for amsgrad alone.
