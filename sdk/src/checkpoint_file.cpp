@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <cerrno>
 #include <cstring>
+#include <limits>
 
 #include "trainyard/error.hpp"
 #include "trainyard/runtime/crc32.hpp"
@@ -91,9 +92,18 @@ void CheckpointFileWriter::write_through(const unsigned char* data, std::size_t 
   crc_ = update_crc32(crc_, data, bytes);
 }
 
-CheckpointFileInfo CheckpointFileWriter::finish() {
+void CheckpointFileWriter::start_writeback_at_finish() {
+  // No whole page is ever past this mark, so write_through asks nothing of the disk.
+  writeback_started_ = std::numeric_limits<std::uint64_t>::max();
+}
+
+void CheckpointFileWriter::flush() {
   if (fd_ < 0) throw Error("checkpoint file " + path_.string() + " is already finished");
   flush_gathered();
+}
+
+CheckpointFileInfo CheckpointFileWriter::finish() {
+  flush();
   if (::fsync(fd_) != 0) fail("cannot sync", errno);
   const int fd = fd_;
   fd_ = -1;

@@ -10,6 +10,8 @@
 #include <fstream>
 #include <future>
 #include <iomanip>
+#include <mutex>
+#include <optional>
 #include <sstream>
 
 #include "trainyard/error.hpp"
@@ -228,13 +230,45 @@ void CheckpointStore::prepare_staging(std::int64_t step) {
   }
 }
 
-std::vector<CheckpointFileInfo> CheckpointStore::write_files(std::int64_t step,
-                                                             const CheckpointState& state) const {
+namespace {
+
+// Counts down the files still reading the state's memory, and calls `released` when none is
+// left, whether they wrote every byte or failed part way.
+class ReleaseCountdown {
+ public:
+  ReleaseCountdown(int files, const std::function<void()>& released)
+      : left_(files), released_(released) {}
+  void one_done() {
+    if (left_.fetch_sub(1) == 1 && released_) released_();
+  }
+
+ private:
+  std::atomic<int> left_;
+  const std::function<void()>& released_;
+};
+
+// Counts one file down when it leaves scope.
+struct CountDownOnExit {
+  ReleaseCountdown& countdown;
+  ~CountDownOnExit() { countdown.one_done(); }
+};
+
+}  // namespace
+
+std::vector<CheckpointFileInfo> CheckpointStore::write_files(
+    std::int64_t step, const CheckpointState& state, const std::function<void()>& released) const {
   const fs::path staging = folder_ / staging_name(step);
+  ReleaseCountdown countdown(peers_.rank == 0 ? 2 : 1, released);
   auto write_one = [&](const std::string& stem, const StateDict& dict) {
-    CheckpointFileWriter out(staging / (stem + backend_->extension()));
-    backend_->write_to(out, dict);
-    return out.finish();
+    std::optional<CheckpointFileWriter> out;
+    {
+      CountDownOnExit done{countdown};
+      out.emplace(staging / (stem + backend_->extension()));
+      if (released) out->start_writeback_at_finish();
+      backend_->write_to(*out, dict);
+      out->flush();
+    }
+    return out->finish();
   };
   if (peers_.rank != 0) return {write_one(rank_file_stem(peers_.rank), state.local)};
   // Rank 0 writes two files: side by side, each with its own fsync.
@@ -325,6 +359,30 @@ fs::path CheckpointStore::save(std::int64_t step, const CheckpointState& state) 
   return commit(step, written);
 }
 
+namespace {
+
+// Whether the file can take `tensor`'s bytes from where they live: one piece of host memory whose
+// bytes are its values (no device to copy from, no lazy conjugation or negation to apply).
+bool writable_in_place(const at::Tensor& tensor) {
+  return tensor.device().is_cpu() && tensor.layout() == at::kStrided && tensor.is_contiguous() &&
+         !tensor.is_conj() && !tensor.is_neg();
+}
+
+// Opens the optimizer step gate once, from whichever thread gets there first.
+class GateRelease {
+ public:
+  std::shared_future<void> opened() { return promise_.get_future().share(); }
+  void operator()() {
+    std::call_once(once_, [this] { promise_.set_value(); });
+  }
+
+ private:
+  std::promise<void> promise_;
+  std::once_flag once_;
+};
+
+}  // namespace
+
 void CheckpointStore::save_async(std::int64_t step, const CheckpointState& state,
                                  const OptimizerSteppedMemory& copy_later,
                                  OptimizerStepGate* gate) {
@@ -334,21 +392,33 @@ void CheckpointStore::save_async(std::int64_t step, const CheckpointState& state
   // The previous snapshot's buffers, reused: they stay alive until the copies below are done.
   std::shared_ptr<CheckpointState> buffers = std::move(snapshot_buffers_);
   auto snapshot = std::make_shared<CheckpointState>();
-  auto deferred = std::make_shared<std::vector<DeferredEntry>>();
+  std::vector<DeferredEntry> deferred;
   const OptimizerSteppedMemory& later = gate ? copy_later : OptimizerSteppedMemory();
   snapshot_dict(state.shared, buffers ? &buffers->shared : nullptr, later, snapshot->shared,
-                *deferred);
-  snapshot_dict(state.local, buffers ? &buffers->local : nullptr, later, snapshot->local,
-                *deferred);
+                deferred);
+  snapshot_dict(state.local, buffers ? &buffers->local : nullptr, later, snapshot->local, deferred);
+  // Deferred entries in host memory are not copied at all: the files take their bytes from the
+  // live tensors while the next forward and backward run, and the gate holds the optimizer step
+  // until every byte is written. That spares the copy's traffic through memory, which the
+  // training steps share. Entries on a device are copied to the host first, as before.
+  auto in_place = std::make_shared<std::vector<DeferredEntry>>();
+  auto to_copy = std::make_shared<std::vector<DeferredEntry>>();
+  for (DeferredEntry& entry : deferred) {
+    if (writable_in_place(entry.source)) {
+      entry.into->tensors.emplace(entry.name, entry.source.detach());
+      in_place->push_back(std::move(entry));
+    } else {
+      to_copy->push_back(std::move(entry));
+    }
+  }
   prepare_staging(step);
-  // The optimizer waits at its next step until the deferred entries are copied.
-  auto copied = std::make_shared<std::promise<void>>();
-  if (!deferred->empty()) gate->hold(copied->get_future().share());
+  auto release = std::make_shared<GateRelease>();
+  if (!to_copy->empty() || !in_place->empty()) gate->hold(release->opened());
   Pending* raw = pending.get();
   pending->snapshot = snapshot;
-  pending->writer = std::thread([this, raw, snapshot, deferred, buffers, copied] {
+  pending->writer = std::thread([this, raw, snapshot, to_copy, in_place, buffers, release] {
     try {
-      for (DeferredEntry& entry : *deferred) {
+      for (DeferredEntry& entry : *to_copy) {
         entry.into->tensors.emplace(entry.name,
                                     snapshot_tensor(entry.name, entry.source, entry.buffers));
         entry.source = at::Tensor();
@@ -356,12 +426,17 @@ void CheckpointStore::save_async(std::int64_t step, const CheckpointState& state
     } catch (...) {
       raw->error = std::current_exception();
     }
-    copied->set_value();
+    if (in_place->empty() || raw->error) (*release)();
+    std::function<void()> released;
+    if (!in_place->empty()) released = [&release] { (*release)(); };
     try {
-      if (!raw->error) raw->files = write_files(raw->step, *snapshot);
+      if (!raw->error) raw->files = write_files(raw->step, *snapshot, released);
     } catch (...) {
       raw->error = std::current_exception();
     }
+    (*release)();  // never left holding the optimizer, whatever failed
+    // The live tensors are no snapshot's memory: the next save must not copy into them.
+    for (const DeferredEntry& entry : *in_place) entry.into->tensors.erase(entry.name);
     raw->written = true;
   });
   pending_ = std::move(pending);

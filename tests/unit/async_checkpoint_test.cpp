@@ -1,16 +1,20 @@
-// Asynchronous checkpoints taken while training goes on: entries copied at once or behind the
-// optimizer step gate, and files identical byte for byte to a synchronous save of the same step,
-// for each strategy (ranks as threads) and each checkpoint backend.
+// Asynchronous checkpoints taken while training goes on: entries copied at once, or read behind the
+// optimizer step gate (host tensors written from their own memory, others copied first), and files
+// identical byte for byte to a synchronous save of the same step, for each strategy (ranks as
+// threads) and each checkpoint backend.
 
 #include <ATen/ATen.h>
 #include <gtest/gtest.h>
 
+#include <chrono>
 #include <condition_variable>
 #include <cstdint>
 #include <filesystem>
 #include <fstream>
 #include <functional>
+#include <future>
 #include <iterator>
+#include <map>
 #include <mutex>
 #include <ostream>
 #include <string>
@@ -19,6 +23,7 @@
 #include "step_harness.hpp"
 #include "test_support.hpp"
 #include "trainyard/checkpoint.hpp"
+#include "trainyard/error.hpp"
 #include "trainyard/runtime/checkpoint_store.hpp"
 #include "trainyard/runtime/optimizer_step_gate.hpp"
 #include "trainyard/runtime/optimizer_stepped_memory.hpp"
@@ -135,6 +140,86 @@ TEST(AsyncCheckpointCopyTest, WithoutAGateEverythingIsCopiedAtOnce) {
   const auto folder = store.commit_pending();
   ASSERT_TRUE(folder);
   EXPECT_TRUE(at::equal(store.load(*folder).shared.tensors.at("model.weight"), at::ones({16})));
+}
+
+// A backend that records where each entry's bytes came from and writes only when the test lets
+// it: the test sees what the optimizer step may do while a file is still reading the state.
+class WhenLetBackend final : public CheckpointBackend {
+ public:
+  std::string extension() const override { return ".bin"; }
+  void write_to(CheckpointFileWriter& out, const StateDict& state) const override {
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      for (const auto& [name, tensor] : state.tensors) sources_[name] = tensor.const_data_ptr();
+    }
+    let_write_.wait();
+    for (const auto& [name, tensor] : state.tensors) {
+      out.append(tensor.const_data_ptr(), tensor.nbytes());
+    }
+  }
+  StateDict read(const fs::path& file) const override {
+    throw Error("the test backend reads nothing: " + file.string());
+  }
+  void let_write() { let_.set_value(); }
+  const void* source_of(const std::string& name) const {
+    std::lock_guard<std::mutex> lock(mutex_);
+    return sources_.at(name);
+  }
+
+ private:
+  std::promise<void> let_;
+  std::shared_future<void> let_write_ = let_.get_future().share();
+  mutable std::mutex mutex_;
+  mutable std::map<std::string, const void*> sources_;
+};
+
+TEST(AsyncCheckpointCopyTest, HostEntriesAreWrittenFromTheLiveTensorsAndTheGateWaitsForTheFiles) {
+  TempDir dir;
+  auto backend = std::make_shared<WhenLetBackend>();
+  CheckpointStore store(backend, "test", dir / "c", 0);
+  const at::Tensor weight = at::randn({64, 32});
+  const at::Tensor moment = at::randn({32, 64});
+  const at::Tensor running_mean = at::randn({32});
+  CheckpointState state;
+  state.shared.tensors["model.weight"] = weight;
+  state.shared.tensors["optimizer.moment"] = moment.t();  // not contiguous: copied first
+  state.shared.tensors["model.running_mean"] = running_mean;
+  state.local.tensors["rng"] = at::arange(8, at::kByte);
+  OptimizerStepGate gate;
+  store.save_async(1, state, OptimizerSteppedMemory({weight, moment}), &gate);
+  auto optimizer_step = std::async(std::launch::async, [&] { gate.enter(); });
+  EXPECT_EQ(optimizer_step.wait_for(std::chrono::milliseconds(200)), std::future_status::timeout)
+      << "the optimizer step went ahead while the files were still to read the parameters";
+  backend->let_write();
+  ASSERT_EQ(optimizer_step.wait_for(std::chrono::seconds(60)), std::future_status::ready);
+  ASSERT_TRUE(store.commit_pending());
+  EXPECT_EQ(backend->source_of("model.weight"), weight.const_data_ptr())
+      << "a contiguous host parameter is written from its own memory, not from a copy";
+  EXPECT_NE(backend->source_of("optimizer.moment"), moment.const_data_ptr());
+  EXPECT_NE(backend->source_of("model.running_mean"), running_mean.const_data_ptr())
+      << "what forward changes is copied before save_async returns";
+}
+
+TEST(AsyncCheckpointCopyTest, LiveTensorsNeverServeAsTheNextSnapshotsBuffers) {
+  TempDir dir;
+  CheckpointStore store(backend_named("safetensors"), "safetensors", dir / "c", 0);
+  const at::Tensor weight = at::ones({16});
+  CheckpointState first;
+  first.shared.tensors["model.weight"] = weight;
+  OptimizerStepGate gate;
+  store.save_async(1, first, OptimizerSteppedMemory({weight}), &gate);
+  gate.enter();
+  ASSERT_TRUE(store.commit_pending());
+  // The next save copies its entry at once, into the previous snapshot's buffer of that name if
+  // there is one: never the parameter the previous save wrote in place.
+  CheckpointState second;
+  second.shared.tensors["model.weight"] = at::full({16}, 7.0);
+  store.save_async(2, second);
+  const auto folder = store.commit_pending();
+  ASSERT_TRUE(folder);
+  EXPECT_TRUE(at::equal(weight, at::ones({16}))) << "the live parameter was overwritten";
+  EXPECT_TRUE(
+      at::equal(store.load(*folder).shared.tensors.at("model.weight"), at::full({16}, 7.0)));
 }
 
 struct AsyncCase {

@@ -87,6 +87,28 @@ TEST(CheckpointFileWriter, SmallAndLargePiecesLandInOrderCountedAndChecksummed) 
   EXPECT_TRUE(testing::read_text(dir / "file.bin") == expected) << "the file's bytes differ";
 }
 
+// flush() hands every appended byte to the file, so that the memory they came from may change
+// before the file is finished; holding the disk back until finish() changes no byte.
+TEST(CheckpointFileWriter, FlushedBytesAreInTheFileBeforeItIsFinished) {
+  TempDir dir;
+  for (const bool hold_writeback : {false, true}) {
+    const fs::path file = dir / (hold_writeback ? "held.bin" : "started.bin");
+    CheckpointFileWriter out(file);
+    if (hold_writeback) out.start_writeback_at_finish();
+    std::string source = pattern(3 << 20, 5);
+    const std::string expected = source + "tail";
+    out.append(source);
+    out.append("tail");
+    out.flush();
+    EXPECT_TRUE(testing::read_text(file) == expected) << file << " before finish()";
+    source.assign(source.size(), 'x');  // the caller's memory, free again
+    const CheckpointFileInfo info = out.finish();
+    EXPECT_EQ(info.bytes, static_cast<std::int64_t>(expected.size()));
+    EXPECT_EQ(info.crc32, crc_of(expected));
+    EXPECT_TRUE(testing::read_text(file) == expected) << file;
+  }
+}
+
 TEST(CheckpointFileWriter, EmptyFile) {
   TempDir dir;
   CheckpointFileWriter out(dir / "empty.bin");

@@ -8,8 +8,9 @@
 //   ways: without a save, after a synchronous save, and after an asynchronous one (its commit at
 //   the window's end included). A save's stall is its window's time less the window without a
 //   save, so an asynchronous save pays for everything it costs the loop: the copies made before
-//   the next step, the wait at the optimizer step gate, the background copy and write competing
-//   for the cores, and a commit still waiting for the disk. The window is long enough for a
+//   the next step, the wait at the optimizer step gate, the background write (from the live
+//   parameters and moments) and checksum competing for the cores and memory, and a commit still
+//   waiting for the disk. The window is long enough for a
 //   synchronous save to end twice over.
 // Each repetition runs the plain write, then each backend's save and its three windows (in an
 // order that rotates), so drift on a shared machine spreads over all of them; stalls are the
@@ -17,7 +18,7 @@
 // store/plain >= 0.8 (safetensors) and >= 0.6 (torch), and async stall/sync stall <= 0.1.
 // --threads N trains on N threads (default: LibTorch's, every core): with fewer threads than
 // cores the save's background work has a core of its own, as when a GPU does the training. With
-// every core training, the background copy, checksum and write take their CPU time from the
+// every core training, the background checksum and write take their CPU time from the
 // steps; the CPU seconds each save adds to its window are printed beside the stalls.
 // Usage: checkpoint_bench [MEGABYTES=256] [FOLDER=/tmp] [REPETITIONS=3] [--threads N] [--check]
 

@@ -46,13 +46,14 @@ class CheckpointStore {
   // are removed afterwards. Commits a pending background save first.
   std::filesystem::path save(std::int64_t step, const CheckpointState& state);
 
-  // Copies `state` into host memory and writes it on a background thread. The caller waits only
-  // for the copy of the entries outside `copy_later`; with a `gate`, the entries stored in
-  // `copy_later` (parameters and optimizer state, which only the next optimizer step changes) are
-  // copied on the background thread first, and the gate holds that step until they are. The
-  // written bytes are those a synchronous save of `state` writes. The checkpoint is committed by
-  // the next commit_pending() (the engine calls it at fixed steps, the same on every rank) or by
-  // the next save.
+  // Writes `state` on a background thread. The caller waits only for the copy into host memory
+  // of the entries outside `copy_later`. With a `gate`, the entries stored in `copy_later`
+  // (parameters and optimizer state, which only the next optimizer step changes) are left to the
+  // background thread, and the gate holds that step until they are no longer read: host tensors
+  // are written from their own memory, device tensors copied to the host first. The written bytes
+  // are those a synchronous save of `state` writes. The checkpoint is committed by the next
+  // commit_pending() (the engine calls it at fixed steps, the same on every rank) or by the next
+  // save.
   void save_async(std::int64_t step, const CheckpointState& state,
                   const OptimizerSteppedMemory& copy_later = {}, OptimizerStepGate* gate = nullptr);
   // True when a background save has finished writing and awaits its commit (never blocks).
@@ -84,8 +85,10 @@ class CheckpointStore {
   struct Pending;
   void prepare_staging(std::int64_t step);
   // This process's files of the checkpoint, written and synced; what the manifest says of them.
-  std::vector<CheckpointFileInfo> write_files(std::int64_t step,
-                                              const CheckpointState& state) const;
+  // `released`, when given, is called once no file reads `state`'s memory any more: every byte
+  // written (the syncs may still be running) or the writing failed.
+  std::vector<CheckpointFileInfo> write_files(std::int64_t step, const CheckpointState& state,
+                                              const std::function<void()>& released = {}) const;
   // `written`: this process's files as write_files described them (others are read back).
   std::filesystem::path commit(std::int64_t step, const std::vector<CheckpointFileInfo>& written);
   bool agree(bool ok) const;
