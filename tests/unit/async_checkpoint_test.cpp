@@ -112,7 +112,7 @@ TEST(AsyncCheckpointCopyTest, SteppedEntriesAreCopiedBeforeTheGateOpensTheOthers
 
   OptimizerStepGate gate;
   store.save_async(4, state, OptimizerSteppedMemory({weight, moment}), &gate);
-  EXPECT_TRUE(gate.held()) << "the parameters and moments wait for the background copy";
+  EXPECT_TRUE(gate.held()) << "the parameters and moments wait for the background thread";
   // Forward changes buffers at once; the optimizer changes the rest after the gate.
   running_mean.add_(100);
   state.local.tensors["rng"].zero_();

@@ -126,9 +126,10 @@ class Strategy : public Component {
   virtual std::string describe_layout() const;
   // The tensors that only the optimizer step changes, and only after before_optimizer_step():
   // the parameters as the optimizer holds them (and those the step refreshes from them) and the
-  // optimizer's state. An asynchronous checkpoint copies the save_state entries stored in their
-  // memory during the next step's forward and backward; every other entry (buffers that forward
-  // updates, counters) is copied before the next step starts. Default: none, everything at once.
+  // optimizer's state. An asynchronous checkpoint reads the save_state entries stored in their
+  // memory during the next step's forward and backward (writing host tensors straight into its
+  // files, copying device tensors to the host); every other entry (buffers that forward updates,
+  // counters) is copied before the next step starts. Default: none, everything at once.
   virtual std::vector<torch::Tensor> optimizer_stepped_tensors() const;
   // What this rank holds now in parameters, gradients and optimizer state (measured from the
   // tensors themselves, not estimated).

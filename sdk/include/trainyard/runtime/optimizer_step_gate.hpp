@@ -1,7 +1,7 @@
 #pragma once
 // The point in a training step right before the optimizer changes the parameters and its state
-// in place. Work that must read them as the previous step left them, such as the copy of an
-// asynchronous checkpoint that runs during the next step's forward and backward, holds the gate;
+// in place. Work that must read them as the previous step left them, such as an asynchronous
+// checkpoint writing them during the next step's forward and backward, holds the gate;
 // the strategy enters it right before its optimizer steps, and waits there until that work is
 // done. Forward and backward, which leave those tensors alone, never wait.
 

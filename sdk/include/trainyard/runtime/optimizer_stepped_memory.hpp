@@ -1,8 +1,9 @@
 #pragma once
 // The memory of the tensors that only an optimizer step changes: the parameters a strategy
 // steps (or refreshes from the step) and the optimizer's state. Between two steps nothing else
-// writes there, so a checkpoint entry stored in it may be copied while the next step's forward
-// and backward run, as long as the optimizer waits for the copy (optimizer_step_gate.hpp).
+// writes there, so a checkpoint entry stored in it may be read (written to a file, or copied)
+// while the next step's forward and backward run, as long as the optimizer waits for the reading
+// to end (optimizer_step_gate.hpp).
 
 #include <ATen/core/Tensor.h>
 
