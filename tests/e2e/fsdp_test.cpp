@@ -276,6 +276,34 @@ TEST(FsdpParity, Bf16LossCurveFollowsDdp) {
   }
 }
 
+// BatchNorm's running statistics stay float32, and LibTorch's batch_norm takes bfloat16 weights
+// only with running statistics of that dtype. Under param_dtype "auto" fsdp therefore gathers a
+// model with BatchNorm layers in float32 (as PyTorch's FSDP keeps BatchNorm in full precision),
+// which is ddp's arithmetic under the same autocast: the losses agree within fp32 tolerances. An
+// explicit bfloat16 is refused with a one-line error naming the option.
+TEST(FsdpParity, Bf16WithBatchNormGathersFloat32AndFollowsDdp) {
+  TempDir dir;
+  std::string text = cnn_recipe();
+  const std::string off = "batch_norm = false";
+  ASSERT_NE(text.find(off), std::string::npos);
+  text.replace(text.find(off), off.size(), "batch_norm = true");
+  auto recipe = dir.write("recipe.toml", text + "\n[precision]\nplugin = \"bf16\"\n");
+  auto ddp = launch(2, recipe, dir / "ddp",
+                    {"--set", "loader.batch_size=16", "--set", "strategy.plugin=ddp"});
+  ASSERT_EQ(ddp.exit_code, 0) << describe(ddp);
+  auto fsdp = launch(2, recipe, dir / "fsdp",
+                     {"--set", "loader.batch_size=16", "--set", "strategy.plugin=fsdp"});
+  ASSERT_EQ(fsdp.exit_code, 0) << describe(fsdp);
+  EXPECT_HAS(fsdp.err, "fsdp: parameters gathered in float32 (param_dtype auto)");
+  expect_same_losses(dir / "ddp", dir / "fsdp", 1.3e-6, 1e-5);
+  auto refused =
+      launch(2, recipe, dir / "refused",
+             {"--set", "strategy.plugin=fsdp", "--set", "strategy.param_dtype=bfloat16"});
+  EXPECT_NE(refused.exit_code, 0);
+  EXPECT_HAS(refused.err,
+             "fsdp: param_dtype = \"bfloat16\" cannot serve the model's BatchNorm layers");
+}
+
 TEST(Zero1Parity, DdpWithShardedOptimizerStateMatchesDdp) {
   for (int ranks : {2, 4}) {
     TempDir dir;

@@ -7,8 +7,10 @@
 
 #include <ATen/ATen.h>
 #include <ATen/core/grad_mode.h>
+#include <torch/nn/modules/batchnorm.h>
 #include <torch/optim/optimizer.h>
 
+#include <iostream>
 #include <map>
 #include <utility>
 #include <vector>
@@ -55,6 +57,26 @@ at::ScalarType dtype_named(const std::string& name, at::ScalarType automatic) {
   return automatic;
 }
 
+// The dtype's name as a recipe writes it.
+std::string recipe_dtype_name(at::ScalarType dtype) {
+  if (dtype == at::kBFloat16) return "bfloat16";
+  if (dtype == at::kHalf) return "float16";
+  return "float32";
+}
+
+// Whether `module` holds BatchNorm layers. Their running statistics stay float32, and LibTorch's
+// batch_norm takes bfloat16 or float16 weights only with running statistics of the same dtype.
+bool has_batch_norm(torch::nn::Module& module) {
+  for (const auto& layer : module.modules(/*include_self=*/true)) {
+    if (std::dynamic_pointer_cast<torch::nn::BatchNorm1dImpl>(layer) ||
+        std::dynamic_pointer_cast<torch::nn::BatchNorm2dImpl>(layer) ||
+        std::dynamic_pointer_cast<torch::nn::BatchNorm3dImpl>(layer)) {
+      return true;
+    }
+  }
+  return false;
+}
+
 struct FsdpOptions {
   UnitSharding sharding = UnitSharding::kFull;
   bool prefetch = true;
@@ -92,7 +114,7 @@ class Fsdp final : public Strategy {
     ShardedUnitsOptions units;
     units.sharding = options_.sharding;
     units.prefetch = options_.prefetch;
-    units.gather_dtype = dtype_named(options_.param_dtype, autocast_dtype_.value_or(at::kFloat));
+    units.gather_dtype = gathered_dtype();
     // Replicated parameters are the fp32 master copy itself: nothing is gathered in another
     // dtype, and "auto" reduces in float32.
     units.reduce_dtype =
@@ -181,6 +203,31 @@ class Fsdp final : public Strategy {
   void set_learning_rate(double lr) override { trainyard::set_learning_rate(*optimizer_, lr); }
 
   DataParallelPlace data_parallel_place() const override { return place_; }
+
+  // The dtype the units' parameters are gathered in: param_dtype, where "auto" follows autocast.
+  // A model with BatchNorm layers gathers float32 under "auto", as PyTorch's FSDP keeps BatchNorm
+  // in full precision; autocast still runs the convolutions and matrix products in its dtype.
+  at::ScalarType gathered_dtype() const {
+    const at::ScalarType chosen =
+        dtype_named(options_.param_dtype, autocast_dtype_.value_or(at::kFloat));
+    // Replicated units gather nothing: their parameters are the float32 master itself.
+    if (chosen == at::kFloat || options_.sharding == UnitSharding::kNone ||
+        !has_batch_norm(model_->module())) {
+      return chosen;
+    }
+    if (options_.param_dtype != "auto") {
+      throw Error("fsdp: param_dtype = \"" + options_.param_dtype +
+                  "\" cannot serve the model's BatchNorm layers, whose running statistics stay "
+                  "float32; use \"float32\" or \"auto\" (autocast still computes in " +
+                  recipe_dtype_name(chosen) + ")");
+    }
+    if (place_.rank == 0) {
+      std::cerr << "fsdp: parameters gathered in float32 (param_dtype auto): the model's "
+                   "BatchNorm layers keep float32 running statistics; autocast still computes in "
+                << recipe_dtype_name(chosen) << std::endl;
+    }
+    return at::kFloat;
+  }
 
   // Each rank writes its shards and their optimizer state as placed pieces of the whole
   // parameters; with state_dict = "full" (or replicated units) the shards are gathered and written
@@ -323,8 +370,9 @@ void register_components(Registry& registry) {
        option("prefetch", true,
               "all-gather the next unit's parameters while the current unit computes"),
        option("param_dtype", "auto",
-              "dtype of gathered parameters (\"auto\": the precision's autocast dtype; "
-              "\"float32\", \"bfloat16\", \"float16\"); shards stay fp32")
+              "dtype of gathered parameters (\"auto\": the precision's autocast dtype, float32 "
+              "for a model with BatchNorm layers; \"float32\", \"bfloat16\", \"float16\"); "
+              "shards stay fp32")
            .one_of(dtype_names()),
        option("reduce_dtype", "float32",
               "dtype gradients are reduced in (\"auto\": the gathered parameters' dtype)")
