@@ -401,6 +401,7 @@ void CheckpointStore::save_async(std::int64_t step, const CheckpointState& state
   // live tensors while the next forward and backward run, and the gate holds the optimizer step
   // until every byte is written. That spares the copy's traffic through memory, which the
   // training steps share. Entries on a device are copied to the host first, as before.
+  const bool hold_gate = !deferred.empty();
   auto in_place = std::make_shared<std::vector<DeferredEntry>>();
   auto to_copy = std::make_shared<std::vector<DeferredEntry>>();
   for (DeferredEntry& entry : deferred) {
@@ -413,7 +414,7 @@ void CheckpointStore::save_async(std::int64_t step, const CheckpointState& state
   }
   prepare_staging(step);
   auto release = std::make_shared<GateRelease>();
-  if (!to_copy->empty() || !in_place->empty()) gate->hold(release->opened());
+  if (hold_gate) gate->hold(release->opened());
   Pending* raw = pending.get();
   pending->snapshot = snapshot;
   pending->writer = std::thread([this, raw, snapshot, to_copy, in_place, buffers, release] {

@@ -215,16 +215,20 @@ class Fsdp final : public Strategy {
         !has_batch_norm(model_->module())) {
       return chosen;
     }
+    // What autocast computes in either way; an explicit param_dtype need not be autocast's.
+    const std::string autocast =
+        autocast_dtype_ ? "autocast still computes in " + recipe_dtype_name(*autocast_dtype_)
+                        : "nothing autocasts";
     if (options_.param_dtype != "auto") {
       throw Error("fsdp: param_dtype = \"" + options_.param_dtype +
                   "\" cannot serve the model's BatchNorm layers, whose running statistics stay "
-                  "float32; use \"float32\" or \"auto\" (autocast still computes in " +
-                  recipe_dtype_name(chosen) + ")");
+                  "float32; use \"float32\" or \"auto\" (" +
+                  autocast + ")");
     }
     if (place_.rank == 0) {
       std::cerr << "fsdp: parameters gathered in float32 (param_dtype auto): the model's "
-                   "BatchNorm layers keep float32 running statistics; autocast still computes in "
-                << recipe_dtype_name(chosen) << std::endl;
+                   "BatchNorm layers keep float32 running statistics; "
+                << autocast << std::endl;
     }
     return at::kFloat;
   }
