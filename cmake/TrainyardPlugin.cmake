@@ -13,6 +13,7 @@ function(trainyard_add_plugin target)
   if(COMMAND trainyard_warnings)
     # In trainyard's own build: beside the host in the build tree, and in the install.
     trainyard_warnings(${target})
+    trainyard_torch_pch(${target})
     set_target_properties(${target} PROPERTIES
       LIBRARY_OUTPUT_DIRECTORY "${TRAINYARD_PLUGIN_OUTPUT_DIR}"
       INSTALL_RPATH "$ORIGIN/../..;${TRAINYARD_TORCH_LIBDIR}")

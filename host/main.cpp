@@ -24,6 +24,7 @@
 #include "trainyard/registry.hpp"
 #include "trainyard/runtime/crash_report.hpp"
 #include "trainyard/runtime/engine.hpp"
+#include "trainyard/runtime/model_check.hpp"
 #include "trainyard/runtime/plugin_loader.hpp"
 #include "trainyard/runtime/recipe.hpp"
 #include "trainyard/version.hpp"
@@ -41,7 +42,7 @@ commands:
   launch RECIPE     train with several processes (see trainyard launch --help)
   compare RECIPE... --vary section.key=v1,v2
                     run variants side by side: a table and an HTML report
-  validate RECIPE   check a recipe and print nothing on success
+  validate RECIPE   check a recipe, building its model on the meta device; silent on success
   plugins [KIND]    list the loaded plugins, their options and defaults
   doctor [RECIPE]   check LibTorch, threads, plugins, devices (and what RECIPE needs)
   checkpoint inspect PATH
@@ -91,7 +92,10 @@ int command_run(const std::vector<std::string>& args, bool validate_only, Regist
     std::cout << to_toml(*resolved.root);
     return 0;
   }
-  if (validate_only) return 0;
+  if (validate_only) {
+    check_model_builds(resolved, registry);
+    return 0;
+  }
   RunControls controls;
   controls.resume = resume;
   Engine engine(resolved, registry, controls);

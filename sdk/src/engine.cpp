@@ -326,7 +326,12 @@ RunSummary Engine::run_steps() {
   State& s = *state_;
   TrainingPosition start;
   if (s.controls.resume) {
-    if (!s.checkpointing) throw Error("--resume needs a [checkpoint] section in the recipe");
+    if (!s.checkpointing) {
+      throw Error(
+          "--resume needs checkpoints, and the recipe has no [checkpoint] section: add one "
+          "(`[checkpoint]` with `plugin = \"torch\"`, or --set checkpoint.plugin=torch) so that "
+          "runs save checkpoints to resume from");
+    }
     start = s.checkpointing->resume(*s.controls.resume, s.logger()).value_or(start);
     s.step = start.step;
   }

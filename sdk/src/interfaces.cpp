@@ -180,8 +180,8 @@ bool is_count_metric(std::string_view name) {
   for (std::string_view count : {"steps", "samples", "tokens", "epoch"}) {
     if (name == count) return true;
   }
-  for (std::string_view suffix :
-       {"_steps", "_samples", "_tokens", "_bytes", "_calls", "_count", "_total"}) {
+  for (std::string_view suffix : {"_steps", "_samples", "_tokens", "_bytes", "_calls", "_count",
+                                  "_total", "_workers", "_threads", "_ranks"}) {
     if (name.ends_with(suffix)) return true;
   }
   return false;
@@ -338,29 +338,76 @@ std::vector<torch::Tensor> stepped_tensors(const torch::optim::Optimizer& optimi
   return tensors;
 }
 
+namespace {
+
+// Adds each storage's bytes once, to the category that reaches it first.
+class StorageCounter {
+ public:
+  void count(const torch::Tensor& tensor, std::int64_t& into) {
+    if (!tensor.defined() || !tensor.has_storage()) return;
+    const auto& storage = tensor.storage();
+    if (seen_.insert(storage.unsafeGetStorageImpl()).second) {
+      into += static_cast<std::int64_t>(storage.nbytes());
+    }
+  }
+
+ private:
+  std::unordered_set<const void*> seen_;
+};
+
+HeldBytes count_parameters_and_gradients(StorageCounter& counter,
+                                         const std::vector<torch::Tensor>& parameters,
+                                         const std::vector<torch::Tensor>& gradient_buffers) {
+  HeldBytes held;
+  for (const auto& parameter : parameters) counter.count(parameter, held.parameters);
+  for (const auto& parameter : parameters) counter.count(parameter.grad(), held.gradients);
+  for (const auto& buffer : gradient_buffers) counter.count(buffer, held.gradients);
+  return held;
+}
+
+// Counts the state types visit_param_state knows; false when `optimizer` holds another.
+bool count_known_state(StorageCounter& counter, const torch::optim::Optimizer& optimizer,
+                       std::int64_t& into) {
+  // The step counters are made here for saving; the optimizer holds them as integers.
+  auto count_tensor = [&](const char*, const torch::Tensor& value) {
+    if (value.defined() && value.dim() > 0) counter.count(value, into);
+  };
+  bool known = true;
+  for (const auto& [key, state] : optimizer.state()) {
+    if (!visit_param_state(state.get(), count_tensor)) known = false;
+  }
+  return known;
+}
+
+}  // namespace
+
 HeldBytes count_held_bytes(const std::vector<torch::Tensor>& parameters,
                            const torch::optim::Optimizer* optimizer,
                            const std::vector<torch::Tensor>& gradient_buffers) {
-  HeldBytes held;
-  std::unordered_set<const void*> seen;
-  auto count = [&](const torch::Tensor& tensor, std::int64_t& into) {
-    if (!tensor.defined() || !tensor.has_storage()) return;
-    const auto& storage = tensor.storage();
-    if (seen.insert(storage.unsafeGetStorageImpl()).second) {
-      into += static_cast<std::int64_t>(storage.nbytes());
-    }
-  };
-  for (const auto& parameter : parameters) count(parameter, held.parameters);
-  for (const auto& parameter : parameters) count(parameter.grad(), held.gradients);
-  for (const auto& buffer : gradient_buffers) count(buffer, held.gradients);
-  if (optimizer) {
-    const auto& states = optimizer->state();
-    for (const auto& [key, state] : states) {
-      visit_param_state(state.get(), [&](const char*, const torch::Tensor& value) {
-        // The step counters are made here for saving; the optimizer holds them as integers.
-        if (value.defined() && value.dim() > 0) count(value, held.optimizer_state);
-      });
-    }
+  StorageCounter counter;
+  HeldBytes held = count_parameters_and_gradients(counter, parameters, gradient_buffers);
+  if (optimizer) count_known_state(counter, *optimizer, held.optimizer_state);
+  return held;
+}
+
+HeldBytes count_held_bytes(const std::vector<torch::Tensor>& parameters,
+                           const torch::optim::Optimizer* optimizer, const Optimizer& plugin,
+                           const std::vector<torch::Tensor>& gradient_buffers) {
+  StorageCounter counter;
+  HeldBytes held = count_parameters_and_gradients(counter, parameters, gradient_buffers);
+  if (!optimizer) return held;
+  StorageCounter known_only = counter;
+  std::int64_t known_bytes = 0;
+  if (count_known_state(known_only, *optimizer, known_bytes)) {
+    held.optimizer_state = known_bytes;
+    return held;
+  }
+  // A state type only the plugin knows: its entries, views of the live state or copies of the
+  // same size. Scalars (step counts) are left out, as the optimizer holds them as integers.
+  StateDict entries;
+  plugin.save_state_views(*optimizer, "", entries);
+  for (const auto& [key, value] : entries.tensors) {
+    if (value.dim() > 0) counter.count(value, held.optimizer_state);
   }
   return held;
 }

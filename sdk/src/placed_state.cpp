@@ -14,7 +14,8 @@ namespace {
 std::string join(const std::vector<std::int64_t>& values) {
   std::string text;
   for (std::size_t i = 0; i < values.size(); ++i) {
-    text += (i ? "," : "") + std::to_string(values[i]);
+    if (i) text += ',';
+    text += std::to_string(values[i]);
   }
   return text;
 }

@@ -30,7 +30,8 @@ ProcessMesh::ProcessMesh(const MeshLayout& layout, Communicator& communicator)
   for (MeshGroup kind : kGroups) {
     if (layout.size(kind) == 1) continue;
     std::string& name = names[layout.group_ranks(kind, rank_)];
-    name += (name.empty() ? "" : "/") + std::string(mesh_group_name(kind));
+    if (!name.empty()) name += '/';
+    name += mesh_group_name(kind);
   }
   // Every rank creates every group in the same order (creation is collective), members or not.
   std::map<std::vector<int>, c10::intrusive_ptr<c10d::Backend>> made;

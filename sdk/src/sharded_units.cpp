@@ -452,17 +452,30 @@ at::Tensor ShardedUnits::gradient_norm(const std::vector<at::Tensor>& gradients)
 }
 
 HeldBytes ShardedUnits::held_bytes(const torch::optim::Optimizer* optimizer) const {
+  std::vector<at::Tensor> gradient_buffers;
+  const std::vector<at::Tensor> tensors = held_tensors(gradient_buffers);
+  return count_held_bytes(tensors, optimizer, gradient_buffers);
+}
+
+HeldBytes ShardedUnits::held_bytes(const torch::optim::Optimizer* optimizer,
+                                   const Optimizer& plugin) const {
+  std::vector<at::Tensor> gradient_buffers;
+  const std::vector<at::Tensor> tensors = held_tensors(gradient_buffers);
+  return count_held_bytes(tensors, optimizer, plugin, gradient_buffers);
+}
+
+std::vector<at::Tensor> ShardedUnits::held_tensors(
+    std::vector<at::Tensor>& gradient_buffers) const {
   // The model's parameters view the gathered buffers (counted once); those count only while
   // they hold memory.
   std::vector<at::Tensor> tensors;
   for (const auto& unit : state_->units) tensors.push_back(unit.shard);
   for (const auto& unit : state_->units) tensors.push_back(unit.full);
   tensors.insert(tensors.end(), state_->parameters.begin(), state_->parameters.end());
-  std::vector<at::Tensor> gradient_buffers;
   for (const auto& unit : state_->units) {
     if (unit.gradient_flat.defined()) gradient_buffers.push_back(unit.gradient_flat);
   }
-  return count_held_bytes(tensors, optimizer, gradient_buffers);
+  return tensors;
 }
 
 }  // namespace trainyard

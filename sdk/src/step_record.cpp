@@ -21,13 +21,13 @@ void StepRecord::write(std::int64_t step, double learning_rate, double loss,
   // 17 significant digits: the doubles read back bit for bit.
   line << std::setprecision(17) << "{\"step\": " << step << ", \"lr\": " << learning_rate
        << ", \"loss\": ";
-  // Python's json reads these spellings of the values JSON lacks.
-  if (std::isnan(loss)) {
-    line << "NaN";
-  } else if (std::isinf(loss)) {
-    line << (loss > 0 ? "Infinity" : "-Infinity");
-  } else {
+  // JSON has no NaN or infinity: a non-finite loss is null, and nonfinite_loss spells which
+  // (as Python's float() reads it), so every line stays valid JSON for any reader.
+  if (std::isfinite(loss)) {
     line << loss;
+  } else {
+    line << "null, \"nonfinite_loss\": \""
+         << (std::isnan(loss) ? "NaN" : (loss > 0 ? "Infinity" : "-Infinity")) << "\"";
   }
   line << ", \"indices\": [";
   for (std::size_t m = 0; m < micro_batch_indices.size(); ++m) {

@@ -7,30 +7,41 @@
 #include <cstring>
 #include <exception>
 #include <iostream>
+#include <optional>
 #include <set>
 
 #include "trainyard/runtime/crash_report.hpp"
 #include "trainyard/runtime/plugin_loader.hpp"
+#include "trainyard/runtime/recipe.hpp"
 
 namespace trainyard::conformance {
 namespace {
 
 namespace fs = std::filesystem;
 
-const char* kUsage = R"(usage: trainyard-conformance [PLUGIN_PATH...] [--component NAME]... [GoogleTest options]
+const char* kUsage = R"(usage: trainyard-conformance [PLUGIN_PATH...] [--component NAME]... [--set KIND.KEY=VALUE]...
+                             [GoogleTest options]
 
 Runs the conformance suite of each plugin kind on the components of the plugin folders or
 libraries given (the bundled plugins are loaded as well, for the datasets and models the suites
 build around a component, but are not tested unless their folder is given). --component keeps
 only the components of that name (repeatable). Without paths: every bundled plugin and those in
-TRAINYARD_CONFORMANCE_PLUGIN_PATH. GoogleTest options (--gtest_filter=..., --gtest_list_tests)
+TRAINYARD_CONFORMANCE_PLUGIN_PATH. --set builds the components under test of KIND with KEY set
+to VALUE (TOML, or a bare string; repeatable), for variants of a plugin's options and for
+options it requires. GoogleTest options (--gtest_filter=..., --gtest_list_tests)
 pass through.
 )";
 
 // What the command line asks for.
+struct Override {
+  std::string kind, key, text;
+  Value value;
+};
+
 struct Selection {
   std::vector<fs::path> plugin_paths;
   std::set<std::string> components;
+  std::vector<Override> overrides;
 };
 
 Selection& selection() {
@@ -124,8 +135,50 @@ std::vector<std::string> runner_arguments() {
   std::vector<std::string> arguments;
   for (const auto& path : selection().plugin_paths) arguments.push_back(path.string());
   for (const auto& name : selection().components) arguments.push_back("--component=" + name);
+  for (const auto& given : selection().overrides) {
+    arguments.push_back("--set=" + given.kind + "." + given.key + "=" + given.text);
+  }
   return arguments;
 }
+
+Config under_test(const std::string& kind, const std::string& section_name,
+                  std::shared_ptr<Table> table) {
+  auto options = table ? std::make_shared<Table>(*table) : std::make_shared<Table>();
+  for (const auto& given : selection().overrides) {
+    if (given.kind == kind) options->set(given.key, given.value);
+  }
+  return Config(std::move(options), section_name);
+}
+
+std::vector<std::string> overridden_options(const std::string& kind) {
+  std::vector<std::string> keys;
+  for (const auto& given : selection().overrides) {
+    if (given.kind == kind) keys.push_back(given.key);
+  }
+  return keys;
+}
+
+namespace {
+
+// KIND.KEY=VALUE, VALUE read as TOML (a bare word as a string, as recipes' --set reads it).
+std::optional<Override> parse_override(const std::string& assignment) {
+  const auto dot = assignment.find('.');
+  const auto equals = assignment.find('=');
+  if (dot == std::string::npos || equals == std::string::npos || dot == 0 || dot + 1 >= equals) {
+    return std::nullopt;
+  }
+  Override given{assignment.substr(0, dot), assignment.substr(dot + 1, equals - dot - 1),
+                 assignment.substr(equals + 1), Value()};
+  try {
+    auto parsed = parse_toml("value = " + given.text, "--set " + assignment);
+    given.value = *parsed->find("value");
+  } catch (const std::exception&) {
+    given.value = Value(given.text);
+  }
+  return given;
+}
+
+}  // namespace
 
 // Reads the runner's own arguments out of argv, leaving GoogleTest's. Returns false (after
 // printing why) when the command line cannot be used.
@@ -146,6 +199,24 @@ bool take_runner_arguments(int& argc, char** argv) {
       chosen.components.insert(argv[++i]);
     } else if (arg.rfind("--component=", 0) == 0) {
       chosen.components.insert(arg.substr(std::strlen("--component=")));
+    } else if (arg == "--set" || arg.rfind("--set=", 0) == 0) {
+      std::string assignment;
+      if (arg == "--set") {
+        if (i + 1 == argc) {
+          std::cerr << "trainyard-conformance: --set needs KIND.KEY=VALUE\n";
+          return false;
+        }
+        assignment = argv[++i];
+      } else {
+        assignment = arg.substr(std::strlen("--set="));
+      }
+      auto given = parse_override(assignment);
+      if (!given) {
+        std::cerr << "trainyard-conformance: --set needs KIND.KEY=VALUE, got '" << assignment
+                  << "'\n";
+        return false;
+      }
+      chosen.overrides.push_back(std::move(*given));
     } else if (arg.rfind("-", 0) == 0) {
       argv[kept++] = argv[i];  // GoogleTest's
     } else {

@@ -5,12 +5,14 @@
 // The runner is installed as `trainyard-conformance` (and built as bin/conformance_tests). Given
 // plugin folders or libraries, it runs the suites on their components only (the bundled plugins
 // are loaded too, as the datasets and models the suites build around them):
-//   trainyard-conformance /path/to/my/plugins [--component NAME]... [GoogleTest options]
+//   trainyard-conformance /path/to/my/plugins [--component NAME]... [--set KIND.KEY=VALUE]...
+//                         [GoogleTest options]
 // Without paths it runs them on every bundled plugin and on those listed in
 // TRAINYARD_CONFORMANCE_PLUGIN_PATH (colon-separated).
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <filesystem>
 
@@ -40,6 +42,20 @@ std::vector<std::string> plugin_names(const std::string& kind);
 // runs itself again in a child process passes them on, so that the child loads and selects the
 // same plugins.
 std::vector<std::string> runner_arguments();
+
+// The options a suite builds the component of `kind` under test with: `table` (the suite's own
+// settings, which --set may change) with the runner's --set KIND.KEY=VALUE overrides of that kind
+// on top, as section `section_name` ("model", "sinks.jsonl"). Components the suites build around
+// the one under test (the mlp a strategy trains) take section() instead: the overrides name
+// options of the plugin under test.
+Config under_test(const std::string& kind, const std::string& section_name,
+                  std::shared_ptr<Table> table = {});
+inline Config under_test(const std::string& kind, std::shared_ptr<Table> table = {}) {
+  return under_test(kind, kind, std::move(table));
+}
+
+// The option keys --set gives for `kind`.
+std::vector<std::string> overridden_options(const std::string& kind);
 
 // Test-name suffix for a plugin name: GoogleTest allows only [A-Za-z0-9_].
 struct PluginNameGenerator {
@@ -83,12 +99,17 @@ inline std::vector<std::string> required_options(const std::string& kind,
 // when they can.
 inline std::string why_not_buildable_from_defaults(const std::string& kind,
                                                    const std::string& name) {
-  const std::vector<std::string> required = required_options(kind, name);
+  std::vector<std::string> required = required_options(kind, name);
+  const std::vector<std::string> given = overridden_options(kind);
+  std::erase_if(required, [&](const std::string& option) {
+    return std::find(given.begin(), given.end(), option) != given.end();
+  });
   if (required.empty()) return {};
   std::string names;
   for (const auto& option : required) names += (names.empty() ? "" : ", ") + kind + "." + option;
   return kind + " '" + name + "' declares required options (" + names +
-         "): the suite builds components from their defaults; its own tests cover it";
+         "): the suite builds components from their defaults; give them with --set " + kind +
+         ".KEY=VALUE, or its own tests cover it";
 }
 
 // A CPU build context for a small image-classification dataset.

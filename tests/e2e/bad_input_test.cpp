@@ -349,6 +349,40 @@ TEST(BadInputTest, DuplicatePluginNamesBothLibraries) {
   EXPECT_HAS(error, plugin.string());
 }
 
+// One plugin found twice, say in the install's folder and again through --plugin-path from a
+// build folder: refused, naming both files, never one silently shadowing the other.
+TEST(BadInputTest, SamePluginFoundTwiceNamesBothPaths) {
+  TempDir dir;
+  const fs::path bundled = plugin_folder() / "libtrainyard_model_mlp.so";
+  const fs::path copy = dir / "libtrainyard_model_mlp.so";
+  fs::copy_file(bundled, copy);
+  auto error = expect_clean_failure({"plugins", "--plugin-path", copy.string()});
+  EXPECT_HAS(error, "duplicate model plugin 'mlp'");
+  EXPECT_HAS(error, fs::canonical(bundled).string());
+  EXPECT_HAS(error, copy.string());
+}
+
+// --resume on a recipe that saves no checkpoints says what to add to it.
+TEST(BadInputTest, ResumeWithoutCheckpointSectionSaysWhatToAdd) {
+  TempDir dir;
+  auto recipe = dir.write("r.toml", kValidRecipe);
+  auto error = expect_clean_failure({"run", recipe.string(), "--resume", "auto", "--set",
+                                     "run.output_dir=" + (dir / "out").string()});
+  EXPECT_HAS(error, "no [checkpoint] section");
+  EXPECT_HAS(error, "--set checkpoint.plugin=torch");
+}
+
+// validate builds the model (on the meta device), so options that only the model can judge are
+// refused before anything runs; the same recipe with heads that divide the width validates.
+TEST(BadInputTest, ValidateRefusesAModelThatCannotBuild) {
+  auto error = expect_clean_failure({"validate", "recipes/gpt_text.toml", "--set",
+                                     "model.n_heads=3", "--set", "model.d_model=128"});
+  EXPECT_HAS(error, "n_heads");
+  EXPECT_HAS(error, "must divide d_model (128)");
+  auto valid = run_host({"validate", "recipes/gpt_text.toml", "--set", "model.n_heads=8"}, {}, 300);
+  EXPECT_EQ(valid.exit_code, 0) << describe(valid);
+}
+
 TEST(BadInputTest, PluginFactoryExceptionIsReported) {
   TempDir dir;
   auto recipe = dir.write("r.toml", std::string(kValidRecipe) + "[sinks.throwing]\n");

@@ -81,9 +81,9 @@ std::vector<std::string> with(std::vector<std::string> base, const std::vector<s
   return base;
 }
 
-// A small GPT on the repository's README (a corpus every checkout has), byte tokens.
+// A small GPT on one of the repository's documents (a corpus every checkout has), byte tokens.
 std::vector<std::string> small_gpt(const TempDir& dir) {
-  return {"dataset.path=" + (source_dir() / "README.md").string(),
+  return {"dataset.path=" + (source_dir() / "docs" / "multi-process.md").string(),
           "dataset.cache=" + (dir / "cache").string(),
           "dataset.seq_len=32",
           "model.n_layers=2",

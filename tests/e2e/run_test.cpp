@@ -2,6 +2,8 @@
 
 #include <gtest/gtest.h>
 
+#include <nlohmann/json.hpp>
+
 #include <filesystem>
 #include <regex>
 #include <string>
@@ -9,6 +11,7 @@
 
 #include "metrics_file.hpp"
 #include "test_support.hpp"
+#include "trainyard/strict_json.hpp"
 
 namespace trainyard::testing {
 namespace {
@@ -64,11 +67,61 @@ TEST(RunTest, PrintConfigShowsEveryDefault) {
   EXPECT_EQ(again.out, result.out);
 }
 
+// validate builds each recipe's model on the meta device.
 TEST(RunTest, ValidateAcceptsEveryShippedRecipe) {
-  for (const char* recipe : {"recipes/fashion_mnist_cnn.toml", "recipes/fashion_mnist_mlp.toml"}) {
-    auto result = run_host({"validate", recipe});
+  for (const char* recipe :
+       {"recipes/fashion_mnist_cnn.toml", "recipes/fashion_mnist_mlp.toml", "recipes/gpt_text.toml",
+        "recipes/gpt_pipeline.toml", "recipes/gpt_3d.toml"}) {
+    auto result = run_host({"validate", recipe}, {}, 300);
     EXPECT_EQ(result.exit_code, 0) << recipe << "\n" << describe(result);
     EXPECT_EQ(result.out, "");
+  }
+}
+
+// A run whose loss overflows: every line of the step record and of metrics.jsonl is valid JSON
+// (JSON has no NaN), the non-finite loss written as null with its spelling beside it.
+TEST(RunTest, NonFiniteLossesAreWrittenAsValidJson) {
+  TempDir dir;
+  auto result =
+      run_host({"run", "recipes/fashion_mnist_mlp.toml", "--set", "run.max_steps=6", "--set",
+                "run.log_every=1", "--set", "run.eval=false", "--set", "optimizer.plugin=sgd",
+                "--set", "optimizer.lr=1e30", "--set", "run.output_dir=" + dir.path().string(),
+                "--set", "run.step_record_file=" + (dir / "steps.jsonl").string()});
+  ASSERT_EQ(result.exit_code, 0) << describe(result);
+  int nonfinite = 0;
+  for (const auto& line : read_lines(dir / "steps.jsonl")) {
+    const nlohmann::json record = parse_strict_json(line, "step record");
+    if (record.at("loss").is_null()) {
+      ++nonfinite;
+      const std::string spelled = record.at("nonfinite_loss").get<std::string>();
+      EXPECT_TRUE(spelled == "NaN" || spelled == "Infinity" || spelled == "-Infinity") << line;
+    } else {
+      EXPECT_TRUE(record.at("loss").is_number()) << line;
+    }
+  }
+  EXPECT_GT(nonfinite, 0) << "lr 1e30 should overflow the loss within 6 steps";
+  for (const auto& line : read_lines(dir / "metrics.jsonl")) {
+    EXPECT_NO_THROW(parse_strict_json(line, "metrics line")) << line;
+  }
+}
+
+// The run's closing summary shows counts (steps, samples, workers, threads) as integers, not as
+// 2.0000.
+TEST(RunTest, SummaryShowsCountsAsIntegers) {
+  TempDir dir;
+  auto result =
+      run_host({"run", "recipes/fashion_mnist_mlp.toml", "--set", "run.max_steps=3", "--set",
+                "run.eval=false", "--set", "run.output_dir=" + dir.path().string()});
+  ASSERT_EQ(result.exit_code, 0) << describe(result);
+  const std::string all = result.out + result.err;
+  EXPECT_HAS(all, "loader_workers 0 ");
+  EXPECT_FALSE(std::regex_search(
+      all, std::regex(R"(\b(steps|samples|loader_workers|compute_threads) [0-9]+\.[0-9])")))
+      << all;
+  for (const auto& line : read_lines(dir / "metrics.jsonl")) {
+    const nlohmann::json record = parse_strict_json(line, "metrics line");
+    if (record.value("phase", "") != "summary") continue;
+    EXPECT_TRUE(record.at("steps").is_number_integer()) << line;
   }
 }
 

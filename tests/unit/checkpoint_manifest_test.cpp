@@ -56,7 +56,8 @@ TEST(CheckpointManifestTest, WrittenManifestReadsBack) {
 
 TEST(CheckpointManifestTest, NamesOutsideTheFolderAreRefused) {
   for (const char* name : {"../../etc/passwd", "/etc/passwd", "sub/shared.pt", "..", ".", ""}) {
-    std::string error = parse_error(edited("\"rank-00000.pt\"", "\"" + std::string(name) + "\""));
+    const std::string quoted = std::string("\"") + name + "\"";
+    std::string error = parse_error(edited("\"rank-00000.pt\"", quoted));
     EXPECT_HAS(error, "corrupt checkpoint manifest m.toml");
     EXPECT_HAS(error, "files.name must be a file name inside the checkpoint folder") << name;
   }

@@ -14,7 +14,8 @@ namespace {
 TEST(MetricKindTest, CountsAreKnownByTheirNames) {
   for (const char* count :
        {"steps", "samples", "tokens", "epoch", "skipped_steps", "skipped_steps_total",
-        "memory_peak_bytes", "comm_dp_calls", "eval_samples", "eval_correct_count"}) {
+        "memory_peak_bytes", "comm_dp_calls", "eval_samples", "eval_correct_count",
+        "loader_workers", "compute_threads"}) {
     EXPECT_TRUE(is_count_metric(count)) << count;
   }
   for (const char* figure :

@@ -193,8 +193,9 @@ TEST(StageBuild, RefusesRangesOutsideTheModelAndCallsAStageCannotAnswer) {
     const std::string message =
         error_of([&] { make("gpt", gpt_options(4), language_context(), 0, range); });
     EXPECT_TRUE(contains(message, "model 'gpt' has 6 blocks"));
-    EXPECT_TRUE(contains(
-        message, "[" + std::to_string(range.begin) + ", " + std::to_string(range.end) + ")"));
+    const std::string shown = std::string("[") + std::to_string(range.begin) + ", " +
+                              std::to_string(range.end) + ")";
+    EXPECT_TRUE(contains(message, shown));
     EXPECT_EQ(message.find('\n'), std::string::npos);
   }
   EXPECT_TRUE(contains(error_of([&] {

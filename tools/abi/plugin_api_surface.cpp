@@ -1,26 +1,74 @@
-// The plugin API as a binary sees it: one exported function whose parameters reach every type a
+// The plugin API as a binary sees it: exported functions whose parameters reach every type a
 // plugin and the host exchange. Built with full debug information for those types, it is what
 // libabigail's abidw records and abidiff compares against the last release's record
 // (tools/abi/check): a virtual function added, removed or reordered, a field moved, a parameter
-// changed, all show up as changes to this function's parameter types.
+// changed, all show up as changes to these functions' parameter types.
+//
+// Every installed header is included, and every one's types or free functions reach one of the
+// two functions: trainyard_plugin_api_surface takes the interfaces a plugin implements, and
+// trainyard_plugin_api_helpers the SDK's helper classes, and pointers to its free functions (a
+// pointer to a function records its signature). InstalledHeaders.AllReachTheAbiSurface checks
+// that every installed header is included here.
 
+#include "trainyard/activation_checkpoint.hpp"
+#include "trainyard/activations.hpp"
 #include "trainyard/batch.hpp"
+#include "trainyard/block_selection.hpp"
 #include "trainyard/build_context.hpp"
+#include "trainyard/c10d_communicator.hpp"
 #include "trainyard/checkpoint.hpp"
+#include "trainyard/checkpoint_file.hpp"
+#include "trainyard/classification.hpp"
+#include "trainyard/collective_counter.hpp"
 #include "trainyard/communicator.hpp"
 #include "trainyard/component.hpp"
 #include "trainyard/config.hpp"
 #include "trainyard/dataset.hpp"
 #include "trainyard/device.hpp"
+#include "trainyard/device_mesh.hpp"
+#include "trainyard/distributed.hpp"
+#include "trainyard/error.hpp"
+#include "trainyard/files.hpp"
+#include "trainyard/gradient_reducer.hpp"
+#include "trainyard/gradients.hpp"
+#include "trainyard/held_blocks.hpp"
+#include "trainyard/held_bytes.hpp"
+#include "trainyard/host_cpu.hpp"
+#include "trainyard/json_quote.hpp"
+#include "trainyard/libtorch_build.hpp"
+#include "trainyard/loss_reduction.hpp"
 #include "trainyard/metrics.hpp"
+#include "trainyard/micro_batch.hpp"
 #include "trainyard/model.hpp"
+#include "trainyard/module_state.hpp"
 #include "trainyard/optimizer.hpp"
+#include "trainyard/parameter_init.hpp"
+#include "trainyard/parameter_pieces.hpp"
+#include "trainyard/pipeline_schedule.hpp"
+#include "trainyard/pipeline_stages.hpp"
+#include "trainyard/pipeline_timeline.hpp"
+#include "trainyard/placed_state.hpp"
 #include "trainyard/plugin.hpp"
 #include "trainyard/precision.hpp"
+#include "trainyard/process_mesh.hpp"
 #include "trainyard/registry.hpp"
+#include "trainyard/replicated_step.hpp"
+#include "trainyard/sample_index.hpp"
 #include "trainyard/scheduler.hpp"
+#include "trainyard/sequential_block.hpp"
+#include "trainyard/sequential_classifier.hpp"
+#include "trainyard/sharded_optimizer_state.hpp"
+#include "trainyard/sharded_units.hpp"
 #include "trainyard/state.hpp"
+#include "trainyard/step_phases.hpp"
 #include "trainyard/strategy.hpp"
+#include "trainyard/strict_json.hpp"
+#include "trainyard/tensor_parallel.hpp"
+#include "trainyard/tensor_parallel_step.hpp"
+#include "trainyard/version.hpp"
+
+#include <functional>
+#include <optional>
 
 extern "C" __attribute__((visibility("default"))) void trainyard_plugin_api_surface(
     trainyard::PluginDescriptor*, trainyard::Registry*, trainyard::ComponentInfo*,
@@ -33,3 +81,67 @@ extern "C" __attribute__((visibility("default"))) void trainyard_plugin_api_surf
     trainyard::StrategyContext*, trainyard::StepResult*, trainyard::EvalResult*,
     trainyard::Precision*, trainyard::CheckpointBackend*, trainyard::MetricsSink*,
     trainyard::RunInfo*, trainyard::MetricRecord*) {}
+
+namespace trainyard::abi {
+
+// The signatures of the SDK's free functions, one member per function (overloads each named).
+struct FreeFunctions {
+  decltype(&classification_sums) classification_sums_fn;
+  torch::Tensor (*classification_loss_fn)(const torch::Tensor&, const Batch&);
+  torch::Tensor (*classification_loss_reduced_fn)(const torch::Tensor&, const Batch&,
+                                                  LossReduction);
+  decltype(&remove_tree) remove_tree_fn;
+  decltype(&sync_to_disk) sync_to_disk_fn;
+  decltype(&held_blocks) held_blocks_fn;
+  decltype(&json_quote) json_quote_fn;
+  decltype(&libtorch_build_settings) libtorch_build_settings_fn;
+  decltype(&libtorch_build_setting) libtorch_build_setting_fn;
+  decltype(&libtorch_built_with) libtorch_built_with_fn;
+  decltype(&loss_reduction_option) loss_reduction_option_fn;
+  decltype(&loss_reduction_from) loss_reduction_from_fn;
+  torch::Tensor (*forward_backward_fn)(Model&, const std::vector<Block>&, const Batch&,
+                                       std::int64_t, const StrategyContext&,
+                                       std::optional<torch::ScalarType>);
+  torch::Tensor (*forward_backward_observed_fn)(Model&, const std::vector<Block>&, const Batch&,
+                                                std::int64_t, const StrategyContext&,
+                                                std::optional<torch::ScalarType>,
+                                                const std::function<void()>&);
+  decltype(&save_module_state) save_module_state_fn;
+  decltype(&load_module_state) load_module_state_fn;
+  decltype(&named_stages) named_stages_fn;
+  decltype(&balanced_stages) balanced_stages_fn;
+  decltype(&describe_stages) describe_stages_fn;
+  decltype(&stage_cut_key) stage_cut_key_fn;
+  decltype(&finish_replicated_step) finish_replicated_step_fn;
+  decltype(&evaluate_blocks) evaluate_blocks_fn;
+  decltype(&parse_strict_json) parse_strict_json_fn;
+  decltype(&squares_over_group) squares_over_group_fn;
+  decltype(&agree_on_found_inf) agree_on_found_inf_fn;
+  decltype(&gather_whole_tensors) gather_whole_tensors_fn;
+  decltype(&on_gradient_ready) on_gradient_ready_fn;
+  decltype(&gradients_of) gradients_of_fn;
+  decltype(&global_norm) global_norm_fn;
+  decltype(&clip_to_norm) clip_to_norm_fn;
+};
+
+}  // namespace trainyard::abi
+
+extern "C" __attribute__((visibility("default"))) void trainyard_plugin_api_helpers(
+    trainyard::abi::FreeFunctions*, trainyard::ActivationCheckpointing*, trainyard::Activations*,
+    trainyard::BlockSelection*, trainyard::C10dCommunicator*, trainyard::CheckpointFileInfo*,
+    trainyard::CheckpointFileWriter*, trainyard::CollectiveCount*, trainyard::CollectiveCounter*,
+    trainyard::MeshRequest*, trainyard::MeshCoordinates*, trainyard::MeshLayout*,
+    trainyard::ListeningSocket*, trainyard::CollectiveWait*, trainyard::FailureMonitor*,
+    trainyard::Error*, trainyard::GradientReducerOptions*, trainyard::UnusedParametersError*,
+    trainyard::GradientReducer*, trainyard::HeldBytes*, trainyard::ProcessCpuUsage*,
+    trainyard::ParameterInit*, trainyard::GlobalGeneratorGuard*, trainyard::ParameterPiece*,
+    trainyard::PipelineAction*, trainyard::PipelineShape*, trainyard::PipelineSchedule*,
+    trainyard::PipelineCosts*, trainyard::TimedAction*, trainyard::RankSimulation*,
+    trainyard::PipelineSimulation*, trainyard::IdleShareFormula*, trainyard::MeasuredAction*,
+    trainyard::RankTimeline*, trainyard::MeasuredPipelineTimeline*, trainyard::TensorPlacement*,
+    trainyard::PlacedState*, trainyard::ProcessMesh*, trainyard::SequentialClassifier*,
+    trainyard::ShardedOptimizerState*, trainyard::ShardedUnitsOptions*,
+    trainyard::ShardedUnitLayout*, trainyard::ShardedUnits*, trainyard::PhaseSpan*,
+    trainyard::PhaseRollup*, trainyard::PhaseClock*, trainyard::TensorParallelGroup*,
+    trainyard::ColumnParallelLinearImpl*, trainyard::RowParallelLinearImpl*,
+    trainyard::VocabParallelEmbeddingImpl*) {}

@@ -439,11 +439,13 @@ def main():
             nn.utils.clip_grad_norm_(parameters, run["max_grad_norm"])
         optimizer.step()
         step_loss = (loss_sum / float(len(micro)) if len(micro) > 1 else loss_sum).item()
-        worst_loss = max(worst_loss, abs(step_loss - record["loss"]))
-        if not close(record["loss"], step_loss, bounds):
+        # A non-finite loss is recorded as null, with its spelling beside it.
+        run_loss = record["loss"] if record["loss"] is not None else float(record["nonfinite_loss"])
+        worst_loss = max(worst_loss, abs(step_loss - run_loss))
+        if not close(run_loss, step_loss, bounds):
             failures += 1
-            print(f"step {step}: loss {record['loss']!r} in the run, {step_loss!r} in Python "
-                  f"(difference {abs(record['loss'] - step_loss):.3g})")
+            print(f"step {step}: loss {run_loss!r} in the run, {step_loss!r} in Python "
+                  f"(difference {abs(run_loss - step_loss):.3g})")
 
     final = load_tensors(args.final)
     worst_param, rtol_atol = 0.0, bounds

@@ -111,7 +111,8 @@ class Safetensors final : public CheckpointBackend {
       header += json_quote(kMetadataKey) + ":{";
       bool first = true;
       for (const auto& [key, value] : state.metadata) {
-        header += (first ? "" : ",") + json_quote(key) + ":" + json_quote(value);
+        if (!first) header += ',';
+        header += json_quote(key) + ":" + json_quote(value);
         first = false;
       }
       header += "}";
@@ -125,7 +126,8 @@ class Safetensors final : public CheckpointBackend {
       header += json_quote(name) + ":{\"dtype\":\"" + dtype_name(data.scalar_type(), name) +
                 "\",\"shape\":[";
       for (std::int64_t d = 0; d < data.dim(); ++d) {
-        header += (d ? "," : "") + std::to_string(data.size(d));
+        if (d) header += ',';
+        header += std::to_string(data.size(d));
       }
       header += "],\"data_offsets\":[" + std::to_string(offset) + "," +
                 std::to_string(offset + bytes) + "]}";

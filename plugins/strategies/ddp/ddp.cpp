@@ -262,9 +262,9 @@ class Ddp final : public Strategy {
     if (zero1_) {
       std::vector<at::Tensor> parameters = parameters_;
       parameters.push_back(zero1_->master());
-      return count_held_bytes(parameters, &zero1_->optimizer(), buffers);
+      return count_held_bytes(parameters, &zero1_->optimizer(), *context_.optimizer, buffers);
     }
-    return count_held_bytes(parameters_, optimizer_.get(), buffers);
+    return count_held_bytes(parameters_, optimizer_.get(), *context_.optimizer, buffers);
   }
 
  private:

@@ -302,7 +302,9 @@ class Fsdp final : public Strategy {
   // Collective when sharded: every rank calls it, each gets the full parameters.
   TensorMap full_parameters() const override { return units_->full_parameters(); }
 
-  HeldBytes held_bytes() const override { return units_->held_bytes(optimizer_.get()); }
+  HeldBytes held_bytes() const override {
+    return units_->held_bytes(optimizer_.get(), *context_.optimizer);
+  }
 
  private:
   // Elements [begin, begin + count) of unit `u`'s flat buffer as pieces of its parameters.

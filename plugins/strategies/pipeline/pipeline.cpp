@@ -312,7 +312,8 @@ class Pipeline final : public Strategy {
   HeldBytes held_bytes() const override {
     HeldBytes total;
     for (std::size_t i = 0; i < stages_.size(); ++i) {
-      const HeldBytes held = stages_[i].held->held_bytes(i == 0 ? optimizer_.get() : nullptr);
+      const HeldBytes held =
+          stages_[i].held->held_bytes(i == 0 ? optimizer_.get() : nullptr, *context_.optimizer);
       total.parameters += held.parameters;
       total.gradients += held.gradients;
       total.optimizer_state += held.optimizer_state;

@@ -94,8 +94,9 @@ class ReplicatedStageParameters final : public StageParameters {
     return out;
   }
   void release() override {}
-  HeldBytes held_bytes(const torch::optim::Optimizer* optimizer) const override {
-    return count_held_bytes(parameters_, optimizer,
+  HeldBytes held_bytes(const torch::optim::Optimizer* optimizer,
+                       const Optimizer& plugin) const override {
+    return count_held_bytes(parameters_, optimizer, plugin,
                             reducer_ ? reducer_->bucket_buffers() : std::vector<at::Tensor>{});
   }
 
@@ -194,8 +195,9 @@ class ShardedStageParameters final : public StageParameters {
     return out;
   }
   void release() override { units_->release_all(); }
-  HeldBytes held_bytes(const torch::optim::Optimizer* optimizer) const override {
-    return units_->held_bytes(optimizer);
+  HeldBytes held_bytes(const torch::optim::Optimizer* optimizer,
+                       const Optimizer& plugin) const override {
+    return units_->held_bytes(optimizer, plugin);
   }
 
  private:

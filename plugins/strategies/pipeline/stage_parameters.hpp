@@ -26,6 +26,8 @@ class Optimizer;
 
 namespace trainyard {
 
+class Optimizer;
+
 class StageParameters {
  public:
   virtual ~StageParameters() = default;
@@ -63,7 +65,9 @@ class StageParameters {
   virtual std::vector<at::Tensor> whole_parameters() const = 0;
   // Frees gathered parameters (after evaluation or loading).
   virtual void release() = 0;
-  virtual HeldBytes held_bytes(const torch::optim::Optimizer* optimizer) const = 0;
+  // `optimizer` (null: count no optimizer state) was made by `plugin`.
+  virtual HeldBytes held_bytes(const torch::optim::Optimizer* optimizer,
+                               const Optimizer& plugin) const = 0;
 };
 
 // Parameters replicated across the data-parallel ranks, held as `layouts` say (whole, or the

@@ -78,7 +78,9 @@ class Single final : public Strategy {
     return out;
   }
 
-  HeldBytes held_bytes() const override { return count_held_bytes(parameters_, optimizer_.get()); }
+  HeldBytes held_bytes() const override {
+    return count_held_bytes(parameters_, optimizer_.get(), *context_.optimizer);
+  }
 
  private:
   StrategyContext context_;

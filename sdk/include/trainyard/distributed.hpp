@@ -127,7 +127,7 @@ class FailureMonitor {
 // failure is recorded for the others; a failed collective is attributed with diagnose().
 [[noreturn]] void rethrow_naming_failed_rank(FailureMonitor& monitor, int rank);
 
-// Test hook (documented in README): when TRAINYARD_TEST_FAIL_RANK equals `rank` and
+// Test hook (documented in docs/multi-process.md): when TRAINYARD_TEST_FAIL_RANK equals `rank` and
 // TRAINYARD_TEST_FAIL_AT_STEP equals `step`, the process exits with status 3
 // (TRAINYARD_TEST_FAIL_MODE=exit, the default), stops calling collectives forever (=hang) or
 // crashes with a segmentation fault (=crash), kills itself with SIGKILL (=kill), freezes with

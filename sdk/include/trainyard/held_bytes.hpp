@@ -13,6 +13,8 @@ class Optimizer;
 
 namespace trainyard {
 
+class Optimizer;
+
 // Each storage counted once: gradient buckets that gradients view into count as gradients,
 // a flat shard as what it holds.
 struct HeldBytes {
@@ -28,6 +30,14 @@ struct HeldBytes {
 // state is counted for LibTorch's SGD, Adam and AdamW state types; other types contribute nothing.
 HeldBytes count_held_bytes(const std::vector<at::Tensor>& parameters,
                            const torch::optim::Optimizer* optimizer,
+                           const std::vector<at::Tensor>& gradient_buffers = {});
+
+// As above, with the optimizer plugin that made `optimizer`: state of a type only the plugin
+// knows is counted through its save_state_views entries (the state-key contract, optimizer.hpp),
+// so a third party's optimizer shows in held_optimizer_bytes like a bundled one. What strategies
+// call.
+HeldBytes count_held_bytes(const std::vector<at::Tensor>& parameters,
+                           const torch::optim::Optimizer* optimizer, const Optimizer& plugin,
                            const std::vector<at::Tensor>& gradient_buffers = {});
 
 }  // namespace trainyard

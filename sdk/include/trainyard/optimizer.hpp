@@ -15,8 +15,19 @@ namespace trainyard {
 // An optimizer plugin. The strategy decides which tensors are optimised (whole parameters,
 // flat shards) and calls create(); the plugin decides the update rule. save_state/load_state
 // turn the optimizer's per-parameter state into named tensors, so that checkpoints can be
-// inspected, exported and resharded; the defaults handle LibTorch's SGD, Adam, AdamW, Adagrad
-// and RMSprop.
+// inspected, exported and resharded; the defaults handle LibTorch's SGD, Adam and AdamW.
+//
+// The state-key contract, which a plugin with a state type of its own keeps in save_state,
+// save_state_views and load_state:
+// - one entry per state tensor, named `<prefix>param.<index>.<field>`: `index` counts the
+//   optimizer's parameters across its param_groups in order, `field` names the tensor
+//   (`exp_avg`, `momentum_buffer`, `velocity`, ...);
+// - a tensor per element of its parameter has the parameter's shape (strategies cut and
+//   reshard it as they cut the parameter), a 0-dim tensor is a per-parameter scalar (a step
+//   count) kept whole;
+// - a parameter without state yet has no entries, and load_state accepts that.
+// Checkpoints save these entries, held_bytes counts their storage (held_optimizer_bytes), and
+// resharding moves them with their parameters.
 class Optimizer : public Component {
  public:
   static constexpr const char* kKind = "optimizer";

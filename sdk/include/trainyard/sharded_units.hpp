@@ -27,6 +27,8 @@ class Backend;
 
 namespace trainyard {
 
+class Optimizer;
+
 struct Block;
 
 enum class UnitSharding {
@@ -112,8 +114,14 @@ class ShardedUnits {
   // Shards, their gradients and `optimizer`'s state, gathered buffers while they hold memory,
   // whole gradients while accumulating, and flat gradients being reduced.
   HeldBytes held_bytes(const torch::optim::Optimizer* optimizer) const;
+  // The same, with state of a type only `plugin` knows counted through it (held_bytes.hpp).
+  HeldBytes held_bytes(const torch::optim::Optimizer* optimizer, const Optimizer& plugin) const;
 
  private:
+  // What held_bytes counts: shards, gathered buffers, the model's parameters; flat gradients into
+  // `gradient_buffers`.
+  std::vector<at::Tensor> held_tensors(std::vector<at::Tensor>& gradient_buffers) const;
+
   struct State;
   std::unique_ptr<State> state_;
 };

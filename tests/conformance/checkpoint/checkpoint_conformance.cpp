@@ -22,7 +22,7 @@ class CheckpointConformance : public ::testing::TestWithParam<std::string> {
  protected:
   std::shared_ptr<CheckpointBackend> build() {
     return trainyard::conformance::registry().create<CheckpointBackend>(
-        GetParam(), trainyard::conformance::section("checkpoint"),
+        GetParam(), trainyard::conformance::under_test("checkpoint"),
         trainyard::conformance::classification_context());
   }
 

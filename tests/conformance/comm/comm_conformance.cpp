@@ -102,7 +102,7 @@ class CommConformance : public ::testing::TestWithParam<std::string> {
   // The device types the plugin serves, in its order of preference.
   std::vector<std::string> served_types() const {
     auto comm = trainyard::conformance::registry().create<Communicator>(
-        GetParam(), trainyard::conformance::section("comm"),
+        GetParam(), trainyard::conformance::under_test("comm"),
         trainyard::conformance::classification_context());
     return comm->device_types();
   }
@@ -144,7 +144,7 @@ class CommConformance : public ::testing::TestWithParam<std::string> {
   std::shared_ptr<Communicator> connect(int rank, int world_size, int port, c10::Device device,
                                         std::chrono::milliseconds timeout = kCollectiveTimeout) {
     std::shared_ptr<Communicator> comm = trainyard::conformance::registry().create<Communicator>(
-        GetParam(), trainyard::conformance::section("comm"),
+        GetParam(), trainyard::conformance::under_test("comm"),
         trainyard::conformance::classification_context());
     Rendezvous meet;
     meet.rank = rank;
@@ -666,7 +666,7 @@ TEST_P(CommConformance, CollectivesOnOneRank) {
   if (!devices) TRAINYARD_SKIP_WITHOUT_GPU() << missing_devices(1);
   const c10::Device device = devices->front();
   auto comm = trainyard::conformance::registry().create<Communicator>(
-      GetParam(), trainyard::conformance::section("comm"),
+      GetParam(), trainyard::conformance::under_test("comm"),
       trainyard::conformance::classification_context());
   Rendezvous meet;
   meet.master_port = trainyard::testing::free_loopback_port();
@@ -696,7 +696,7 @@ TEST_P(CommConformance, StoreListensOnTheMasterAddressOnly) {
 
 TEST_P(CommConformance, UnreachableStoreFailsWithinTheTimeout) {
   auto comm = trainyard::conformance::registry().create<Communicator>(
-      GetParam(), trainyard::conformance::section("comm"),
+      GetParam(), trainyard::conformance::under_test("comm"),
       trainyard::conformance::classification_context());
   auto device = device_for(1);
   if (!device) TRAINYARD_SKIP_WITHOUT_GPU() << missing_devices(2);

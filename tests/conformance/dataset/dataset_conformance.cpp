@@ -29,7 +29,7 @@ class DatasetConformance : public ::testing::TestWithParam<std::string> {
     std::lock_guard<std::mutex> lock(mutex);
     auto& slot = (*cache)[GetParam()];
     if (!slot) {
-      slot = conformance::registry().create<Dataset>(GetParam(), conformance::section("dataset"),
+      slot = conformance::registry().create<Dataset>(GetParam(), conformance::under_test("dataset"),
                                                      conformance::classification_context());
     }
     return slot;
@@ -232,7 +232,10 @@ std::size_t fingerprint(const TensorMap& sample) {
     key += name;
     key += '|';
     key += std::string(c10::toString(flat.scalar_type()));
-    for (auto d : flat.sizes()) key += "," + std::to_string(d);
+    for (auto d : flat.sizes()) {
+      key += ',';
+      key += std::to_string(d);
+    }
     key += '|';
     key.append(static_cast<const char*>(flat.data_ptr()), flat.nbytes());
   }

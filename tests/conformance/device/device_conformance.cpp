@@ -26,7 +26,7 @@ class DeviceConformance : public ::testing::TestWithParam<std::string> {
  protected:
   std::shared_ptr<DeviceBackend> build() {
     return trainyard::conformance::registry().create<DeviceBackend>(
-        GetParam(), trainyard::conformance::section("device"),
+        GetParam(), trainyard::conformance::under_test("device"),
         trainyard::conformance::classification_context());
   }
   // The backend, or null after deciding to skip because the device is absent here.

@@ -45,7 +45,7 @@ class ModelConformance : public ::testing::TestWithParam<std::string> {
       torch::manual_seed(seed);
       try {
         language_ = language;
-        return conformance::registry().create<Model>(GetParam(), conformance::section("model"),
+        return conformance::registry().create<Model>(GetParam(), conformance::under_test("model"),
                                                      context(seed));
       } catch (const Error& error) {
         refusals += std::string(language ? " token windows: " : " images: ") + error.what();
@@ -60,7 +60,7 @@ class ModelConformance : public ::testing::TestWithParam<std::string> {
   std::shared_ptr<Model> build_stage(std::uint64_t seed, const BlockRange& range) const {
     BuildContext stage_context = context(seed);
     stage_context.blocks = range;
-    return conformance::registry().create<Model>(GetParam(), conformance::section("model"),
+    return conformance::registry().create<Model>(GetParam(), conformance::under_test("model"),
                                                  stage_context);
   }
 

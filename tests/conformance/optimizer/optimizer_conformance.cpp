@@ -18,7 +18,7 @@ class OptimizerConformance : public ::testing::TestWithParam<std::string> {
  protected:
   std::shared_ptr<Optimizer> build(std::shared_ptr<Table> options = {}) {
     return conformance::registry().create<Optimizer>(
-        GetParam(), conformance::section("optimizer", std::move(options)),
+        GetParam(), conformance::under_test("optimizer", std::move(options)),
         conformance::classification_context());
   }
 

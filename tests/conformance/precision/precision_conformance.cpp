@@ -25,7 +25,7 @@ using namespace trainyard;
 class PrecisionConformance : public ::testing::TestWithParam<std::string> {
  protected:
   std::shared_ptr<Precision> build() {
-    return conformance::registry().create<Precision>(GetParam(), conformance::section("precision"),
+    return conformance::registry().create<Precision>(GetParam(), conformance::under_test("precision"),
                                                      conformance::classification_context());
   }
 
@@ -59,7 +59,8 @@ class PrecisionConformance : public ::testing::TestWithParam<std::string> {
       const torch::Device device = backend->device(0);
       const std::string refused = refusal(precision, device);
       if (refused.empty()) return device;
-      refusals_ += " " + device.str() + ": " + refused;
+      refusals_ += ' ';
+      refusals_ += device.str() + ": " + refused;
     }
     return std::nullopt;
   }

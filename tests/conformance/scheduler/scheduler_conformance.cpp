@@ -18,7 +18,7 @@ class SchedulerConformance : public ::testing::TestWithParam<std::string> {
  protected:
   std::shared_ptr<LrScheduler> build(std::shared_ptr<Table> options = {}) {
     return conformance::registry().create<LrScheduler>(
-        GetParam(), conformance::section("scheduler", std::move(options)),
+        GetParam(), conformance::under_test("scheduler", std::move(options)),
         conformance::classification_context());
   }
 

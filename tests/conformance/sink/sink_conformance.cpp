@@ -28,7 +28,7 @@ class SinkConformance : public ::testing::TestWithParam<std::string> {
       options->set("port", trainyard::Value(std::int64_t{0}));
     }
     return trainyard::conformance::registry().create<MetricsSink>(
-        GetParam(), trainyard::conformance::section("sinks." + GetParam(), options),
+        GetParam(), trainyard::conformance::under_test("sink", "sinks." + GetParam(), options),
         trainyard::conformance::classification_context());
   }
 

@@ -40,6 +40,71 @@ const std::vector<std::int64_t> kShape = {1, 6, 6};
 constexpr int kRanks = 2;
 using CommunicatorPtr = std::shared_ptr<Communicator>;
 
+// An optimizer whose per-parameter state is a type of its own (SGD with a velocity), as a third
+// party's would be: LibTorch's state types are the only ones the SDK reads directly, so a
+// strategy sees this state only through the plugin's save_state entries.
+struct VelocityOptions : torch::optim::OptimizerCloneableOptions<VelocityOptions> {
+  explicit VelocityOptions(double lr) : lr(lr) {}
+  double get_lr() const override { return lr; }
+  void set_lr(const double value) override { lr = value; }
+  double lr;
+};
+
+struct VelocityState : torch::optim::OptimizerCloneableParamState<VelocityState> {
+  torch::Tensor velocity;
+};
+
+class VelocitySgd : public torch::optim::Optimizer {
+ public:
+  VelocitySgd(std::vector<torch::Tensor> params, double lr)
+      : torch::optim::Optimizer({torch::optim::OptimizerParamGroup(std::move(params))},
+                                std::make_unique<VelocityOptions>(lr)) {}
+
+  torch::Tensor step(LossClosure closure = nullptr) override {
+    torch::NoGradGuard no_grad;
+    for (auto& group : param_groups_) {
+      const double lr = group.options().get_lr();
+      for (auto& param : group.params()) {
+        if (!param.grad().defined()) continue;
+        auto& slot = state_[param.unsafeGetTensorImpl()];
+        if (!slot) {
+          auto fresh = std::make_unique<VelocityState>();
+          fresh->velocity = torch::zeros_like(param);
+          slot = std::move(fresh);
+        }
+        torch::Tensor& velocity = static_cast<VelocityState&>(*slot).velocity;
+        velocity.mul_(0.9).add_(param.grad());
+        param.add_(velocity, -lr);
+      }
+    }
+    return {};
+  }
+};
+
+class VelocityOptimizer : public trainyard::Optimizer {
+ public:
+  double learning_rate() const override { return 0.1; }
+  std::unique_ptr<torch::optim::Optimizer> create(std::vector<torch::Tensor> params) override {
+    return std::make_unique<VelocitySgd>(std::move(params), learning_rate());
+  }
+  // The state-key contract (optimizer.hpp): <prefix>param.<index>.<field>.
+  void save_state(const torch::optim::Optimizer& optimizer, const std::string& prefix,
+                  StateDict& out) const override {
+    std::size_t index = 0;
+    for (const auto& group : optimizer.param_groups()) {
+      for (const auto& param : group.params()) {
+        auto it = optimizer.state().find(param.unsafeGetTensorImpl());
+        if (it != optimizer.state().end()) {
+          out.tensors[prefix + "param." + std::to_string(index) + ".velocity"] =
+              static_cast<const VelocityState&>(*it->second).velocity.clone();
+        }
+        ++index;
+      }
+    }
+  }
+  void load_state(torch::optim::Optimizer&, const std::string&, const StateDict&) const override {}
+};
+
 std::string first_line(const std::exception& error) {
   std::string message = error.what();
   return message.substr(0, message.find('\n'));
@@ -90,8 +155,11 @@ class StrategyConformance : public ::testing::TestWithParam<std::string> {
     auto optimizer_options = std::make_shared<Table>();
     optimizer_options->set("lr", Value(0.1));
     if (momentum > 0) optimizer_options->set("momentum", Value(momentum));
-    context.optimizer = registry.create<Optimizer>(
-        "sgd", conformance::section("optimizer", optimizer_options), context.build);
+    context.optimizer =
+        optimizer_
+            ? optimizer_
+            : registry.create<Optimizer>(
+                  "sgd", conformance::section("optimizer", optimizer_options), context.build);
     context.precision =
         registry.create<Precision>("fp32", conformance::section("precision"), context.build);
     context.device_backend =
@@ -99,10 +167,13 @@ class StrategyConformance : public ::testing::TestWithParam<std::string> {
     context.step.accumulation = accumulation;
     context.phases = phases;
     auto strategy =
-        registry.create<Strategy>(GetParam(), conformance::section("strategy"), context.build);
+        registry.create<Strategy>(GetParam(), conformance::under_test("strategy"), context.build);
     strategy->setup(context);
     return strategy;
   }
+
+  // The optimizer make() sets strategies up with; the bundled sgd when null.
+  std::shared_ptr<Optimizer> optimizer_;
 
   // Runs `body(communicator)` for each of two ranks, on its own thread with a gloo communicator
   // connected over loopback; the results in rank order.
@@ -222,6 +293,24 @@ TEST_P(StrategyConformance, HeldBytesMeasureParametersGradientsAndOptimizerState
     EXPECT_LE(bytes, 2 * full) << what;
   }
   EXPECT_EQ(held.total(), held.parameters + held.gradients + held.optimizer_state);
+  const auto live = static_cast<double>(tracker.current_bytes());
+  EXPECT_NEAR(static_cast<double>(held.total()), live, 0.01 * live)
+      << "held_bytes says " << held.total() << ", the allocator counts " << live << " live bytes";
+}
+
+// An optimizer plugin's own state type counts in held_bytes like LibTorch's: through the
+// plugin's state entries.
+TEST_P(StrategyConformance, HeldBytesCountOptimizerStateOnlyThePluginKnows) {
+  AllocationTracker tracker;
+  optimizer_ = std::make_shared<VelocityOptimizer>();
+  auto strategy = make(1);
+  std::int64_t full = 0;
+  for (const auto& [name, tensor] : strategy->full_parameters()) full += tensor.nbytes();
+  step(*strategy, make_batch(kBatch, 1));
+  const HeldBytes held = strategy->held_bytes();
+  // A velocity for each parameter (a sharded strategy may hold padded shards of them).
+  EXPECT_GE(held.optimizer_state, full);
+  EXPECT_LE(held.optimizer_state, 2 * full);
   const auto live = static_cast<double>(tracker.current_bytes());
   EXPECT_NEAR(static_cast<double>(held.total()), live, 0.01 * live)
       << "held_bytes says " << held.total() << ", the allocator counts " << live << " live bytes";
