@@ -395,15 +395,10 @@ HeldBytes count_held_bytes(const std::vector<torch::Tensor>& parameters,
                            const std::vector<torch::Tensor>& gradient_buffers) {
   StorageCounter counter;
   HeldBytes held = count_parameters_and_gradients(counter, parameters, gradient_buffers);
-  if (!optimizer) return held;
-  StorageCounter known_only = counter;
-  std::int64_t known_bytes = 0;
-  if (count_known_state(known_only, *optimizer, known_bytes)) {
-    held.optimizer_state = known_bytes;
-    return held;
-  }
+  if (!optimizer || count_known_state(counter, *optimizer, held.optimizer_state)) return held;
   // A state type only the plugin knows: its entries, views of the live state or copies of the
-  // same size. Scalars (step counts) are left out, as the optimizer holds them as integers.
+  // same size (the known states counted above are views of storages already seen). Scalars
+  // (step counts) are left out, as the optimizer holds them as integers.
   StateDict entries;
   plugin.save_state_views(*optimizer, "", entries);
   for (const auto& [key, value] : entries.tensors) {
