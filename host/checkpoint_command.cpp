@@ -16,6 +16,7 @@
 #include "trainyard/files.hpp"
 #include "trainyard/placed_state.hpp"
 #include "trainyard/runtime/checkpoint_store.hpp"
+#include "trainyard/runtime/default_plugins.hpp"
 #include "trainyard/version.hpp"
 
 namespace po = boost::program_options;
@@ -137,8 +138,12 @@ CheckpointState placed_entries(const fs::path& checkpoint, const CheckpointManif
 
 int export_weights(const fs::path& checkpoint, const std::string& format, const fs::path& out,
                    bool everything, Registry& registry) {
-  if (format != "safetensors") {
-    throw Error("--format must be 'safetensors', got '" + format + "'");
+  if (!registry.contains("checkpoint", format)) {
+    std::string known;
+    for (const auto& name : registry.names("checkpoint"))
+      known += (known.empty() ? "" : ", ") + name;
+    throw Error("--format '" + format + "' names no loaded checkpoint backend (loaded: " + known +
+                ")");
   }
   CheckpointManifest manifest = read_manifest(checkpoint);
   verify_checkpoint(checkpoint, manifest);
@@ -177,14 +182,15 @@ int command_checkpoint(const std::vector<std::string>& args, Registry& registry)
   CommonOptions common;
   std::string action;
   std::string path;
-  std::string format = "safetensors";
+  std::string format = default_plugins::kExportFormat;
   std::string out;
   bool everything = false;
   po::options_description options("checkpoint options");
   options.add_options()("action", po::value(&action)->required(), "inspect or export")(
       "path", po::value(&path)->required(), "a checkpoint folder (step-NNNNNNNNN)")(
-      "format", po::value(&format)->default_value("safetensors"), "export format")(
-      "out", po::value(&out), "export: the file to write")(
+      "format", po::value(&format)->default_value(format),
+      "export: the checkpoint backend to write with")("out", po::value(&out),
+                                                      "export: the file to write")(
       "all", po::bool_switch(&everything), "export every shared entry, not only the model");
   add_common(options, common);
   po::positional_options_description positional;

@@ -27,6 +27,7 @@
 #include "compare_report.hpp"
 #include "trainyard/error.hpp"
 #include "trainyard/pipeline_timeline.hpp"
+#include "trainyard/runtime/default_plugins.hpp"
 #include "trainyard/runtime/recipe.hpp"
 #include "trainyard/strict_json.hpp"
 
@@ -165,9 +166,11 @@ std::vector<Variant> make_variants(const std::vector<fs::path>& recipes,
   return variants;
 }
 
-// Whether the recipe (with the variant's overrides) already has an enabled jsonl sink writing
-// into the run's folder: then compare reads its file rather than adding a second writer of it.
-bool writes_default_jsonl(const fs::path& recipe_path, const std::vector<std::string>& overrides) {
+// Whether the recipe (with the variant's overrides) already has an enabled sink of compare's
+// metrics plugin (default_plugins::kMetricsSink) writing its default file into the run's folder:
+// then compare reads that file rather than adding a second writer of it.
+bool writes_default_metrics_file(const fs::path& recipe_path,
+                                 const std::vector<std::string>& overrides) {
   try {
     Recipe recipe = load_recipe(recipe_path, overrides);
     const Value* sinks = recipe.root->find("sinks");
@@ -179,7 +182,7 @@ bool writes_default_jsonl(const fs::path& recipe_path, const std::vector<std::st
       if (const Value* p = sink.find("plugin"); p && p->type() == ValueType::kString) {
         plugin = p->as_string();
       }
-      if (plugin != "jsonl") continue;
+      if (plugin != default_plugins::kMetricsSink) continue;
       if (const Value* e = sink.find("enabled");
           e && e->type() == ValueType::kBool && !e->as_bool()) {
         continue;
@@ -507,8 +510,8 @@ int command_compare(const std::vector<std::string>& args) {
     if (steps > 0) sets.push_back("run.max_steps=" + std::to_string(steps));
     sets.insert(sets.end(), variant.assignments.begin(), variant.assignments.end());
     sets.push_back("run.output_dir=" + dir.string());
-    if (!writes_default_jsonl(variant.recipe, sets))
-      sets.push_back("sinks.compare_jsonl.plugin=jsonl");
+    if (!writes_default_metrics_file(variant.recipe, sets))
+      sets.push_back(std::string("sinks.compare_metrics.plugin=") + default_plugins::kMetricsSink);
 
     std::vector<std::string> child;
     if (nproc > 1)

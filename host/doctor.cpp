@@ -21,6 +21,7 @@
 #include "trainyard/device.hpp"
 #include "trainyard/error.hpp"
 #include "trainyard/libtorch_build.hpp"
+#include "trainyard/runtime/default_plugins.hpp"
 #include "trainyard/runtime/dtype_name.hpp"
 #include "trainyard/runtime/peak_flops.hpp"
 #include "trainyard/runtime/recipe.hpp"
@@ -174,7 +175,10 @@ void check_peak_flops(Report& report, DeviceBackend& backend, int index) {
 }
 
 void check_devices(Report& report, const Registry& registry) {
-  if (!registry.contains("device", "cpu")) report.fail("device cpu: no plugin provides it");
+  if (!registry.contains("device", default_plugins::kDevice)) {
+    report.fail(std::string("device ") + default_plugins::kDevice +
+                ": no plugin provides it, and recipes run on it unless [run] device names another");
+  }
   for (const auto& name : registry.names("device")) {
     try {
       auto backend = registry.create<DeviceBackend>(name, Config({}, "device"), BuildContext{});

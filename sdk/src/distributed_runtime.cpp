@@ -64,11 +64,6 @@ void DistributedRuntime::connect(const Recipe& recipe, const Registry& registry,
     return;
   }
   Rendezvous& meet = *rendezvous_;
-  if (recipe.section("strategy").get_string("plugin") == "single") {
-    throw Error("strategy 'single' runs one process, but this is rank " +
-                std::to_string(meet.rank) + " of " + std::to_string(meet.world_size) +
-                " (WORLD_SIZE); use [strategy] plugin = \"ddp\", or start one process");
-  }
   const Config comm = recipe.section("comm");
   // An absent [comm] is not filled in by the recipe's resolution.
   meet.timeout = std::chrono::seconds(comm.has("timeout_s") ? comm.get_int("timeout_s") : 300);

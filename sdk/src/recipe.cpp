@@ -6,6 +6,7 @@
 #include "stop_signals.hpp"
 #include "trainyard/activation_checkpoint.hpp"
 #include "trainyard/error.hpp"
+#include "trainyard/runtime/default_plugins.hpp"
 
 namespace trainyard {
 
@@ -123,7 +124,7 @@ const OptionSpecs& run_options() {
       option("seed", 0, "seed of every random stream (parameters, shuffling, dropout)"),
       option("epochs", 1, "passes over the training split").at_least(1),
       option("max_steps", 0, "stop after this many optimizer steps (0: run every epoch)"),
-      option("device", "cpu",
+      option("device", default_plugins::kDevice,
              "a device plugin's name, with :N for its N-th device (cpu, an accelerator), or auto "
              "(the available device its plugin ranks highest)"),
       option("threads", 0, "intra-op threads (0: the cores divided among local ranks)").at_least(0),
@@ -260,10 +261,14 @@ const OptionSpecs& sink_common_options() {
 
 const std::vector<PluginSection>& plugin_sections() {
   static const std::vector<PluginSection> sections = {
-      {"dataset", "dataset", "", false},           {"model", "model", "", false},
-      {"optimizer", "optimizer", "", false},       {"scheduler", "scheduler", "constant", true},
-      {"precision", "precision", "fp32", true},    {"strategy", "strategy", "single", true},
-      {"checkpoint", "checkpoint", "torch", true}, {"comm", "comm", "", true},
+      {"dataset", "dataset", "", false},
+      {"model", "model", "", false},
+      {"optimizer", "optimizer", "", false},
+      {"scheduler", "scheduler", default_plugins::kScheduler, true},
+      {"precision", "precision", default_plugins::kPrecision, true},
+      {"strategy", "strategy", default_plugins::kStrategy, true},
+      {"checkpoint", "checkpoint", default_plugins::kCheckpoint, true},
+      {"comm", "comm", "", true},
   };
   return sections;
 }
@@ -361,7 +366,7 @@ Recipe resolve_recipe(const Recipe& recipe, const Registry& registry) {
   if (!root.contains("sinks")) {
     auto console = std::make_shared<Table>();
     console->where = root.where;
-    sinks->set("console", Value(std::shared_ptr<const Table>(console)));
+    sinks->set(default_plugins::kSink, Value(std::shared_ptr<const Table>(console)));
   } else {
     for (const auto& [key, value] : sink_tables.table().entries()) {
       if (value.type() != ValueType::kTable) {

@@ -11,6 +11,7 @@
 #include "trainyard/activation_checkpoint.hpp"
 #include "trainyard/config.hpp"
 #include "trainyard/runtime/cpu_binding.hpp"
+#include "trainyard/runtime/default_plugins.hpp"
 #include "trainyard/runtime/recipe.hpp"
 
 namespace trainyard {
@@ -19,7 +20,7 @@ struct RunOptions {
   std::uint64_t seed = 0;
   std::int64_t epochs = 1;
   std::int64_t max_steps = 0;  // 0: every epoch
-  std::string device = "cpu";
+  std::string device = default_plugins::kDevice;
   std::int64_t threads = 0;  // 0: the cores divided among the machine's ranks
   CpuBinding cpu_binding = CpuBinding::Automatic;
   std::int64_t log_every = 50;

@@ -5,6 +5,8 @@
 #include <torch/optim/optimizer.h>
 
 #include "trainyard/activation_checkpoint.hpp"
+#include "trainyard/communicator.hpp"
+#include "trainyard/error.hpp"
 #include "trainyard/gradients.hpp"
 #include "trainyard/held_blocks.hpp"
 #include "trainyard/micro_batch.hpp"
@@ -22,6 +24,12 @@ namespace {
 class Single final : public Strategy {
  public:
   void setup(StrategyContext& context) override {
+    // Refused before anything is built: a launch of several processes is a mistake here.
+    if (context.communicator && context.communicator->world_size() > 1) {
+      throw Error("strategy 'single' runs one process, but this run has " +
+                  std::to_string(context.communicator->world_size()) +
+                  " processes; use [strategy] plugin = \"ddp\", or start one process");
+    }
     context_ = context;
     model_ = context.make_model(context.build);
     model_->module().to(context.build.device);
