@@ -7,10 +7,8 @@
 #include <set>
 #include <sstream>
 
-#include "trainyard/device_mesh.hpp"
 #include "trainyard/error.hpp"
 #include "trainyard/pipeline_schedule.hpp"
-#include "trainyard/runtime/recipe.hpp"
 
 namespace trainyard {
 namespace {
@@ -494,12 +492,14 @@ std::string timeline_svg(const TimelineDrawing& drawing, std::size_t variant_num
   return svg.str();
 }
 
-std::string shape_text(const std::string& schedule, int ranks, int micro_batches,
-                       int virtual_stages) {
-  std::string text = html_escape(schedule) + ", " + std::to_string(ranks) +
-                     (ranks == 1 ? " rank, " : " ranks, ") + std::to_string(micro_batches) +
-                     (micro_batches == 1 ? " micro-batch" : " micro-batches");
-  if (virtual_stages > 1) text += ", " + std::to_string(virtual_stages) + " stages per rank";
+std::string shape_text(const std::string& schedule, const PipelineShape& shape) {
+  std::string text = html_escape(schedule) + ", " + std::to_string(shape.ranks) +
+                     (shape.ranks == 1 ? " rank, " : " ranks, ") +
+                     std::to_string(shape.micro_batches) +
+                     (shape.micro_batches == 1 ? " micro-batch" : " micro-batches");
+  if (shape.virtual_stages > 1) {
+    text += ", " + std::to_string(shape.virtual_stages) + " stages per rank";
+  }
   return text;
 }
 
@@ -554,27 +554,28 @@ std::optional<IdleShareFormula> measured_formula(const MeasuredPipelineTimeline&
   }
 }
 
-std::string simulated_part(const PipelineVariant& p, std::size_t number) {
+std::string simulated_part(const PipelineVariant& variant, std::size_t number) {
   std::ostringstream html;
-  if (!p.settings_error.empty()) {
-    html << "<p class=\"error\">The pipeline settings do not read: "
-         << html_escape(p.settings_error) << "</p>\n";
+  if (!variant.declared) {
+    html << "<p class=\"error\">The declared schedule does not read: "
+         << html_escape(variant.declared_error) << "</p>\n";
     return html.str();
   }
-  const std::int64_t actions = 2LL * p.ranks * p.virtual_stages * p.micro_batches;
+  const std::string& name = variant.declared->schedule;
+  const PipelineShape& shape = variant.declared->shape;
+  const std::int64_t actions = 2LL * shape.stages() * shape.micro_batches;
   if (actions > kMaxDrawnActions) {
-    html << "<p>Simulated: " << shape_text(p.schedule, p.ranks, p.micro_batches, p.virtual_stages)
-         << ": too many actions to draw (" << actions << ").</p>\n";
+    html << "<p>Simulated: " << shape_text(name, shape) << ": too many actions to draw (" << actions
+         << ").</p>\n";
     return html.str();
   }
   try {
-    const PipelineSchedule schedule =
-        build_pipeline_schedule(p.schedule, {p.ranks, p.micro_batches, p.virtual_stages});
+    const PipelineSchedule schedule = build_pipeline_schedule(name, shape);
     validate_schedule(schedule);
     const PipelineSimulation simulation = simulate_schedule(schedule);
     TimelineDrawing drawing;
     drawing.kind = "simulated";
-    drawing.virtual_stages = p.virtual_stages;
+    drawing.virtual_stages = shape.virtual_stages;
     drawing.span = simulation.makespan;
     for (const RankSimulation& rank : simulation.ranks) {
       std::vector<TimelineBox> boxes;
@@ -587,10 +588,10 @@ std::string simulated_part(const PipelineVariant& p, std::size_t number) {
       drawing.notes.push_back("idle " + percent(rank.idle_share()));
     }
     const PipelineCosts& costs = simulation.costs;
-    html << "<p>Simulated: " << shape_text(p.schedule, p.ranks, p.micro_batches, p.virtual_stages)
-         << "; costs F=" << costs.forward << " B=" << costs.full_backward()
-         << " I=" << costs.backward_input << " W=" << costs.backward_weight
-         << " time units, makespan " << simulation.makespan << ".</p>\n"
+    html << "<p>Simulated: " << shape_text(name, shape) << "; costs F=" << costs.forward
+         << " B=" << costs.full_backward() << " I=" << costs.backward_input
+         << " W=" << costs.backward_weight << " time units, makespan " << simulation.makespan
+         << ".</p>\n"
          << timeline_svg(drawing, number) << "<p class=\"pipeline-formula\">Idle share per rank: ";
     for (std::size_t rank = 0; rank < simulation.ranks.size(); ++rank) {
       html << (rank ? ", " : "") << "rank " << rank << " "
@@ -599,8 +600,7 @@ std::string simulated_part(const PipelineVariant& p, std::size_t number) {
     html << "; mean " << percent(simulation.mean_idle_share()) << "; formula "
          << html_escape(formula_text(idle_share_formula(schedule, costs))) << ".</p>\n";
   } catch (const Error& error) {
-    html << "<p class=\"error\">Simulated: "
-         << shape_text(p.schedule, p.ranks, p.micro_batches, p.virtual_stages)
+    html << "<p class=\"error\">Simulated: " << shape_text(name, shape)
          << ": the schedule does not build: " << html_escape(error.what()) << "</p>\n";
   }
   return html.str();
@@ -636,7 +636,7 @@ std::string measured_part(const PipelineVariant& p, const VariantResult& v, std:
     drawing.notes.push_back("idle " + percent(shares[rank]));
   }
   html << "<p>Measured: step " << m.step << ", "
-       << shape_text(m.schedule, m.ranks, m.micro_batches, m.virtual_stages)
+       << shape_text(m.schedule, {m.ranks, m.micro_batches, m.virtual_stages})
        << "; drawn to scale, sends and receives (waits) left blank.</p>\n"
        << timeline_svg(drawing, number) << "<p class=\"pipeline-formula\">Measured idle share "
        << "(1 - compute time / makespan of the compute actions): ";
@@ -763,37 +763,13 @@ std::string format_table(const std::vector<VariantResult>& variants) {
   return out.str();
 }
 
-std::optional<PipelineVariant> pipeline_variant(const Recipe& recipe,
-                                                const std::filesystem::path& output_dir,
-                                                int world_size) {
-  const Value* strategy = recipe.root ? recipe.root->find("strategy") : nullptr;
-  if (!strategy || strategy->type() != ValueType::kTable) return std::nullopt;
-  const Value* plugin = strategy->as_table().find("plugin");
-  if (!plugin || plugin->type() != ValueType::kString || plugin->as_string() != "pipeline") {
-    return std::nullopt;
-  }
+std::optional<PipelineVariant> pipeline_variant(const std::filesystem::path& output_dir) {
   PipelineVariant out;
   try {
-    const Config options(strategy->table_ptr(), "strategy");
-    // The numbers are the schedule builders' to check; this only keeps them within an int.
-    auto count = [&](const char* key, int fallback) {
-      if (!options.has(key)) return fallback;
-      const std::int64_t value = options.get_int(key);
-      if (value < 1 || value > (1 << 20)) options.fail(key, "must be in [1, 1048576]");
-      return static_cast<int>(value);
-    };
-    if (options.has("schedule")) out.schedule = options.get_string("schedule");
-    out.micro_batches = count("micro_batches", out.micro_batches);
-    out.virtual_stages = count("virtual_stages", out.virtual_stages);
-    if (const Value* parallel = recipe.root->find("parallel");
-        parallel && parallel->type() == ValueType::kTable) {
-      const MeshRequest request = mesh_request(Config(parallel->table_ptr(), "parallel"));
-      out.ranks = request.pp != -1
-                      ? request.pp
-                      : MeshLayout::resolve(request, world_size).size(MeshAxis::kPipeline);
-    }
+    out.declared = read_declared_schedule(output_dir);
+    if (!out.declared) return std::nullopt;
   } catch (const Error& error) {
-    out.settings_error = error.what();
+    out.declared_error = error.what();
   }
   try {
     out.measured = read_measured_timeline(output_dir);

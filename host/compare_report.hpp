@@ -11,11 +11,10 @@
 #include <utility>
 #include <vector>
 
+#include "trainyard/declared_schedule.hpp"
 #include "trainyard/pipeline_timeline.hpp"
 
 namespace trainyard {
-
-struct Recipe;
 
 // Per-step train metrics whose mean over the run's steady intervals the table shows; the phase
 // keys add up to step_time_ms (data_wait_ms first). Absent keys are left out of the table.
@@ -29,24 +28,18 @@ struct LossPoint {
   double loss = 0;
 };
 
-// A variant whose strategy plugin is "pipeline": the schedule its recipe asks for, and the
-// timeline its run measured.
+// A variant whose run declared a pipeline schedule (declared_schedule.hpp): the schedule and
+// shape it ran, and the timeline it measured. Any strategy plugin may declare one.
 struct PipelineVariant {
-  std::string schedule = "1f1b";  // strategy.schedule
-  int ranks = 1;                  // parallel.pp
-  int micro_batches = 4;          // strategy.micro_batches
-  int virtual_stages = 1;         // strategy.virtual_stages
-  std::string settings_error;     // why the settings above do not read (one line); else empty
+  std::optional<DeclaredSchedule> declared;
+  std::string declared_error;  // why the declared schedule does not read (one line); else empty
   std::optional<MeasuredPipelineTimeline> measured;
   std::string measured_error;  // why the run's timeline files do not read (one line); else empty
 };
 
-// The pipeline settings of `recipe` when its strategy plugin is "pipeline", the defaults above
-// for absent keys (a parallel.pp of -1 takes what the other dimensions leave of `world_size`),
-// and the measured timeline in the run's `output_dir`; nullopt for any other strategy.
-std::optional<PipelineVariant> pipeline_variant(const Recipe& recipe,
-                                                const std::filesystem::path& output_dir,
-                                                int world_size);
+// What the run in `output_dir` declared and measured; nullopt when it declared no schedule (a
+// timeline file without a declaration is not this run's).
+std::optional<PipelineVariant> pipeline_variant(const std::filesystem::path& output_dir);
 
 struct VariantResult {
   std::string label;   // what distinguishes it: "precision.plugin=bf16 strategy.plugin=ddp"
@@ -72,7 +65,7 @@ struct VariantResult {
   std::int64_t divergence_step = 0;
   bool reference = false;
 
-  std::optional<PipelineVariant> pipeline;  // set when its strategy plugin is "pipeline"
+  std::optional<PipelineVariant> pipeline;  // set when its run declared a pipeline schedule
 };
 
 struct CompareReport {

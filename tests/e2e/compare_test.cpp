@@ -24,6 +24,7 @@
 #include "compare_report.hpp"
 #include "metrics_file.hpp"
 #include "test_support.hpp"
+#include "trainyard/declared_schedule.hpp"
 #include "trainyard/pipeline_schedule.hpp"
 #include "trainyard/pipeline_timeline.hpp"
 #include "trainyard/runtime/recipe.hpp"
@@ -439,54 +440,42 @@ std::vector<RankTimeline> write_measured_one_f_one_b(const fs::path& run_dir) {
 
 TEST(CompareReportTest, PipelineVariantsDrawTheirSimulatedAndMeasuredSchedules) {
   TempDir dir;
-  const fs::path pipeline_recipe = dir.write("pipe.toml", R"(name = "pipe"
-[parallel]
-pp = 2
-[strategy]
-plugin = "pipeline"
-schedule = "1f1b"
-micro_batches = 4
-)");
-  const fs::path interleaved_recipe = dir.write("interleaved.toml", R"(name = "interleaved"
-[parallel]
-pp = -1
-[strategy]
-plugin = "pipeline"
-schedule = "interleaved_1f1b"
-virtual_stages = 2
-)");
-  const fs::path ddp_recipe =
-      dir.write("ddp.toml", "name = \"ddp\"\n[strategy]\nplugin = \"ddp\"\n");
-  const fs::path bad_recipe = dir.write(
-      "bad.toml", "[parallel]\npp = 2\n[strategy]\nplugin = \"pipeline\"\nschedule = \"x<y>\"\n");
-
-  // Variant 1 measured its step; variant 2 (ddp) has a timeline file that is not its strategy's;
-  // variant 3 (2 ranks from -1 on a world of 2) measured nothing; variant 4's file is broken.
+  // Variant 1 declared 1F1B on 2 ranks and measured its step; variant 2 (no declaration: a ddp
+  // run, say) has a timeline file that is not its run's; variant 3 declared an interleaved
+  // schedule and measured nothing; variant 4 declared a schedule that does not build and left a
+  // broken timeline; variant 5's declaration does not read.
+  write_declared_schedule(dir / "1-pipe", {"1f1b", {2, 4, 1}});
   const std::vector<RankTimeline> measured = write_measured_one_f_one_b(dir / "1-pipe");
   write_measured_one_f_one_b(dir / "2-ddp");
-  fs::create_directories(dir / "3-interleaved");
+  write_declared_schedule(dir / "3-interleaved", {"interleaved_1f1b", {2, 4, 2}});
+  write_declared_schedule(dir / "4-bad", {"x<y>", {2, 4, 1}});
   const fs::path broken = dir.write("4-bad/pipeline_timeline.json", "{\"schedule\":");
+  const fs::path undeclared =
+      dir.write("5-unread/pipeline_schedule.json", "{\"schedule\":\"1f1b\",\"ranks\":0}");
 
   CompareReport report;
   report.title = "pipelines";
-  const std::vector<std::tuple<std::string, fs::path, std::string>> variants = {
-      {"strategy.plugin=pipeline", pipeline_recipe, "1-pipe"},
-      {"strategy.plugin=ddp", ddp_recipe, "2-ddp"},
-      {"interleaved <b>&amp", interleaved_recipe, "3-interleaved"},
-      {"bad schedule", bad_recipe, "4-bad"}};
-  for (const auto& [label, recipe, folder] : variants) {
+  const std::vector<std::pair<std::string, std::string>> variants = {
+      {"strategy.plugin=pipeline", "1-pipe"},
+      {"strategy.plugin=ddp", "2-ddp"},
+      {"interleaved <b>&amp", "3-interleaved"},
+      {"bad schedule", "4-bad"},
+      {"unread", "5-unread"}};
+  for (const auto& [label, folder] : variants) {
     VariantResult v;
     v.label = label;
     v.folder = folder;
     v.succeeded = true;
-    v.pipeline = pipeline_variant(load_recipe(recipe), dir / folder, 2);
+    v.pipeline = pipeline_variant(dir / folder);
     report.variants.push_back(std::move(v));
   }
   ASSERT_TRUE(report.variants[0].pipeline.has_value());
-  EXPECT_FALSE(report.variants[1].pipeline.has_value()) << "ddp is no pipeline";
+  EXPECT_FALSE(report.variants[1].pipeline.has_value()) << "no schedule declared";
   ASSERT_TRUE(report.variants[2].pipeline.has_value());
-  EXPECT_EQ(report.variants[2].pipeline->ranks, 2) << "pp = -1 fills the world of 2";
-  EXPECT_EQ(report.variants[2].pipeline->micro_batches, 4) << "the default";
+  ASSERT_TRUE(report.variants[2].pipeline->declared.has_value());
+  EXPECT_EQ(report.variants[2].pipeline->declared->shape.virtual_stages, 2);
+  ASSERT_TRUE(report.variants[4].pipeline.has_value());
+  EXPECT_FALSE(report.variants[4].pipeline->declared.has_value());
   const std::string html = render_html(report);
 
   EXPECT_HAS(html, "<h2>Pipeline schedules</h2>");
@@ -594,33 +583,42 @@ virtual_stages = 2
   EXPECT_HAS(html, "x&lt;y&gt;, 2 ranks, 4 micro-batches: the schedule does not build: ");
   EXPECT_EQ(html.find("x<y>"), std::string::npos);
   EXPECT_HAS(html, "Measured: the timeline does not read: " + broken.string());
+  EXPECT_HAS(html, "The declared schedule does not read: " + undeclared.string() +
+                       ": &quot;ranks&quot; must be an integer in [1, ");
 }
 
-TEST(CompareTest, APipelineVariantGetsAScheduleSectionAndOthersNone) {
-  // Neither variant runs a step (two pipeline ranks in a one-process run), so neither measures;
-  // a timeline left by an earlier compare must not pass for variant 2's.
+TEST(CompareTest, AVariantGetsTheScheduleItsRunDeclaredAndOthersNone) {
+  // The bundled pipeline on one rank with its default micro-batch count (one per pipeline rank),
+  // and one_rank_schedule, a test strategy of another name that declares 1F1B over its
+  // run.grad_accumulation = 2 micro-batches: each section shows what its run declared and
+  // measured. A timeline left by an earlier compare must not pass for the single variant's.
   TempDir dir;
   const fs::path output = dir / "cmp";
-  write_measured_one_f_one_b(output / "2-pipeline");
-  const fs::path stale = output / "2-pipeline" / "pipeline_timeline.rank0.json";
+  write_measured_one_f_one_b(output / "1-single");
+  const fs::path stale = output / "1-single" / "pipeline_timeline.rank0.json";
   ASSERT_TRUE(fs::exists(stale));
-  auto args = tiny_compare(output, {"strategy.plugin=single,pipeline"}, 4);
-  args.insert(args.end(), {"--set", "parallel.pp=2"});
+  auto args = tiny_compare(output, {"strategy.plugin=single,pipeline,one_rank_schedule"}, 4);
+  args.insert(args.end(), {"--set", "run.grad_accumulation=2", "--plugin-path",
+                           (test_plugin_folder() / "libone_rank_schedule.so").string()});
   auto result = run_host(args);
-  EXPECT_EQ(result.exit_code, 1) << describe(result);
+  ASSERT_EQ(result.exit_code, 0) << describe(result);
   EXPECT_FALSE(fs::exists(stale));
   const std::string html = read_text(output / "report.html");
   EXPECT_EQ(html.find("id=\"pipeline-variant-1\""), std::string::npos);
   EXPECT_HAS(html, "id=\"pipeline-variant-2\"");
-  const DrawnTimeline simulated = timeline_of(html, 2, "simulated");
+  EXPECT_HAS(html, "id=\"pipeline-variant-3\"");
+  EXPECT_HAS(html, "<p>Simulated: 1f1b, 1 rank, 1 micro-batch;");
+  EXPECT_HAS(html, "<p>Simulated: 1f1b, 1 rank, 2 micro-batches;");
+  const DrawnTimeline simulated = timeline_of(html, 3, "simulated");
   EXPECT_EQ(simulated.count, 1);
-  EXPECT_EQ(simulated.rows, (std::set<int>{0, 1}));
-  EXPECT_EQ(boxes_on(simulated, 0), 8u);
-  EXPECT_EQ(boxes_on(simulated, 1), 8u);
-  EXPECT_EQ(simulated.idle.at(0), "idle 20.0%");
-  EXPECT_EQ(timeline_of(html, 2, "measured").count, 0);
-  EXPECT_HAS(html, "Measured: the run recorded no pipeline timeline in 2-pipeline.");
-  EXPECT_EQ(result.out.find("pipeline rank"), std::string::npos) << result.out;
+  EXPECT_EQ(simulated.rows, (std::set<int>{0}));
+  EXPECT_EQ(boxes_on(simulated, 0), 4u) << "F0 B0 F1 B1";
+  EXPECT_EQ(simulated.idle.at(0), "idle 0.0%");
+  // one_rank_schedule measures its first step, the bundled pipeline its third.
+  EXPECT_HAS(html, "Measured: step 1, 1f1b, 1 rank, 2 micro-batches;");
+  EXPECT_HAS(html, "Measured: step 3, 1f1b, 1 rank, 1 micro-batch;");
+  EXPECT_EQ(boxes_on(timeline_of(html, 3, "measured"), 0), 4u);
+  EXPECT_HAS(result.out, "3. strategy.plugin=one_rank_schedule: pipeline rank 0 idle ");
 }
 
 TEST(CompareTest, APipelineVariantRunOnTwoRanksDrawsItsMeasuredStep) {

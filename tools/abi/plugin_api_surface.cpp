@@ -24,6 +24,7 @@
 #include "trainyard/component.hpp"
 #include "trainyard/config.hpp"
 #include "trainyard/dataset.hpp"
+#include "trainyard/declared_schedule.hpp"
 #include "trainyard/device.hpp"
 #include "trainyard/device_mesh.hpp"
 #include "trainyard/distributed.hpp"
@@ -144,4 +145,4 @@ extern "C" __attribute__((visibility("default"))) void trainyard_plugin_api_help
     trainyard::ShardedUnitLayout*, trainyard::ShardedUnits*, trainyard::PhaseSpan*,
     trainyard::PhaseRollup*, trainyard::PhaseClock*, trainyard::TensorParallelGroup*,
     trainyard::ColumnParallelLinearImpl*, trainyard::RowParallelLinearImpl*,
-    trainyard::VocabParallelEmbeddingImpl*) {}
+    trainyard::VocabParallelEmbeddingImpl*, trainyard::DeclaredSchedule*) {}

@@ -24,6 +24,7 @@
 #include "stage_channel.hpp"
 #include "stage_parameters.hpp"
 #include "trainyard/activation_checkpoint.hpp"
+#include "trainyard/declared_schedule.hpp"
 #include "trainyard/distributed.hpp"
 #include "trainyard/error.hpp"
 #include "trainyard/gradient_reducer.hpp"
@@ -177,7 +178,13 @@ class Pipeline final : public Strategy {
     }
     optimizer_ = context.optimizer->create(all);
     find_last_weight_actions();
-    if (context.build.rank == 0) announce(simulation);
+    if (context.build.rank == 0) {
+      announce(simulation);
+      // Reports draw the schedule this run used from this file, not from the recipe.
+      if (!context.build.output_dir.empty()) {
+        write_declared_schedule(context.build.output_dir, {schedule_.name, shape_});
+      }
+    }
   }
 
   StepResult train_step(std::span<const Batch> micro_batches) override {
