@@ -8,22 +8,20 @@
 #include <algorithm>
 #include <cerrno>
 #include <chrono>
-#include <cmath>
 #include <csignal>
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <iostream>
-#include <limits>
 #include <optional>
-#include <set>
 #include <sstream>
 #include <string>
 #include <thread>
 #include <vector>
 
 #include "cli.hpp"
+#include "compare_metrics.hpp"
 #include "compare_report.hpp"
 #include "trainyard/error.hpp"
 #include "trainyard/pipeline_timeline.hpp"
@@ -294,133 +292,6 @@ std::string error_of(const fs::path& log, int status) {
          ")";
 }
 
-struct Record {
-  std::string phase;
-  std::int64_t step = 0;
-  std::map<std::string, double> values;  // null (a non-finite value) reads as NaN
-};
-
-std::vector<Record> read_records(const fs::path& file) {
-  std::vector<Record> records;
-  std::ifstream in(file);
-  if (!in) throw Error("compare: the run wrote no metrics file " + file.string());
-  std::size_t number = 0;
-  for (std::string line; std::getline(in, line);) {
-    ++number;
-    if (line.empty()) continue;
-    const nlohmann::json object =
-        parse_strict_json(line, file.string() + ":" + std::to_string(number));
-    if (!object.is_object()) {
-      throw Error(file.string() + ":" + std::to_string(number) +
-                  ": a record must be a JSON object");
-    }
-    Record record;
-    for (const auto& [name, value] : object.items()) {
-      if (name == "phase" && value.is_string()) {
-        record.phase = value.get<std::string>();
-      } else if (name == "step" && value.is_number()) {
-        record.step = value.get<std::int64_t>();
-      } else if (name == "epoch" || name == "rank" || name == "elapsed_s") {
-        continue;
-      } else if (value.is_number()) {
-        record.values[name] = value.get<double>();
-      } else if (value.is_null()) {
-        record.values[name] = std::numeric_limits<double>::quiet_NaN();
-      }
-    }
-    records.push_back(std::move(record));
-  }
-  return records;
-}
-
-std::optional<double> value_of(const Record& record, const std::string& key) {
-  auto it = record.values.find(key);
-  if (it == record.values.end()) return std::nullopt;
-  return it->second;
-}
-
-// Fills the curves and figures of `v` from its records.
-void summarize(const std::vector<Record>& records, VariantResult& v) {
-  std::vector<const Record*> train;
-  std::vector<std::int64_t> interval_steps;
-  std::int64_t previous = 0;
-  for (const auto& record : records) {
-    if (record.phase == "train") {
-      train.push_back(&record);
-      interval_steps.push_back(std::max<std::int64_t>(1, record.step - previous));
-      previous = record.step;
-      if (auto loss = value_of(record, "loss")) v.train_loss.push_back({record.step, *loss});
-      v.steps = std::max(v.steps, record.step);
-    } else if (record.phase == "eval") {
-      if (auto loss = value_of(record, "loss")) {
-        v.eval_loss.push_back({record.step, *loss});
-        v.eval_loss_final = *loss;
-      }
-      v.eval_metric.reset();
-      for (const auto& [name, value] : record.values) {
-        if (name != "loss" && name != "samples") {
-          v.eval_metric = std::make_pair(name, value);
-          break;
-        }
-      }
-    } else if (record.phase == "summary") {
-      if (auto loss = value_of(record, "final_train_loss")) v.final_train_loss = *loss;
-      if (auto steps = value_of(record, "steps")) v.steps = static_cast<std::int64_t>(*steps);
-    }
-    if (auto peak = value_of(record, "memory_peak_bytes"); peak && std::isfinite(*peak)) {
-      v.peak_memory_bytes = std::max(v.peak_memory_bytes.value_or(0.0), *peak);
-    }
-  }
-  if (!v.final_train_loss && !v.train_loss.empty()) v.final_train_loss = v.train_loss.back().loss;
-
-  // The first interval holds the warm-up (allocations, first-touch of the data); it is left out
-  // when later intervals exist. Per-step times average over steps, rates over time.
-  const std::size_t first = train.size() > 1 ? 1 : 0;
-  std::vector<std::string> per_step = {"step_time_ms"};
-  for (const auto& key : compare_phase_keys()) per_step.push_back(key);
-  for (const auto& key : per_step) {
-    double sum = 0, weight = 0;
-    for (std::size_t i = first; i < train.size(); ++i) {
-      auto value = value_of(*train[i], key);
-      if (!value || !std::isfinite(*value)) continue;
-      sum += *value * static_cast<double>(interval_steps[i]);
-      weight += static_cast<double>(interval_steps[i]);
-    }
-    if (weight > 0) v.steady[key] = sum / weight;
-  }
-  // An interval has a group's collective counts only when its steps issued some there: absent
-  // is zero.
-  std::set<std::string> collective_keys;
-  for (const Record* record : train) {
-    for (const auto& [name, value] : record->values) {
-      if (is_collective_count_key(name)) collective_keys.insert(name);
-    }
-  }
-  for (const auto& key : collective_keys) {
-    double sum = 0, weight = 0;
-    for (std::size_t i = first; i < train.size(); ++i) {
-      auto value = value_of(*train[i], key);
-      if (value && !std::isfinite(*value)) continue;
-      sum += value.value_or(0.0) * static_cast<double>(interval_steps[i]);
-      weight += static_cast<double>(interval_steps[i]);
-    }
-    if (weight > 0) v.steady[key] = sum / weight;
-  }
-  for (const std::string key : {"samples_per_s", "tokens_per_s", "mfu"}) {
-    double sum = 0, weight = 0;
-    for (std::size_t i = first; i < train.size(); ++i) {
-      auto value = value_of(*train[i], key);
-      auto step_ms = value_of(*train[i], "step_time_ms");
-      if (!value || !std::isfinite(*value)) continue;
-      const double seconds = (step_ms && std::isfinite(*step_ms) ? *step_ms : 1.0) *
-                             static_cast<double>(interval_steps[i]);
-      sum += *value * seconds;
-      weight += seconds;
-    }
-    if (weight > 0) v.steady[key] = sum / weight;
-  }
-}
-
 void write_file(const fs::path& path, const std::string& text) {
   std::ofstream out(path, std::ios::out | std::ios::trunc);
   out << text;
@@ -437,148 +308,201 @@ std::int64_t recipe_seed(const fs::path& recipe, const std::vector<std::string>&
   return seed->as_integer();
 }
 
-}  // namespace
-
-int command_compare(const std::vector<std::string>& args) {
+// What the command line asks for, checked, with the recipes loaded once so that a recipe that
+// does not load fails before any variant runs.
+struct CompareOptions {
   CommonOptions common;
-  std::vector<std::string> recipe_names, varies, overrides;
-  std::string output;
-  std::int64_t steps = 0, seed = 0, timeout_s = 0;
+  std::vector<fs::path> recipes;
+  std::vector<VaryAxis> axes;
+  std::vector<std::string> overrides;  // --set, applied to every variant
+  std::int64_t steps = 0;              // 0: the recipes' own run.max_steps
+  std::int64_t seed = 0;
+  std::int64_t timeout_s = 0;  // 0: no limit
   int nproc = 1;
+  std::string title;  // the recipes' names, joined by "_vs_"
+  fs::path report_dir;
+};
+
+// The options, checked; nullopt when --help was asked for (parse has printed the usage).
+std::optional<CompareOptions> parse_compare_options(const std::vector<std::string>& args) {
+  CompareOptions out;
+  std::vector<std::string> recipe_names, varies;
+  std::string output;
   po::options_description options("compare options");
   options.add_options()("recipe", po::value(&recipe_names)->multitoken(), "recipe files")(
       "vary", po::value(&varies)->composing(),
       "section.key=v1,v2,... : one axis of variants (repeatable; the variants are the cartesian "
-      "product)")("set", po::value(&overrides)->composing(),
+      "product)")("set", po::value(&out.overrides)->composing(),
                   "override a recipe value in every variant: section.key=value")(
-      "steps", po::value(&steps), "stop every variant after N optimizer steps (run.max_steps)")(
-      "nproc", po::value(&nproc), "ranks per variant (> 1 runs 'trainyard launch')")(
-      "seed", po::value(&seed), "seed of every variant (default: the first recipe's run.seed)")(
-      "timeout", po::value(&timeout_s),
+      "steps", po::value(&out.steps), "stop every variant after N optimizer steps (run.max_steps)")(
+      "nproc", po::value(&out.nproc), "ranks per variant (> 1 runs 'trainyard launch')")(
+      "seed", po::value(&out.seed), "seed of every variant (default: the first recipe's run.seed)")(
+      "timeout", po::value(&out.timeout_s),
       "stop a variant still running after S seconds and report it as failed (default: none)")(
       "output", po::value(&output), "report folder (default: runs/compare/<recipe name>)");
-  add_common(options, common);
+  add_common(options, out.common);
   po::positional_options_description positional;
   positional.add("recipe", -1);
   auto values = parse(args, options, positional, kUsage);
-  if (!values) return 0;
+  if (!values) return std::nullopt;
 
   if (recipe_names.empty()) throw Error("compare: no recipe given (see --help)");
-  if (values->count("steps") && steps < 1) throw Error("compare: --steps must be >= 1");
-  if (nproc < 1) throw Error("compare: --nproc must be >= 1");
-  if (timeout_s < 0) throw Error("compare: --timeout must be >= 0 seconds");
-  std::vector<VaryAxis> axes;
+  if (values->count("steps") && out.steps < 1) throw Error("compare: --steps must be >= 1");
+  if (out.nproc < 1) throw Error("compare: --nproc must be >= 1");
+  if (out.timeout_s < 0) throw Error("compare: --timeout must be >= 0 seconds");
   for (const auto& text : varies) {
     VaryAxis axis = parse_vary(text);
-    for (const auto& other : axes) {
+    for (const auto& other : out.axes) {
       if (other.key == axis.key) throw Error("compare: --vary names '" + axis.key + "' twice");
     }
-    axes.push_back(std::move(axis));
+    out.axes.push_back(std::move(axis));
   }
-  std::vector<fs::path> recipes(recipe_names.begin(), recipe_names.end());
+  out.recipes.assign(recipe_names.begin(), recipe_names.end());
   // Every recipe must load with the shared overrides before anything runs.
-  std::string title;
-  for (const auto& recipe : recipes) {
-    Recipe loaded = load_recipe(recipe, overrides);
-    title += (title.empty() ? "" : "_vs_") + loaded.name();
+  for (const auto& recipe : out.recipes) {
+    Recipe loaded = load_recipe(recipe, out.overrides);
+    out.title += (out.title.empty() ? "" : "_vs_") + loaded.name();
   }
-  if (!values->count("seed")) seed = recipe_seed(recipes.front(), overrides);
-  const fs::path report_dir =
-      fs::absolute(output.empty() ? fs::path("runs") / "compare" / title : fs::path(output));
-  fs::create_directories(report_dir);
+  if (!values->count("seed")) out.seed = recipe_seed(out.recipes.front(), out.overrides);
+  out.report_dir =
+      fs::absolute(output.empty() ? fs::path("runs") / "compare" / out.title : fs::path(output));
+  return out;
+}
 
-  std::vector<Variant> variants = make_variants(recipes, axes);
-  std::vector<VariantResult> results;
-  for (std::size_t i = 0; i < variants.size(); ++i) {
-    const Variant& variant = variants[i];
-    const fs::path dir = report_dir / variant.folder;
-    fs::create_directories(dir);
-    const fs::path metrics = dir / (nproc > 1 ? "metrics.rank0.jsonl" : "metrics.jsonl");
-    // A file from an earlier compare must not pass for this run's.
-    std::error_code ignored;
-    fs::remove(metrics, ignored);
-    for (const auto& file : measured_timeline_files(dir)) fs::remove(file, ignored);
+// The --set values of a variant's run. Later ones win: the logging interval for --steps, the
+// shared overrides, then the seed and steps every variant shares, then the variant's own
+// choices, then where it writes.
+std::vector<std::string> variant_sets(const CompareOptions& options, const Variant& variant,
+                                      const fs::path& dir) {
+  std::vector<std::string> sets;
+  // A short comparison still draws curves: about 20 points unless --set says otherwise.
+  if (options.steps > 0)
+    sets.push_back("run.log_every=" +
+                   std::to_string(std::max<std::int64_t>(1, options.steps / 20)));
+  sets.insert(sets.end(), options.overrides.begin(), options.overrides.end());
+  sets.push_back("run.seed=" + std::to_string(options.seed));
+  if (options.steps > 0) sets.push_back("run.max_steps=" + std::to_string(options.steps));
+  sets.insert(sets.end(), variant.assignments.begin(), variant.assignments.end());
+  sets.push_back("run.output_dir=" + dir.string());
+  if (!writes_default_metrics_file(variant.recipe, sets))
+    sets.push_back(std::string("sinks.compare_metrics.plugin=") + default_plugins::kMetricsSink);
+  return sets;
+}
 
-    // Later --set values win: the logging interval for --steps, the shared overrides, then the
-    // seed and steps every variant shares, then the variant's own choices, then where it writes.
-    std::vector<std::string> sets;
-    // A short comparison still draws curves: about 20 points unless --set says otherwise.
-    if (steps > 0)
-      sets.push_back("run.log_every=" + std::to_string(std::max<std::int64_t>(1, steps / 20)));
-    sets.insert(sets.end(), overrides.begin(), overrides.end());
-    sets.push_back("run.seed=" + std::to_string(seed));
-    if (steps > 0) sets.push_back("run.max_steps=" + std::to_string(steps));
-    sets.insert(sets.end(), variant.assignments.begin(), variant.assignments.end());
-    sets.push_back("run.output_dir=" + dir.string());
-    if (!writes_default_metrics_file(variant.recipe, sets))
-      sets.push_back(std::string("sinks.compare_metrics.plugin=") + default_plugins::kMetricsSink);
-
-    std::vector<std::string> child;
-    if (nproc > 1)
-      child = {"launch", "--nproc-per-node", std::to_string(nproc)};
-    else
-      child = {"run"};
-    child.push_back(variant.recipe.string());
-    for (const auto& set : sets) {
-      child.push_back("--set");
-      child.push_back(set);
-    }
-    for (const auto& path : common.plugin_paths) {
-      child.push_back("--plugin-path");
-      child.push_back(fs::absolute(path).string());
-    }
-    if (common.no_default_plugins) child.push_back("--no-default-plugins");
-
-    std::cout << "compare: [" << i + 1 << "/" << variants.size() << "] " << variant.label
-              << std::flush;
-    const fs::path log = dir / "output.log";
-    ChildOutcome outcome = run_child(child, log, timeout_s);
-
-    VariantResult result;
-    result.label = variant.label;
-    result.folder = variant.folder;
-    result.wall_s = outcome.wall_s;
-    result.succeeded = WIFEXITED(outcome.status) && WEXITSTATUS(outcome.status) == 0;
-    if (result.succeeded) {
-      try {
-        summarize(read_records(metrics), result);
-      } catch (const Error& error) {
-        result.succeeded = false;
-        result.error = std::string("trainyard: error: ") + error.what();
-      }
-    } else {
-      result.error = outcome.timed_out
-                         ? "trainyard: error: compare: stopped after the --timeout of " +
-                               std::to_string(timeout_s) + " s (see " + log.string() + ")"
-                         : error_of(log, outcome.status);
-      // What a failed run logged before it stopped still draws its curve.
-      try {
-        if (fs::exists(metrics)) summarize(read_records(metrics), result);
-      } catch (const Error&) {
-      }
-    }
-    result.pipeline = pipeline_variant(dir);
-    char seconds[32];
-    std::snprintf(seconds, sizeof seconds, "%.1f", result.wall_s);
-    std::cout << (result.succeeded ? ": ok" : ": FAILED") << " (" << seconds << " s)\n";
-    if (!result.succeeded) std::cout << "  " << result.error << "\n  log: " << log.string() << "\n";
-    std::cout << std::flush;
-    results.push_back(std::move(result));
+// The child's command line (after the binary): 'run', or 'launch' for several ranks, with the
+// variant's --set values and the plugin options compare itself was given.
+std::vector<std::string> child_args(const CompareOptions& options, const Variant& variant,
+                                    const std::vector<std::string>& sets) {
+  std::vector<std::string> child;
+  if (options.nproc > 1)
+    child = {"launch", "--nproc-per-node", std::to_string(options.nproc)};
+  else
+    child = {"run"};
+  child.push_back(variant.recipe.string());
+  for (const auto& set : sets) {
+    child.push_back("--set");
+    child.push_back(set);
   }
+  for (const auto& path : options.common.plugin_paths) {
+    child.push_back("--plugin-path");
+    child.push_back(fs::absolute(path).string());
+  }
+  if (options.common.no_default_plugins) child.push_back("--no-default-plugins");
+  return child;
+}
 
-  compute_divergences(results);
+// What the finished child left: success when it exited 0 and its metrics read. A failed run's
+// error is its own one-line message, or the timeout that stopped it.
+VariantResult collect_result(const Variant& variant, const ChildOutcome& outcome,
+                             const fs::path& metrics, const fs::path& log, std::int64_t timeout_s) {
+  VariantResult result;
+  result.label = variant.label;
+  result.folder = variant.folder;
+  result.wall_s = outcome.wall_s;
+  result.succeeded = WIFEXITED(outcome.status) && WEXITSTATUS(outcome.status) == 0;
+  if (result.succeeded) {
+    try {
+      summarize(read_records(metrics), result);
+    } catch (const Error& error) {
+      result.succeeded = false;
+      result.error = std::string("trainyard: error: ") + error.what();
+    }
+  } else {
+    result.error = outcome.timed_out
+                       ? "trainyard: error: compare: stopped after the --timeout of " +
+                             std::to_string(timeout_s) + " s (see " + log.string() + ")"
+                       : error_of(log, outcome.status);
+    // What a failed run logged before it stopped still draws its curve.
+    try {
+      if (fs::exists(metrics)) summarize(read_records(metrics), result);
+    } catch (const Error&) {
+    }
+  }
+  return result;
+}
+
+// Runs variant `index` (0-based, of `count`) in its own folder and reads what it measured,
+// reporting progress on stdout as it goes.
+VariantResult run_variant(const CompareOptions& options, const Variant& variant, std::size_t index,
+                          std::size_t count) {
+  const fs::path dir = options.report_dir / variant.folder;
+  fs::create_directories(dir);
+  const fs::path metrics = dir / (options.nproc > 1 ? "metrics.rank0.jsonl" : "metrics.jsonl");
+  // A file from an earlier compare must not pass for this run's.
+  std::error_code ignored;
+  fs::remove(metrics, ignored);
+  for (const auto& file : measured_timeline_files(dir)) fs::remove(file, ignored);
+
+  const std::vector<std::string> child =
+      child_args(options, variant, variant_sets(options, variant, dir));
+  std::cout << "compare: [" << index + 1 << "/" << count << "] " << variant.label << std::flush;
+  const fs::path log = dir / "output.log";
+  const ChildOutcome outcome = run_child(child, log, options.timeout_s);
+
+  VariantResult result = collect_result(variant, outcome, metrics, log, options.timeout_s);
+  result.pipeline = pipeline_variant(dir);
+  char seconds[32];
+  std::snprintf(seconds, sizeof seconds, "%.1f", result.wall_s);
+  std::cout << (result.succeeded ? ": ok" : ": FAILED") << " (" << seconds << " s)\n";
+  if (!result.succeeded) std::cout << "  " << result.error << "\n  log: " << log.string() << "\n";
+  std::cout << std::flush;
+  return result;
+}
+
+// Writes table.txt and report.html into the report folder and prints the table, the pipeline
+// idle shares and where the files are.
+void write_outputs(const CompareOptions& options, const std::vector<std::string>& args,
+                   const std::vector<VariantResult>& results) {
   const std::string table = format_table(results);
   CompareReport report;
-  report.title = title;
+  report.title = options.title;
   report.command_line = {"trainyard", "compare"};
   report.command_line.insert(report.command_line.end(), args.begin(), args.end());
   report.variants = results;
+  const fs::path& report_dir = options.report_dir;
   write_file(report_dir / "table.txt", table);
   write_file(report_dir / "report.html", render_html(report));
   std::cout << "\n"
             << table << format_pipeline_idle_shares(results)
             << "\ntable: " << (report_dir / "table.txt").string()
             << "\nreport: " << (report_dir / "report.html").string() << std::endl;
+}
+
+}  // namespace
+
+int command_compare(const std::vector<std::string>& args) {
+  const std::optional<CompareOptions> options = parse_compare_options(args);
+  if (!options) return 0;
+  fs::create_directories(options->report_dir);
+
+  // One variant at a time, so that their step times are not skewed by sharing the machine.
+  const std::vector<Variant> variants = make_variants(options->recipes, options->axes);
+  std::vector<VariantResult> results;
+  for (std::size_t i = 0; i < variants.size(); ++i) {
+    results.push_back(run_variant(*options, variants[i], i, variants.size()));
+  }
+  compute_divergences(results);
+  write_outputs(*options, args, results);
 
   const bool any_succeeded = std::any_of(results.begin(), results.end(),
                                          [](const VariantResult& v) { return v.succeeded; });

@@ -1,7 +1,8 @@
 #pragma once
 // What `trainyard compare` learned about each variant, and the two ways it shows them: a text
 // table for the terminal and a self-contained HTML page (inline SVG, no scripts, fonts or styles
-// fetched at view time).
+// fetched at view time). Defined in compare_report.cpp (the page), compare_table.cpp (the text
+// table), compare_charts.cpp (the SVG charts) and compare_pipeline.cpp (the pipeline sections).
 
 #include <cstdint>
 #include <filesystem>

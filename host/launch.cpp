@@ -15,6 +15,7 @@
 #include <thread>
 
 #include "group_resize.hpp"
+#include "launch_options.hpp"
 #include "progress_watch.hpp"
 #include "trainyard/distributed.hpp"
 #include "trainyard/error.hpp"
@@ -26,37 +27,6 @@ namespace trainyard {
 namespace {
 
 using Clock = std::chrono::steady_clock;
-
-const char* kUsage =
-    R"(usage: trainyard launch --nproc-per-node N [options] RECIPE [run options]
-
-Starts N ranks of 'trainyard run RECIPE [run options]' on this machine with the torchrun
-variables (RANK, LOCAL_RANK, WORLD_SIZE, LOCAL_WORLD_SIZE, MASTER_ADDR, MASTER_PORT). Each output
-line is prefixed with its rank; the first rank that fails stops the others and its exit status
-is the launcher's.
-
-options:
-  -n, --nproc-per-node N   ranks on this machine (required)
-  --nnodes M               machines in the job (default 1)
-  --node-rank R            this machine's index (default 0; machine 0 hosts the store)
-  --master-addr A          address of machine 0; the store listens there only (default 127.0.0.1)
-  --master-port P          port of the store (default: a free port; required when --nnodes > 1)
-  --grace-period S         seconds the other ranks get to stop before SIGKILL (default 5)
-  --stop-grace-period S    seconds the ranks get to save and stop after the launcher forwards
-                           SIGTERM, SIGINT or SIGHUP to them, before SIGKILL (default 120)
-  --watchdog S             a rank whose heartbeat stops (frozen, SIGSTOP) or a group in which
-                           no rank begins a step for S seconds is a failure: the launcher kills
-                           the stuck ranks (then restarts with --max-restarts). Longer than the
-                           longest evaluation or checkpoint save (default 0: off)
-  --max-restarts K         when a rank fails, stop the group and start it again, up to K times,
-                           resuming from the newest valid checkpoint (--resume auto; default 0)
-  --restart-backoff S      seconds before the first restart, doubled for each next one, at
-                           most 60 (default 1)
-  --min-nproc N            with --max-restarts: a rank that fails is taken as lost and the group
-                           restarts on the survivors, down to N ranks, with the gradient
-                           accumulation raised to keep the global batch (default: restart at
-                           full size)
-)";
 
 volatile std::sig_atomic_t g_signal = 0;
 void on_signal(int signal) { g_signal = signal; }
@@ -70,16 +40,6 @@ struct Rank {
   std::string err_partial;
   bool running = true;
 };
-
-int parse_int(const std::string& option, const std::string& text) {
-  try {
-    std::size_t used = 0;
-    int value = std::stoi(text, &used);
-    if (used == text.size()) return value;
-  } catch (const std::exception&) {
-  }
-  throw Error("launch: " + option + " needs an integer, got '" + text + "'");
-}
 
 // Writes complete lines of `data` (appended to `partial`) to `fd`, each prefixed.
 void forward_lines(std::string& partial, const char* data, std::size_t size, const std::string& prefix,
@@ -122,105 +82,6 @@ int exit_code_of(int status) {
   if (WIFEXITED(status)) return WEXITSTATUS(status);
   if (WIFSIGNALED(status)) return 128 + WTERMSIG(status);
   return 1;
-}
-
-struct LaunchOptions {
-  int nproc = 0;
-  int nnodes = 1;
-  int node_rank = 0;
-  std::string address = "127.0.0.1";
-  int port = 0;
-  int grace_s = 5;
-  int stop_grace_s = 120;
-  double watchdog_s = 0;  // 0: off
-  int max_restarts = 0;
-  double restart_backoff_s = 1;
-  int min_nproc = 0;  // 0: restart at full size
-  std::vector<std::string> run_args;
-};
-
-double parse_seconds(const std::string& option, const std::string& text) {
-  try {
-    std::size_t used = 0;
-    double value = std::stod(text, &used);
-    if (used == text.size() && value >= 0) return value;
-  } catch (const std::exception&) {
-  }
-  throw Error("launch: " + option + " needs a number of seconds >= 0, got '" + text + "'");
-}
-
-// nullopt: --help was printed.
-std::optional<LaunchOptions> parse_options(const std::vector<std::string>& args) {
-  LaunchOptions options;
-  std::size_t i = 0;
-  for (; i < args.size(); ++i) {
-    const std::string& arg = args[i];
-    if (arg == "-h" || arg == "--help") {
-      std::cout << kUsage;
-      return std::nullopt;
-    }
-    if (arg.rfind("-", 0) != 0) break;
-    std::string name = arg, value;
-    if (auto equals = arg.find('='); equals != std::string::npos) {
-      name = arg.substr(0, equals);
-      value = arg.substr(equals + 1);
-    } else {
-      if (i + 1 >= args.size()) throw Error("launch: " + arg + " needs a value (see --help)");
-      value = args[++i];
-    }
-    if (name == "-n" || name == "--nproc-per-node" || name == "--nproc_per_node") {
-      options.nproc = parse_int(name, value);
-    } else if (name == "--nnodes") {
-      options.nnodes = parse_int(name, value);
-    } else if (name == "--node-rank" || name == "--node_rank") {
-      options.node_rank = parse_int(name, value);
-    } else if (name == "--master-addr" || name == "--master_addr") {
-      options.address = value;
-    } else if (name == "--master-port" || name == "--master_port") {
-      options.port = parse_int(name, value);
-    } else if (name == "--grace-period") {
-      options.grace_s = parse_int(name, value);
-    } else if (name == "--stop-grace-period") {
-      options.stop_grace_s = parse_int(name, value);
-    } else if (name == "--watchdog") {
-      options.watchdog_s = parse_seconds(name, value);
-    } else if (name == "--max-restarts" || name == "--max_restarts") {
-      options.max_restarts = parse_int(name, value);
-    } else if (name == "--restart-backoff") {
-      options.restart_backoff_s = parse_seconds(name, value);
-    } else if (name == "--min-nproc" || name == "--min_nproc") {
-      options.min_nproc = parse_int(name, value);
-    } else {
-      throw Error("launch: unknown option '" + name + "' (see --help)");
-    }
-  }
-  if (i >= args.size()) throw Error("launch: no recipe given (see --help)");
-  if (options.nproc < 1) throw Error("launch: --nproc-per-node must be >= 1");
-  if (options.nnodes < 1) throw Error("launch: --nnodes must be >= 1");
-  if (options.node_rank < 0 || options.node_rank >= options.nnodes) {
-    throw Error("launch: --node-rank must be in [0, --nnodes)");
-  }
-  if (options.port < 0 || options.port > 65535) {
-    throw Error("launch: --master-port must be in 0..65535");
-  }
-  if (options.nnodes > 1 && options.port == 0) {
-    throw Error("launch: --master-port is required when --nnodes > 1");
-  }
-  if (options.grace_s < 0) throw Error("launch: --grace-period must be >= 0");
-  if (options.stop_grace_s < 0) throw Error("launch: --stop-grace-period must be >= 0");
-  if (options.max_restarts < 0) throw Error("launch: --max-restarts must be >= 0");
-  if (options.min_nproc < 0 || options.min_nproc > options.nproc) {
-    throw Error("launch: --min-nproc must be in 1..--nproc-per-node");
-  }
-  if (options.min_nproc > 0 && options.max_restarts == 0) {
-    throw Error("launch: --min-nproc needs --max-restarts (the restarts that may shrink the group)");
-  }
-  if (options.nnodes > 1 && options.max_restarts > 0) {
-    throw Error("launch: --max-restarts restarts the ranks of one machine; with --nnodes > 1 "
-                "restart the job from the scheduler (--resume auto continues it)");
-  }
-  options.run_args.assign(args.begin() + static_cast<std::ptrdiff_t>(i), args.end());
-  return options;
 }
 
 // The environment every rank inherits, without the variables each rank gets its own value of.
@@ -316,39 +177,59 @@ std::string recorded_failure(const c10::intrusive_ptr<c10d::Store>& store) {
   return {};
 }
 
-// Starts the ranks of one start, forwards their output and signals, and waits for all of them.
-GroupOutcome run_group(const LaunchOptions& options, const GroupStart& start,
-                       const c10::intrusive_ptr<c10d::Store>& store) {
-  const std::vector<std::string> base_env = inherited_environment();
-  std::vector<Rank> ranks(static_cast<std::size_t>(start.nproc));
-  for (int local = 0; local < start.nproc; ++local) {
-    start_rank(ranks[static_cast<std::size_t>(local)], options, start, base_env, local);
+// One start's ranks while the launcher waits for them, and what its rounds over them share: the
+// outcome so far, whether it has asked the ranks to stop, and when it kills those that have not.
+class GroupRun {
+ public:
+  GroupRun(const LaunchOptions& options, const GroupStart& start,
+           const c10::intrusive_ptr<c10d::Store>& store)
+      : options_(options), start_(start), store_(store) {
+    const std::vector<std::string> base_env = inherited_environment();
+    ranks_.resize(static_cast<std::size_t>(start.nproc));
+    for (int local = 0; local < start.nproc; ++local) {
+      start_rank(ranks_[static_cast<std::size_t>(local)], options, start, base_env, local);
+    }
+    // After the ranks are started: every rank's heartbeat period counts from here.
+    if (options.watchdog_s > 0 && store) {
+      watch_.emplace(
+          std::chrono::milliseconds(static_cast<std::int64_t>(options.watchdog_s * 1000)),
+          start.nproc * options.nnodes);
+    }
+    last_watch_ = Clock::now();
   }
 
-  GroupOutcome outcome;
-  std::optional<ProgressWatch> watch;
-  if (options.watchdog_s > 0 && store) {
-    watch.emplace(std::chrono::milliseconds(static_cast<std::int64_t>(options.watchdog_s * 1000)),
-                  start.nproc * options.nnodes);
+  // Forwards the ranks' output and the launcher's signals until every rank has ended. Each round
+  // polls for at most 100 ms, so signals, the watchdog and the grace period are seen in time.
+  GroupOutcome wait() {
+    for (;;) {
+      forward_launcher_signal();
+      forward_ready_output();
+      if (!reap_ended_ranks()) break;
+      watch_for_hangs();
+      kill_past_grace_period();
+    }
+    for (auto& r : ranks_) drain_rest(r);
+    return outcome_;
   }
-  auto last_watch = Clock::now();
-  std::optional<Clock::time_point> kill_at;
-  bool stopping = false;  // the launcher has asked the ranks to stop
-  auto stop_others = [&](int signal, int grace_s) {
-    stopping = true;
-    for (auto& r : ranks) {
+
+ private:
+  void stop_others(int signal, int grace_s) {
+    stopping_ = true;
+    for (auto& r : ranks_) {
       if (r.running) ::kill(r.pid, signal);
     }
-    if (!kill_at) kill_at = Clock::now() + std::chrono::seconds(grace_s);
-  };
-  char buffer[65536];
-  auto drain = [&](Rank& r, int& fd, std::string& partial, int target, bool final) {
+    if (!kill_at_) kill_at_ = Clock::now() + std::chrono::seconds(grace_s);
+  }
+
+  // Forwards what `fd` holds: one read while the rank runs (so that one chatty rank does not hold
+  // up the others), everything up to the end once it has ended (final), closing it then.
+  void drain(Rank& r, int& fd, std::string& partial, int target, bool final) {
     if (fd < 0) return;
     const std::string prefix = "[rank " + std::to_string(r.rank) + "] ";
     for (;;) {
-      ssize_t n = ::read(fd, buffer, sizeof buffer);
+      ssize_t n = ::read(fd, buffer_, sizeof buffer_);
       if (n > 0) {
-        forward_lines(partial, buffer, static_cast<std::size_t>(n), prefix, target, false);
+        forward_lines(partial, buffer_, static_cast<std::size_t>(n), prefix, target, false);
         if (!final) return;
         continue;
       }
@@ -360,19 +241,27 @@ GroupOutcome run_group(const LaunchOptions& options, const GroupStart& start,
       }
       return;
     }
-  };
+  }
 
-  for (;;) {
-    if (g_signal != 0 && outcome.forwarded_signal == 0) {
-      outcome.forwarded_signal = g_signal;
-      std::cerr << "trainyard launch: " << strsignal(outcome.forwarded_signal)
+  void drain_rest(Rank& r) {
+    drain(r, r.out, r.out_partial, STDOUT_FILENO, true);
+    drain(r, r.err, r.err_partial, STDERR_FILENO, true);
+  }
+
+  void forward_launcher_signal() {
+    if (g_signal != 0 && outcome_.forwarded_signal == 0) {
+      outcome_.forwarded_signal = g_signal;
+      std::cerr << "trainyard launch: " << strsignal(outcome_.forwarded_signal)
                 << ": forwarding to the ranks" << std::endl;
       // The ranks stop at the next step boundary with a checkpoint (run.stop_signals).
-      stop_others(outcome.forwarded_signal, options.stop_grace_s);
+      stop_others(outcome_.forwarded_signal, options_.stop_grace_s);
     }
+  }
+
+  void forward_ready_output() {
     std::vector<pollfd> fds;
     std::vector<std::pair<Rank*, bool>> owners;  // rank, is stderr
-    for (auto& r : ranks) {
+    for (auto& r : ranks_) {
       if (r.out >= 0) {
         fds.push_back({r.out, POLLIN, 0});
         owners.emplace_back(&r, false);
@@ -392,8 +281,12 @@ GroupOutcome run_group(const LaunchOptions& options, const GroupStart& start,
         drain(r, r.out, r.out_partial, STDOUT_FILENO, false);
       }
     }
+  }
+
+  // False once no rank is running.
+  bool reap_ended_ranks() {
     bool any_running = false;
-    for (auto& r : ranks) {
+    for (auto& r : ranks_) {
       if (!r.running) continue;
       int status = 0;
       pid_t done = ::waitpid(r.pid, &status, WNOHANG);
@@ -402,79 +295,111 @@ GroupOutcome run_group(const LaunchOptions& options, const GroupStart& start,
         continue;
       }
       r.running = false;
-      drain(r, r.out, r.out_partial, STDOUT_FILENO, true);
-      drain(r, r.err, r.err_partial, STDERR_FILENO, true);
-      if (const int signal = stop_signal_of(status)) {
-        // Stopped on a signal after saving: the others agreed to stop at the same step.
-        outcome.stopped_by = signal;
-        std::cerr << "trainyard launch: rank " << r.rank << " stopped on SIG" << sigabbrev_np(signal)
-                  << " after saving a checkpoint" << std::endl;
-        continue;
-      }
-      const bool failed = !(WIFEXITED(status) && WEXITSTATUS(status) == 0);
-      // Lost: it failed before the launcher asked anything of it, or was ended by a signal the
-      // launcher never sends (SIGKILL from outside, a crash).
-      const bool signal_from_outside =
-          WIFSIGNALED(status) && WTERMSIG(status) != SIGTERM && WTERMSIG(status) != SIGINT &&
-          WTERMSIG(status) != SIGHUP && !(kill_at && Clock::now() > *kill_at);
-      if (failed && outcome.forwarded_signal == 0 && (!stopping || signal_from_outside)) {
-        ++outcome.lost;
-      }
-      if (failed && !outcome.first_failure && outcome.forwarded_signal == 0) {
-        outcome.first_failure = std::make_pair(r.rank, status);
-        std::cerr << "trainyard launch: rank " << r.rank << " " << describe(status) << std::endl;
-        if (std::string recorded = recorded_failure(store); !recorded.empty()) {
-          outcome.failure = recorded;
-        }
-        if (!outcome.failure.empty()) {
-          std::cerr << "trainyard launch: failure: " << outcome.failure << std::endl;
-        }
-        std::cerr << "trainyard launch: stopping the other ranks" << std::endl;
-        // A rank that catches SIGTERM (run.stop_signals) ends when its next collective finds the
-        // failed rank gone; one that does not within the grace period is killed.
-        stop_others(SIGTERM, options.grace_s);
+      drain_rest(r);
+      on_rank_ended(r, status);
+    }
+    return any_running;
+  }
+
+  void on_rank_ended(const Rank& r, int status) {
+    if (const int signal = stop_signal_of(status)) {
+      // Stopped on a signal after saving: the others agreed to stop at the same step.
+      outcome_.stopped_by = signal;
+      std::cerr << "trainyard launch: rank " << r.rank << " stopped on SIG" << sigabbrev_np(signal)
+                << " after saving a checkpoint" << std::endl;
+      return;
+    }
+    const bool failed = !(WIFEXITED(status) && WEXITSTATUS(status) == 0);
+    // Lost: it failed before the launcher asked anything of it, or was ended by a signal the
+    // launcher never sends (SIGKILL from outside, a crash).
+    const bool signal_from_outside = WIFSIGNALED(status) && WTERMSIG(status) != SIGTERM &&
+                                     WTERMSIG(status) != SIGINT && WTERMSIG(status) != SIGHUP &&
+                                     !(kill_at_ && Clock::now() > *kill_at_);
+    if (failed && outcome_.forwarded_signal == 0 && (!stopping_ || signal_from_outside)) {
+      ++outcome_.lost;
+    }
+    if (failed && !outcome_.first_failure && outcome_.forwarded_signal == 0) {
+      stop_after_first_failure(r, status);
+    }
+  }
+
+  void stop_after_first_failure(const Rank& r, int status) {
+    outcome_.first_failure = std::make_pair(r.rank, status);
+    std::cerr << "trainyard launch: rank " << r.rank << " " << describe(status) << std::endl;
+    if (std::string recorded = recorded_failure(store_); !recorded.empty()) {
+      outcome_.failure = recorded;
+    }
+    if (!outcome_.failure.empty()) {
+      std::cerr << "trainyard launch: failure: " << outcome_.failure << std::endl;
+    }
+    std::cerr << "trainyard launch: stopping the other ranks" << std::endl;
+    // A rank that catches SIGTERM (run.stop_signals) ends when its next collective finds the
+    // failed rank gone; one that does not within the grace period is killed.
+    stop_others(SIGTERM, options_.grace_s);
+  }
+
+  // Every 500 ms rather than every round: reading the heartbeats takes store round trips for each
+  // rank. Not once the launcher is stopping the ranks: they stop beating then as expected.
+  void watch_for_hangs() {
+    if (!watch_ || stopping_ || !(Clock::now() - last_watch_ > std::chrono::milliseconds(500))) {
+      return;
+    }
+    last_watch_ = Clock::now();
+    std::optional<Hang> hang;
+    try {
+      hang = watch_->observe(read_heartbeats(*store_, start_.nproc * options_.nnodes), last_watch_);
+    } catch (const std::exception&) {
+      // The store answers again on the next round, or the ranks' own monitors end the job.
+    }
+    if (hang) kill_hung_ranks(*hang);
+  }
+
+  // SIGKILL, not SIGTERM: a frozen or stuck rank would not get to its next step boundary to stop.
+  void kill_hung_ranks(const Hang& hang) {
+    std::cerr << "trainyard launch: watchdog: " << hang.reason << "; killing rank"
+              << (hang.ranks.size() == 1 ? " " : "s ");
+    for (std::size_t k = 0; k < hang.ranks.size(); ++k) {
+      std::cerr << (k ? ", " : "") << hang.ranks[k];
+    }
+    std::cerr << std::endl;
+    outcome_.failure = "watchdog: " + hang.reason;
+    for (int blamed : hang.ranks) {
+      for (auto& r : ranks_) {
+        if (r.rank == blamed && r.running) ::kill(r.pid, SIGKILL);
       }
     }
-    if (!any_running) break;
-    if (watch && !stopping && Clock::now() - last_watch > std::chrono::milliseconds(500)) {
-      last_watch = Clock::now();
-      std::optional<Hang> hang;
-      try {
-        hang = watch->observe(read_heartbeats(*store, start.nproc * options.nnodes), last_watch);
-      } catch (const std::exception&) {
-        // The store answers again on the next round, or the ranks' own monitors end the job.
-      }
-      if (hang) {
-        std::cerr << "trainyard launch: watchdog: " << hang->reason << "; killing rank"
-                  << (hang->ranks.size() == 1 ? " " : "s ");
-        for (std::size_t k = 0; k < hang->ranks.size(); ++k) {
-          std::cerr << (k ? ", " : "") << hang->ranks[k];
-        }
-        std::cerr << std::endl;
-        outcome.failure = "watchdog: " + hang->reason;
-        for (int blamed : hang->ranks) {
-          for (auto& r : ranks) {
-            if (r.rank == blamed && r.running) ::kill(r.pid, SIGKILL);
-          }
-        }
-      }
-    }
-    if (kill_at && Clock::now() > *kill_at) {
-      for (auto& r : ranks) {
+  }
+
+  void kill_past_grace_period() {
+    if (kill_at_ && Clock::now() > *kill_at_) {
+      for (auto& r : ranks_) {
         if (r.running) {
           std::cerr << "trainyard launch: rank " << r.rank << " did not stop within "
-                    << options.grace_s << " s; killing it" << std::endl;
+                    << options_.grace_s << " s; killing it" << std::endl;
           ::kill(r.pid, SIGKILL);
         }
       }
-      kill_at = Clock::now() + std::chrono::hours(1);
+      // Killed once: the ranks end now, and the rounds until they are reaped do not repeat it.
+      kill_at_ = Clock::now() + std::chrono::hours(1);
     }
   }
-  for (auto& r : ranks) {
-    drain(r, r.out, r.out_partial, STDOUT_FILENO, true);
-    drain(r, r.err, r.err_partial, STDERR_FILENO, true);
-  }
-  return outcome;
+
+  const LaunchOptions& options_;
+  const GroupStart& start_;
+  const c10::intrusive_ptr<c10d::Store>& store_;
+  std::vector<Rank> ranks_;
+  GroupOutcome outcome_;
+  std::optional<ProgressWatch> watch_;
+  Clock::time_point last_watch_;
+  std::optional<Clock::time_point> kill_at_;
+  bool stopping_ = false;  // the launcher has asked the ranks to stop
+  char buffer_[65536];
+};
+
+// Starts the ranks of one start, forwards their output and signals, and waits for all of them.
+GroupOutcome run_group(const LaunchOptions& options, const GroupStart& start,
+                       const c10::intrusive_ptr<c10d::Store>& store) {
+  return GroupRun(options, start, store).wait();
 }
 
 // The run arguments of a restart: resume from the newest valid checkpoint (a --resume PATH of
@@ -508,7 +433,7 @@ int exit_code_of(const GroupOutcome& outcome) {
 }  // namespace
 
 int command_launch(const std::vector<std::string>& args) {
-  std::optional<LaunchOptions> parsed = parse_options(args);
+  std::optional<LaunchOptions> parsed = parse_launch_options(args);
   if (!parsed) return 0;
   const LaunchOptions& options = *parsed;
 

@@ -273,12 +273,11 @@ const std::vector<PluginSection>& plugin_sections() {
   return sections;
 }
 
-Recipe resolve_recipe(const Recipe& recipe, const Registry& registry) {
-  const Table& root = *recipe.root;
-  auto out = std::make_shared<Table>();
-  out->where = root.where;
-  std::vector<std::string> notes;
+namespace {
 
+// A recipe key that names nothing is an error rather than ignored: a mistyped section would
+// otherwise leave the run on defaults without a word.
+void check_top_level_keys(const Table& root) {
   std::set<std::string> known = top_level_keys();
   known.insert({"run", "loader", "parallel", "sinks"});
   for (const auto& section : plugin_sections()) known.insert(section.section);
@@ -286,26 +285,34 @@ Recipe resolve_recipe(const Recipe& recipe, const Registry& registry) {
     if (!known.count(key)) {
       std::string names;
       for (const auto& name : known) names += (names.empty() ? "" : ", ") + name;
-      throw Error(root.key_where(key).str() + ": unknown recipe section '" + key + "' (known: " +
-                  names +
-                  ")");
+      throw Error(root.key_where(key).str() + ": unknown recipe section '" + key +
+                  "' (known: " + names + ")");
     }
   }
+}
+
+// The values at the top of the recipe that are not sections, checked for their type.
+void copy_top_level_values(const Table& root, Table& out) {
   if (const Value* name = root.find("name")) {
     if (name->type() != ValueType::kString)
       throw Error(name->where().str() + ": name must be a string");
-    out->set("name", *name);
+    out.set("name", *name);
   }
   if (const Value* paths = root.find("plugin_paths")) {
     if (!value_matches(*paths, OptionType::kStringList)) {
       throw Error(paths->where().str() + ": plugin_paths must be an array of strings");
     }
-    out->set("plugin_paths", *paths);
+    out.set("plugin_paths", *paths);
   }
+}
 
-  auto put = [&](const std::string& name, const Config& config) {
-    out->set(name, Value(config.table_ptr(), config.table().where));
-  };
+void put_section(Table& out, const std::string& name, const Config& config) {
+  out.set(name, Value(config.table_ptr(), config.table().where));
+}
+
+// Parses the run options whose values are small languages of their own, so that a mistake in one
+// fails here, at its place in the recipe, rather than once the run has started.
+Config resolve_run_section(const Table& root) {
   Config run = validate_section(require_table(root, "run"), run_options(), {});
   try {
     ActivationCheckpointing::parse(run.get_string("activation_checkpointing"));
@@ -319,47 +326,64 @@ Recipe resolve_recipe(const Recipe& recipe, const Registry& registry) {
       run.fail("stop_signals", error.what());
     }
   }
-  put("run", run);
-  put("loader", validate_section(require_table(root, "loader"), loader_options(), {}));
+  return run;
+}
+
+Config resolve_parallel_section(const Table& root) {
   Config parallel = validate_section(require_table(root, "parallel"), parallel_options(), {});
   mesh_request(parallel);  // every check but the world size's, which the run makes
-  put("parallel", parallel);
+  return parallel;
+}
 
+std::string known_plugins(const Registry& registry, const std::string& kind) {
+  std::string list;
+  for (const auto& n : registry.names(kind)) {
+    list += (list.empty() ? "" : ", ") + n;
+  }
+  return list.empty() ? std::string("none loaded") : list;
+}
+
+// A section the recipe leaves out takes its default plugin, except [checkpoint]: without it the
+// run saves nothing.
+void resolve_missing_plugin_section(const Recipe& recipe, const PluginSection& section,
+                                    const Registry& registry, Table& out,
+                                    std::vector<std::string>& notes) {
+  if (!section.default_plugin.empty() && section.section != "checkpoint") {
+    auto empty = std::make_shared<Table>();
+    empty->where = recipe.root->where;
+    put_section(out, section.section,
+                resolve_plugin_section(Config(empty, section.section), section.kind,
+                                       section.default_plugin, {}, registry, notes));
+  } else if (!section.optional) {
+    throw Error(recipe.path.string() + ": missing section [" + section.section +
+                "] (plugin = one of: " + known_plugins(registry, section.kind) + ")");
+  }
+}
+
+void resolve_plugin_sections(const Recipe& recipe, const Registry& registry, Table& out,
+                             std::vector<std::string>& notes) {
+  const Table& root = *recipe.root;
   for (const auto& section : plugin_sections()) {
     if (!root.contains(section.section)) {
-      if (!section.default_plugin.empty() && section.section != "checkpoint") {
-        auto empty = std::make_shared<Table>();
-        empty->where = root.where;
-        put(section.section, resolve_plugin_section(Config(empty, section.section), section.kind,
-                                                    section.default_plugin, {}, registry,
-                                                    notes));
-      } else if (!section.optional) {
-        throw Error(recipe.path.string() + ": missing section [" + section.section +
-                    "] (plugin = one of: " +
-                    [&] {
-                      std::string list;
-                      for (const auto& n : registry.names(section.kind)) {
-                        list += (list.empty() ? "" : ", ") + n;
-                      }
-                      return list.empty() ? std::string("none loaded") : list;
-                    }() +
-                    ")");
-      }
+      resolve_missing_plugin_section(recipe, section, registry, out, notes);
       continue;
     }
     if (section.section == "comm" && !require_table(root, "comm").has("plugin")) {
       // No plugin named: the engine takes the device backend's default communicator.
-      put("comm", validate_section(require_table(root, "comm"), comm_options(), {}));
+      put_section(out, "comm", validate_section(require_table(root, "comm"), comm_options(), {}));
       continue;
     }
     const OptionSpecs& runtime = section.section == "checkpoint" ? checkpoint_policy_options()
                                  : section.section == "comm"     ? comm_options()
                                                                  : OptionSpecs{};
-    put(section.section, resolve_plugin_section(require_table(root, section.section), section.kind,
-                                                section.default_plugin, runtime, registry, notes));
+    put_section(out, section.section,
+                resolve_plugin_section(require_table(root, section.section), section.kind,
+                                       section.default_plugin, runtime, registry, notes));
   }
+}
 
-  // Sinks: [sinks.<name>], each naming its plugin (default: its own name). Console by default.
+// Sinks: [sinks.<name>], each naming its plugin (default: its own name). Console by default.
+Value resolve_sinks(const Table& root, const Registry& registry, std::vector<std::string>& notes) {
   auto sinks = std::make_shared<Table>();
   Config sink_tables = require_table(root, "sinks");
   sinks->where = sink_tables.table().where;
@@ -382,7 +406,24 @@ Recipe resolve_recipe(const Recipe& recipe, const Registry& registry) {
         resolve_plugin_section(section, "sink", key, sink_common_options(), registry, notes);
     sinks->set(key, Value(resolved.table_ptr(), value.where()));
   }
-  out->set("sinks", Value(std::shared_ptr<const Table>(sinks), sinks->where));
+  return Value(std::shared_ptr<const Table>(sinks), sinks->where);
+}
+
+}  // namespace
+
+Recipe resolve_recipe(const Recipe& recipe, const Registry& registry) {
+  const Table& root = *recipe.root;
+  auto out = std::make_shared<Table>();
+  out->where = root.where;
+  std::vector<std::string> notes;
+  check_top_level_keys(root);
+  copy_top_level_values(root, *out);
+  put_section(*out, "run", resolve_run_section(root));
+  put_section(*out, "loader",
+              validate_section(require_table(root, "loader"), loader_options(), {}));
+  put_section(*out, "parallel", resolve_parallel_section(root));
+  resolve_plugin_sections(recipe, registry, *out, notes);
+  out->set("sinks", resolve_sinks(root, registry, notes));
   return Recipe{out, recipe.path, std::move(notes)};
 }
 

@@ -37,6 +37,7 @@
 #include <functional>
 #include <iterator>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -193,46 +194,53 @@ struct BackendFigures {
   std::vector<double> sync_cpu, async_cpu;  // the process's CPU seconds beyond the window's own
 };
 
-}  // namespace
+struct BenchOptions {
+  bool check = false;
+  int threads = 0;  // 0: LibTorch's default
+  std::int64_t megabytes = 256;
+  fs::path root;
+  int repetitions = 3;
+};
 
-int main(int argc, char** argv) {
-  std::vector<std::string> args(argv + 1, argv + argc);
-  const bool check = std::erase(args, "--check") > 0;
-  int threads = 0;
+// nullopt: the arguments are wrong (the reason is printed; the bench exits 2).
+std::optional<BenchOptions> parse_arguments(std::vector<std::string> args) {
+  BenchOptions options;
+  options.check = std::erase(args, "--check") > 0;
   if (auto flag = std::find(args.begin(), args.end(), "--threads"); flag != args.end()) {
-    if (std::next(flag) == args.end() || (threads = std::atoi(std::next(flag)->c_str())) < 1) {
+    if (std::next(flag) == args.end() ||
+        (options.threads = std::atoi(std::next(flag)->c_str())) < 1) {
       std::fprintf(stderr, "checkpoint_bench: --threads needs a count >= 1\n");
-      return 2;
+      return std::nullopt;
     }
     args.erase(flag, std::next(flag, 2));
-    at::set_num_threads(threads);
+    at::set_num_threads(options.threads);
   }
-  const std::int64_t megabytes = args.size() > 0 ? std::stoll(args[0]) : 256;
-  const fs::path root = fs::path(args.size() > 1 ? args[1] : "/tmp") / "trainyard-checkpoint-bench";
-  const int repetitions = args.size() > 2 ? std::stoi(args[2]) : 3;
-  if (megabytes < 4 || repetitions < 1) {
+  options.megabytes = args.size() > 0 ? std::stoll(args[0]) : 256;
+  options.root = fs::path(args.size() > 1 ? args[1] : "/tmp") / "trainyard-checkpoint-bench";
+  options.repetitions = args.size() > 2 ? std::stoi(args[2]) : 3;
+  if (options.megabytes < 4 || options.repetitions < 1) {
     std::fprintf(stderr, "checkpoint_bench: MEGABYTES must be >= 4 and REPETITIONS >= 1\n");
-    return 2;
+    return std::nullopt;
   }
-  remove_tree(root);
-  fs::create_directories(root);
+  return options;
+}
 
-  // A model-sized state: 4 MiB tensors, like the weights and moments of a large layer stack.
+constexpr std::int64_t kFloatsPerTensor = 1 << 20;
+
+// A model-sized state: 4 MiB tensors, like the weights and moments of a large layer stack.
+CheckpointState model_sized_state(std::int64_t count) {
   CheckpointState state;
-  const std::int64_t per_tensor = 1 << 20;  // floats
-  const std::int64_t count = megabytes / 4;
   for (std::int64_t i = 0; i < count; ++i) {
-    state.shared.tensors["model.layer" + std::to_string(i) + ".weight"] = at::randn({per_tensor});
+    state.shared.tensors["model.layer" + std::to_string(i) + ".weight"] =
+        at::randn({kFloatsPerTensor});
   }
   state.local.tensors["rng"] = at::randint(0, 255, {5056}, at::kByte);
-  const double bytes = static_cast<double>(count * per_tensor * 4);
+  return state;
+}
 
-  Registry registry;
-  PluginLoader loader(registry);
-  loader.load_folder(TRAINYARD_PLUGIN_DIR);
-
-  std::vector<BackendFigures> backends = {{"torch", 0.6, {}, {}, {}, {}, {}, {}, {}},
-                                          {"safetensors", 0.8, {}, {}, {}, {}, {}, {}, {}}};
+std::vector<CheckpointStore> open_stores(const Registry& registry,
+                                         const std::vector<BackendFigures>& backends,
+                                         const fs::path& root) {
   std::vector<CheckpointStore> stores;
   for (const auto& figures : backends) {
     auto backend =
@@ -241,11 +249,29 @@ int main(int argc, char** argv) {
     // plain file after timing it; deleting is not writing.
     stores.emplace_back(backend, figures.name, root / figures.name, 0);
   }
+  return stores;
+}
 
-  // The loop, its step time and a synchronous save's time decide the window: long enough for
-  // the save to end twice over, so that an asynchronous save's background work falls inside it.
-  const std::int64_t width = width_for(megabytes);
-  TrainingLoop loop(registry, width);
+void clear(CheckpointStore& store) {
+  for (const auto& checkpoint : store.list()) remove_tree(checkpoint);
+}
+
+// The loop and the windows of steps its stalls are measured in.
+struct StallBench {
+  TrainingLoop& loop;
+  double step_s = 0;          // the loop's median step time
+  double training_bytes = 0;  // its checkpoint's size
+  int window = 0;             // steps in a timed window
+  std::int64_t step = 1;      // the step of the next save
+
+  void steps() {
+    for (int i = 0; i < window; ++i) loop.step();
+  }
+};
+
+// The loop, its step time and a synchronous save's time decide the window: long enough for
+// the save to end twice over, so that an asynchronous save's background work falls inside it.
+StallBench calibrate(TrainingLoop& loop, CheckpointStore& store) {
   for (int i = 0; i < 3; ++i) loop.step();  // AdamW's moments exist after the first step
   std::vector<double> step_times;
   for (int i = 0; i < 3; ++i) {
@@ -253,74 +279,80 @@ int main(int argc, char** argv) {
     loop.step();
     step_times.push_back(seconds_since(start));
   }
-  const double step_s = median(step_times);
-  auto start = Clock::now();
-  stores[0].save(0, loop.state());
+  StallBench bench{loop};
+  bench.step_s = median(step_times);
+  const auto start = Clock::now();
+  store.save(0, loop.state());
   const double save_s = seconds_since(start);
-  const double training_bytes = static_cast<double>(state_bytes(loop.state()));
-  const int window = static_cast<int>(
-      std::clamp(std::ceil(2.0 * save_s / step_s), 4.0, 400.0));
-  std::int64_t step = 1;
-  auto steps = [&] {
-    for (int i = 0; i < window; ++i) loop.step();
+  bench.training_bytes = static_cast<double>(state_bytes(loop.state()));
+  bench.window = static_cast<int>(std::clamp(std::ceil(2.0 * save_s / bench.step_s), 4.0, 400.0));
+  return bench;
+}
+
+// The plain write and the store's save of the same state, one after the other, so that both
+// meet the file system in the same state.
+void measure_throughput(BackendFigures& figures, CheckpointStore& store,
+                        const CheckpointState& state, const fs::path& root, StallBench& bench) {
+  figures.plain.push_back(plain_write_seconds(state, root / "plain.bin"));
+  const auto start = Clock::now();
+  store.save(bench.step++, state);
+  figures.sync.push_back(seconds_since(start));
+  clear(store);
+}
+
+// The three windows, in an order rotated by `rotation` so that drift on a shared machine
+// spreads over all of them.
+void measure_stalls(BackendFigures& figures, CheckpointStore& store, StallBench& bench,
+                    int rotation) {
+  Spent none, sync, async;
+  double call_s = 0;
+  auto without_save = [&] { none = spend([&] { bench.steps(); }); };
+  auto with_sync_save = [&] {
+    sync = spend([&] {
+      store.save(bench.step++, bench.loop.state());
+      bench.steps();
+    });
+    clear(store);
   };
-  auto clear = [&](CheckpointStore& store) {
-    for (const auto& checkpoint : store.list()) remove_tree(checkpoint);
+  auto with_async_save = [&] {
+    async = spend([&] {
+      const auto begin = Clock::now();
+      bench.loop.save_async(store, bench.step++);
+      call_s = seconds_since(begin);
+      bench.steps();
+      store.commit_pending();
+    });
+    clear(store);
   };
+  std::vector<std::function<void()>> windows = {without_save, with_sync_save, with_async_save};
+  std::rotate(windows.begin(), windows.begin() + (rotation % 3), windows.end());
+  for (const auto& run : windows) run();
+  figures.sync_stall.push_back(sync.wall - none.wall);
+  figures.async_stall.push_back(async.wall - none.wall);
+  figures.async_call.push_back(call_s);
+  figures.sync_cpu.push_back(sync.cpu - none.cpu);
+  figures.async_cpu.push_back(async.cpu - none.cpu);
+}
 
-  for (int r = 0; r < repetitions; ++r) {
-    for (std::size_t b = 0; b < backends.size(); ++b) {
-      BackendFigures& figures = backends[b];
-      CheckpointStore& store = stores[b];
-      figures.plain.push_back(plain_write_seconds(state, root / "plain.bin"));
-      start = Clock::now();
-      store.save(step++, state);
-      figures.sync.push_back(seconds_since(start));
-      clear(store);
-
-      Spent none, sync, async;
-      double call_s = 0;
-      auto without_save = [&] { none = spend(steps); };
-      auto with_sync_save = [&] {
-        sync = spend([&] {
-          store.save(step++, loop.state());
-          steps();
-        });
-        clear(store);
-      };
-      auto with_async_save = [&] {
-        async = spend([&] {
-          const auto begin = Clock::now();
-          loop.save_async(store, step++);
-          call_s = seconds_since(begin);
-          steps();
-          store.commit_pending();
-        });
-        clear(store);
-      };
-      std::vector<std::function<void()>> windows = {without_save, with_sync_save,
-                                                    with_async_save};
-      std::rotate(windows.begin(), windows.begin() + (r % 3), windows.end());
-      for (const auto& run : windows) run();
-      figures.sync_stall.push_back(sync.wall - none.wall);
-      figures.async_stall.push_back(async.wall - none.wall);
-      figures.async_call.push_back(call_s);
-      figures.sync_cpu.push_back(sync.cpu - none.cpu);
-      figures.async_cpu.push_back(async.cpu - none.cpu);
-    }
-  }
-
+void print_setup(const BenchOptions& options, double bytes, std::int64_t count, std::int64_t width,
+                 const StallBench& bench) {
   std::printf("checkpoint of %.0f MiB in %lld tensors of 4 MiB, %d repetitions (medians), in %s\n",
-              bytes / (1 << 20), static_cast<long long>(count), repetitions, root.c_str());
+              bytes / (1 << 20), static_cast<long long>(count), options.repetitions,
+              options.root.c_str());
   std::printf("fsync included in both: plain = write() of the same bytes into one new file, then "
               "fsync;\n  store = the checkpoint store's save (files written and fsynced, "
               "manifest, rename, folder fsynced);\n  deleting files (the plain one, older "
               "checkpoints) is timed in neither\n");
-  std::printf("stall: single strategy, MLP 1024-%lld-%lld-10 with AdamW (checkpoint of %.0f MiB), "
-              "batch 32, %d training threads, step %.3f s;\n  a save's stall = a window of %d "
-              "steps after it (and its commit) less the same window without a save\n",
-              static_cast<long long>(width), static_cast<long long>(width),
-              training_bytes / (1 << 20), at::get_num_threads(), step_s, window);
+  std::printf(
+      "stall: single strategy, MLP 1024-%lld-%lld-10 with AdamW (checkpoint of %.0f MiB), "
+      "batch 32, %d training threads, step %.3f s;\n  a save's stall = a window of %d "
+      "steps after it (and its commit) less the same window without a save\n",
+      static_cast<long long>(width), static_cast<long long>(width),
+      bench.training_bytes / (1 << 20), at::get_num_threads(), bench.step_s, bench.window);
+}
+
+// Prints each backend's figures; true when every target is met.
+bool print_figures(const std::vector<BackendFigures>& backends, double bytes) {
   std::printf("%-12s %11s %11s %11s %13s %14s %11s\n", "backend", "plain MB/s", "store MB/s",
               "store/plain", "sync stall s", "async stall s", "stall/sync");
   bool met = true;
@@ -343,7 +375,46 @@ int main(int argc, char** argv) {
   }
   std::printf("targets: store/plain >= 0.6 (torch), >= 0.8 (safetensors); stall/sync <= 0.1: %s\n",
               met ? "met" : "missed");
+  return met;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  const std::optional<BenchOptions> parsed =
+      parse_arguments(std::vector<std::string>(argv + 1, argv + argc));
+  if (!parsed) return 2;
+  const BenchOptions& options = *parsed;
+  remove_tree(options.root);
+  fs::create_directories(options.root);
+
+  const std::int64_t count = options.megabytes / 4;
+  const CheckpointState state = model_sized_state(count);
+  const double bytes = static_cast<double>(count * kFloatsPerTensor * 4);
+
+  Registry registry;
+  PluginLoader loader(registry);
+  loader.load_folder(TRAINYARD_PLUGIN_DIR);
+
+  std::vector<BackendFigures> backends = {{"torch", 0.6, {}, {}, {}, {}, {}, {}, {}},
+                                          {"safetensors", 0.8, {}, {}, {}, {}, {}, {}, {}}};
+  std::vector<CheckpointStore> stores = open_stores(registry, backends, options.root);
+
+  const std::int64_t width = width_for(options.megabytes);
+  TrainingLoop loop(registry, width);
+  StallBench bench = calibrate(loop, stores[0]);
+
+  // Each repetition runs every backend, so drift on a shared machine spreads over all of them.
+  for (int r = 0; r < options.repetitions; ++r) {
+    for (std::size_t b = 0; b < backends.size(); ++b) {
+      measure_throughput(backends[b], stores[b], state, options.root, bench);
+      measure_stalls(backends[b], stores[b], bench, r);
+    }
+  }
+
+  print_setup(options, bytes, count, width, bench);
+  const bool met = print_figures(backends, bytes);
   stores.clear();
-  remove_tree(root);
-  return check && !met ? 1 : 0;
+  remove_tree(options.root);
+  return options.check && !met ? 1 : 0;
 }

@@ -6,6 +6,10 @@
 // last stage. Gradients are averaged over the mesh's data-parallel group by the SDK's
 // GradientReducer, once per step, and the gradients of tied parameters (a shared embedding and
 // output head) are summed between the stages that hold them before every optimizer step.
+//
+// This file sets the strategy up (cuts the model, builds this rank's stages) and finishes each
+// step (norms, clipping, the optimizer); stage_executor runs the schedule's actions, tied_weights
+// sums tied gradients, pipeline_state saves, loads and gathers what the stages hold.
 
 #include <ATen/ATen.h>
 #include <ATen/core/grad_mode.h>
@@ -13,7 +17,6 @@
 #include <torch/csrc/distributed/c10d/Backend.hpp>
 #include <torch/optim/optimizer.h>
 
-#include <chrono>
 #include <cmath>
 #include <iostream>
 #include <map>
@@ -21,8 +24,12 @@
 #include <set>
 #include <utility>
 
+#include "local_stage.hpp"
+#include "pipeline_state.hpp"
 #include "stage_channel.hpp"
+#include "stage_executor.hpp"
 #include "stage_parameters.hpp"
+#include "tied_weights.hpp"
 #include "trainyard/activation_checkpoint.hpp"
 #include "trainyard/declared_schedule.hpp"
 #include "trainyard/distributed.hpp"
@@ -46,8 +53,6 @@
 namespace trainyard {
 namespace {
 
-using Clock = std::chrono::steady_clock;
-
 struct PipelineOptions {
   std::string schedule;
   std::int64_t micro_batches = 0;  // 0: as many as the pipeline has ranks
@@ -57,18 +62,6 @@ struct PipelineOptions {
   GradientReducerOptions reducer;
   std::optional<UnitSharding> sharding;  // parameters sharded over dp_shard; unset: replicated
 };
-
-// A tensor as it enters a stage: detached from the sender's graph, and a leaf that collects its
-// gradient when it is floating point.
-Activations as_stage_input(const Activations& received) {
-  Activations input;
-  for (const auto& [name, tensor] : received.tensors) {
-    at::Tensor leaf = tensor.detach();
-    if (at::isFloatingType(leaf.scalar_type())) leaf.requires_grad_(true);
-    input.tensors.emplace(name, leaf);
-  }
-  return input;
-}
 
 // Splits a batch along its first dimension into `count` micro-batches whose sizes differ by at
 // most one, as torch.tensor_split does.
@@ -90,51 +83,6 @@ std::vector<Batch> split_batch(const Batch& batch, std::int64_t count) {
   }
   return parts;
 }
-
-// One stage this rank holds: a build of the model with only the stage's blocks.
-struct LocalStage {
-  int index = 0;  // in the whole pipeline, 0 .. stages - 1
-  BlockRange blocks;
-  std::shared_ptr<Model> model;
-  std::vector<Block> run;  // the blocks as they run (activation checkpointing applied)
-  bool first = false;
-  bool last = false;
-  std::vector<at::Tensor> parameters;    // whole, as the model built them
-  std::vector<std::string> names;        // in this build's module
-  std::vector<std::string> whole_names;  // in the whole model (a tied copy: the tied name)
-  // True for a stage's copy of a tied parameter (the gpt head's copy of the embedding): saved
-  // as a piece of the tied parameter like the owner's, counted once in norms and gathers.
-  std::vector<bool> tied_copy;
-  // How the stage holds each parameter: whole, or the model's tensor-parallel shards; pieces of
-  // tied copies are named by the tied parameter.
-  std::vector<HeldLayout> layouts;
-  std::vector<at::Tensor> buffers;
-  std::vector<std::string> buffer_names;
-  // How the stage's data-parallel ranks hold the parameters: replicated or sharded.
-  std::unique_ptr<StageParameters> held;
-  // Index in the rank's action list of the last action that computes this stage's weight
-  // gradients: the backward that synchronises them across data-parallel ranks.
-  std::size_t last_weight_action = 0;
-};
-
-// A micro-batch between its forward and its backward on one stage.
-struct InFlight {
-  Activations input;                   // the stage's input leaves
-  Activations output;                  // what the stage produced (not on the last stage)
-  at::Tensor loss;                     // the last stage's weighted loss
-  std::vector<at::Tensor> roots;       // what backward starts from ...
-  std::vector<at::Tensor> root_grads;  // ... with these gradients (empty: the loss)
-  Activations input_grads;             // computed by the backward, for the previous stage
-  bool weights_pending = false;        // BackwardInput ran, BackwardWeight has not
-  bool grads_delivered = false;        // the input gradient is sent, handed over or not needed
-};
-
-// A parameter several stages hold (a tied embedding and head): their gradients are summed.
-struct TiedGroup {
-  std::string name;
-  std::vector<int> stages;           // holding stages, ascending
-  std::map<int, std::size_t> local;  // stage -> index of the parameter this rank holds for it
-};
 
 class Pipeline final : public Strategy {
  public:
@@ -178,6 +126,8 @@ class Pipeline final : public Strategy {
     }
     optimizer_ = context.optimizer->create(all);
     find_last_weight_actions();
+    executor_ = std::make_unique<StageExecutor>(stages_, channel_.get(), schedule_, pp_rank_,
+                                                context_, autocast_dtype_);
     if (context.build.rank == 0) {
       announce(simulation);
       // Reports draw the schedule this run used from this file, not from the recipe.
@@ -197,12 +147,12 @@ class Pipeline final : public Strategy {
     for (std::int64_t round = 0; round < rounds; ++round) {
       const Batch& batch = micro_batches[static_cast<std::size_t>(round)];
       result.samples += batch.size;
-      run_schedule(split_batch(batch, shape_.micro_batches), round == rounds - 1,
-                   static_cast<double>(rounds), loss_sum);
+      executor_->run(split_batch(batch, shape_.micro_batches), round == rounds - 1,
+                     static_cast<double>(rounds), loss_sum);
     }
     if (channel_) channel_->wait_sends();
     for (auto& stage : stages_) stage.held->finish();
-    sum_tied_gradients();
+    tied_.sum_gradients(stages_, channel_.get(), shape_, pp_rank_);
     if (context_.phases) context_.phases->mark(StepPhase::CommWait);
     if (recording) finish_recording();
     finish_step(result);
@@ -257,25 +207,7 @@ class Pipeline final : public Strategy {
   // on the same layout reads one file per rank. A resume on another cut reads every rank's
   // files and takes what it holds.
   void save_state(CheckpointState& out) const override {
-    mark_pieces_format(out.shared);
-    // Replicated stages hold the same pieces on every data-parallel rank; sharded ones their own.
-    const std::string replicas = options_.sharding ? "" : mesh_group_name(MeshGroup::kData);
-    std::vector<HeldLayout> layouts;
-    for (const auto& stage : stages_) {
-      const std::vector<at::Tensor> held = stage.held->optimized();
-      const std::vector<HeldLayout> stage_layouts = stage.held->layouts(stage.whole_names);
-      for (std::size_t i = 0; i < held.size(); ++i) {
-        put_held_pieces(out.local, "model.", held[i].detach(), stage_layouts[i], replicas);
-        layouts.push_back(stage_layouts[i]);
-      }
-      for (std::size_t i = 0; i < stage.buffers.size(); ++i) {
-        TensorPlacement placement = TensorPlacement::whole(stage.buffers[i].sizes().vec());
-        placement.replicas = replicas;
-        put_piece(out.local, "model." + stage.buffer_names[i], stage.buffers[i].detach(), placement);
-      }
-    }
-    save_optimizer_pieces(*context_.optimizer, *optimizer_, layouts, out.local, out.local,
-                          replicas);
+    save_stages(stages_, *context_.optimizer, *optimizer_, options_.sharding.has_value(), out);
   }
 
   std::vector<torch::Tensor> optimizer_stepped_tensors() const override {
@@ -283,32 +215,17 @@ class Pipeline final : public Strategy {
   }
 
   void load_state(const CheckpointState& in) override {
-    require_pieces_format(in);
-    const PlacedState placed(in);
-    std::vector<HeldLayout> layouts;
-    at::NoGradGuard no_grad;
-    for (auto& stage : stages_) {
-      const std::vector<at::Tensor> held = stage.held->optimized();
-      const std::vector<HeldLayout> stage_layouts = stage.held->layouts(stage.whole_names);
-      for (std::size_t i = 0; i < held.size(); ++i) {
-        read_held_pieces(placed, "model.", stage_layouts[i], held[i]);
-        layouts.push_back(stage_layouts[i]);
-      }
-      for (std::size_t i = 0; i < stage.buffers.size(); ++i) {
-        const std::string name = "model." + stage.buffer_names[i];
-        at::Tensor value = placed.whole(name);
-        if (!value.sizes().equals(stage.buffers[i].sizes())) {
-          throw Error("checkpoint's '" + name + "' has another shape than this model's");
-        }
-        stage.buffers[i].copy_(value);
-      }
-    }
-    load_optimizer_pieces(*context_.optimizer, *optimizer_, layouts, placed);
-    for (auto& stage : stages_) stage.held->release();
+    load_stages(stages_, *context_.optimizer, *optimizer_, in);
   }
 
   TensorMap full_parameters() const override { return gather_whole(/*buffers=*/false); }
   TensorMap full_model_state() const override { return gather_whole(/*buffers=*/true); }
+
+  TensorMap gather_whole(bool buffers) const {
+    return gather_whole_model(
+        stages_, options_.sharding.has_value(), buffers,
+        {pp_group_, tp_group_, pp_rank_, shape_.ranks, context_.build.device});
+  }
 
   // The cut, and whether the data-parallel ranks shard (then each holds other pieces).
   std::string describe_layout() const override {
@@ -331,12 +248,7 @@ class Pipeline final : public Strategy {
  private:
   int rank_of(int stage) const { return shape_.rank_of_stage(stage); }
 
-  LocalStage* local_stage(int stage) {
-    for (auto& local : stages_) {
-      if (local.index == stage) return &local;
-    }
-    return nullptr;
-  }
+  LocalStage* local_stage(int stage) { return find_stage(stages_, stage); }
 
   bool has_last_stage() const {
     for (const auto& stage : stages_) {
@@ -406,7 +318,7 @@ class Pipeline final : public Strategy {
       std::map<std::string, TiedGroup*> ties;     // held name -> its tie
       for (const TiedParameter& tie : stage.model->tied_parameters()) {
         if (tie.held_as.empty()) continue;
-        TiedGroup& group = tied_group(tie);
+        TiedGroup& group = tied_.group(tie, cut_, block_names_);
         if (tie.held_as != tie.name) copies[tie.held_as] = tie.name;
         ties[tie.held_as] = &group;
       }
@@ -434,28 +346,6 @@ class Pipeline final : public Strategy {
           stage.held->blocks(), context_.step.activation_checkpointing, context_.device_backend);
       stages_.push_back(std::move(stage));
     }
-  }
-
-  // The tie's group, created the first time with every stage that holds one of its blocks.
-  TiedGroup& tied_group(const TiedParameter& tie) {
-    for (auto& group : tied_) {
-      if (group.name == tie.name) return group;
-    }
-    TiedGroup group;
-    group.name = tie.name;
-    for (std::size_t s = 0; s < cut_.size(); ++s) {
-      for (std::int64_t b = cut_[s].begin; b < cut_[s].end; ++b) {
-        const std::string& block = block_names_[static_cast<std::size_t>(b)];
-        bool uses = false;
-        for (const auto& user : tie.blocks) uses = uses || user == block;
-        if (uses) {
-          group.stages.push_back(static_cast<int>(s));
-          break;
-        }
-      }
-    }
-    tied_.push_back(std::move(group));
-    return tied_.back();
   }
 
   // Sharding over the data-parallel ranks shards over dp_shard (a replicate dimension would need
@@ -519,309 +409,6 @@ class Pipeline final : public Strategy {
               << formula.value << ")" << std::endl;
   }
 
-  // One schedule over one batch's micro-batches. `synchronising`: the step's last batch, whose
-  // last backward of each stage starts the data-parallel all-reduce. Adds the last stage's
-  // weighted losses to `loss_sum`.
-  void run_schedule(const std::vector<Batch>& parts, bool synchronising, double rounds,
-                    at::Tensor& loss_sum) {
-    weights_ = loss_weights(parts, rounds);
-    const auto& actions = schedule_.rank_actions[static_cast<std::size_t>(pp_rank_)];
-    std::map<std::pair<int, int>, StageChannel::Pending> receives;  // (stage, micro-batch)
-    std::map<std::pair<int, int>, StageChannel::Pending> gradient_receives;
-    for (std::size_t i = 0; i < actions.size(); ++i) {
-      const PipelineAction& action = actions[i];
-      const Batch& part = parts[static_cast<std::size_t>(action.micro_batch)];
-      const auto key = std::make_pair(action.stage, action.micro_batch);
-      // A forward or backward is timed from when its input is here: waiting for a neighbour
-      // is idle time in the measured timeline, not compute.
-      double started = recording_ ? now_us() : 0;
-      switch (action.kind) {
-        case PipelineActionKind::kReceiveActivation:
-          receives[key] = channel_->receive(rank_of(action.stage - 1), StageMessage::kActivation,
-                                            action.stage, action.micro_batch, part.size);
-          break;
-        case PipelineActionKind::kReceiveGradient:
-          gradient_receives[key] =
-              channel_->receive(rank_of(action.stage + 1), StageMessage::kGradient, action.stage,
-                                action.micro_batch, part.size);
-          break;
-        case PipelineActionKind::kForward: {
-          Activations input;
-          if (action.stage > 0) {
-            auto pending = receives.find(key);
-            if (pending != receives.end()) {
-              input = channel_->wait(pending->second);
-              receives.erase(pending);
-              if (context_.phases) context_.phases->mark(StepPhase::CommWait);
-              if (recording_) started = now_us();
-            } else {
-              input = take_handover(handover_activations_, key, "activations");
-            }
-          }
-          forward(action, part, input, loss_sum);
-          break;
-        }
-        case PipelineActionKind::kSendActivation:
-          channel_->send(in_flight_.at(key).output, rank_of(action.stage + 1),
-                         StageMessage::kActivation, action.stage + 1, action.micro_batch,
-                         part.size);
-          break;
-        case PipelineActionKind::kBackward:
-        case PipelineActionKind::kBackwardInput: {
-          InFlight& flight = in_flight_.at(key);
-          if (!local_stage(action.stage)->last) {
-            Activations grads;
-            auto pending = gradient_receives.find(key);
-            if (pending != gradient_receives.end()) {
-              grads = channel_->wait(pending->second);
-              gradient_receives.erase(pending);
-              // The gradient answers this micro-batch's activations: their send is done.
-              channel_->release_sent(rank_of(action.stage + 1), StageMessage::kActivation,
-                                     action.stage + 1, action.micro_batch);
-              if (context_.phases) context_.phases->mark(StepPhase::CommWait);
-              if (recording_) started = now_us();
-            } else {
-              grads = take_handover(handover_gradients_, key, "gradients");
-            }
-            set_roots(flight, grads);
-          }
-          if (action.kind == PipelineActionKind::kBackward) {
-            backward(action, flight,
-                     synchronising && i == local_stage(action.stage)->last_weight_action);
-          } else {
-            backward_input(action, flight);
-          }
-          break;
-        }
-        case PipelineActionKind::kBackwardWeight:
-          backward_weight(action, in_flight_.at(key),
-                          synchronising && i == local_stage(action.stage)->last_weight_action);
-          break;
-        case PipelineActionKind::kSendGradient: {
-          InFlight& flight = in_flight_.at(key);
-          channel_->send(flight.input_grads, rank_of(action.stage - 1), StageMessage::kGradient,
-                         action.stage - 1, action.micro_batch, part.size);
-          flight.grads_delivered = true;
-          release_if_done(key);
-          break;
-        }
-      }
-      if (recording_) timeline_.push_back({action, started, now_us()});
-    }
-  }
-
-  // For the last stage: the factor each micro-batch's loss carries so that their sum is the
-  // batch's loss as the model reduces it, divided by the step's batches (accumulation).
-  std::vector<double> loss_weights(const std::vector<Batch>& parts, double rounds) const {
-    std::vector<double> weights(parts.size(), 1.0 / rounds);
-    const LocalStage* last = nullptr;
-    for (const auto& stage : stages_) {
-      if (stage.last) last = &stage;
-    }
-    if (!last || last->model->loss_reduction() == LossReduction::kSum) return weights;
-    std::vector<double> terms;
-    double total = 0;
-    for (const Batch& part : parts) {
-      terms.push_back(last->model->loss_terms(part));
-      total += terms.back();
-    }
-    for (std::size_t i = 0; i < parts.size(); ++i) {
-      weights[i] = total > 0 ? terms[i] / total / rounds : 0.0;
-    }
-    return weights;
-  }
-
-  Activations take_handover(std::map<std::pair<int, int>, Activations>& handovers,
-                            const std::pair<int, int>& key, const char* what) {
-    auto it = handovers.find(key);
-    if (it == handovers.end()) {
-      throw Error(std::string("pipeline: stage ") + std::to_string(key.first) + " has no " + what +
-                  " for micro-batch " + std::to_string(key.second));
-    }
-    Activations out = std::move(it->second);
-    handovers.erase(it);
-    return out;
-  }
-
-  void forward(const PipelineAction& action, const Batch& part, const Activations& received,
-               at::Tensor& loss_sum) {
-    LocalStage& stage = *local_stage(action.stage);
-    InFlight& flight = in_flight_[{action.stage, action.micro_batch}];
-    {
-      AutocastGuard autocast(context_.build.device.type(), autocast_dtype_);
-      flight.input = stage.first ? Activations(stage.model->input(part)) : as_stage_input(received);
-      Activations x = flight.input;
-      for (const auto& block : stage.run) x = block.forward(x);
-      if (stage.last) {
-        at::Tensor loss = stage.model->loss(x.hidden(), part);
-        const double weight = weights_[static_cast<std::size_t>(action.micro_batch)];
-        flight.loss = loss * weight;
-        at::Tensor weighted = flight.loss.detach();
-        loss_sum = loss_sum.defined() ? loss_sum + weighted : weighted;
-      } else {
-        flight.output = x;
-      }
-    }
-    if (!stage.last && local_stage(action.stage + 1)) {
-      handover_activations_[{action.stage + 1, action.micro_batch}] = flight.output;
-    }
-    if (context_.phases) context_.phases->mark(StepPhase::Forward);
-  }
-
-  // The tensors backward starts from: the stage's floating outputs that carry a graph, with the
-  // gradients the next stage sent for them.
-  static void set_roots(InFlight& flight, const Activations& grads) {
-    flight.roots.clear();
-    flight.root_grads.clear();
-    for (const auto& [name, output] : flight.output.tensors) {
-      if (!output.requires_grad()) continue;
-      auto grad = grads.tensors.find(name);
-      if (grad == grads.tensors.end()) continue;
-      flight.roots.push_back(output);
-      flight.root_grads.push_back(grad->second);
-    }
-  }
-
-  std::vector<at::Tensor> loss_roots(InFlight& flight) {
-    if (flight.loss.defined()) return {context_.precision->scale_loss(flight.loss)};
-    return flight.roots;
-  }
-
-  std::vector<at::Tensor> input_leaves(const InFlight& flight) const {
-    std::vector<at::Tensor> leaves;
-    for (const auto& [name, tensor] : flight.input.tensors) {
-      if (tensor.requires_grad()) leaves.push_back(tensor);
-    }
-    return leaves;
-  }
-
-  // The gradient of each floating input (zeros where none flowed), for the previous stage.
-  void collect_input_grads(const LocalStage& stage, const PipelineAction& action, InFlight& flight,
-                           const std::vector<at::Tensor>& grads) {
-    if (stage.first) {
-      flight.grads_delivered = true;
-      return;
-    }
-    flight.input_grads = Activations();
-    std::size_t next = 0;
-    for (const auto& [name, tensor] : flight.input.tensors) {
-      if (!tensor.requires_grad()) continue;
-      at::Tensor grad = next < grads.size() ? grads[next] : at::Tensor();
-      ++next;
-      flight.input_grads.tensors.emplace(name, grad.defined() ? grad : at::zeros_like(tensor));
-    }
-    if (local_stage(action.stage - 1)) {
-      handover_gradients_[{action.stage - 1, action.micro_batch}] = flight.input_grads;
-      flight.grads_delivered = true;
-    }
-  }
-
-  void backward(const PipelineAction& action, InFlight& flight, bool synchronise) {
-    LocalStage& stage = *local_stage(action.stage);
-    stage.held->before_backward(synchronise);
-    const std::vector<at::Tensor> roots = loss_roots(flight);
-    if (!roots.empty()) torch::autograd::backward(roots, flight.root_grads);
-    stage.held->after_backward();
-    std::vector<at::Tensor> grads;
-    for (const auto& leaf : input_leaves(flight)) grads.push_back(leaf.grad());
-    collect_input_grads(stage, action, flight, grads);
-    if (context_.phases) context_.phases->mark(StepPhase::Backward);
-    release_if_done({action.stage, action.micro_batch});
-  }
-
-  // Zero bubble's first half: only the gradient of the stage's input, keeping the graph for the
-  // weight gradients.
-  void backward_input(const PipelineAction& action, InFlight& flight) {
-    LocalStage& stage = *local_stage(action.stage);
-    flight.weights_pending = true;
-    const std::vector<at::Tensor> leaves = input_leaves(flight);
-    if (stage.first) {
-      collect_input_grads(stage, action, flight, {});
-    } else if (leaves.empty()) {
-      collect_input_grads(stage, action, flight, {});
-    } else {
-      const std::vector<at::Tensor> roots = loss_roots(flight);
-      if (flight.loss.defined()) flight.roots = roots;  // the scaled loss, once
-      std::vector<at::Tensor> grads =
-          roots.empty() ? std::vector<at::Tensor>{}
-                        : torch::autograd::grad(roots, leaves, flight.root_grads,
-                                                /*retain_graph=*/true, /*create_graph=*/false,
-                                                /*allow_unused=*/true);
-      collect_input_grads(stage, action, flight, grads);
-    }
-    if (context_.phases) context_.phases->mark(StepPhase::Backward);
-  }
-
-  // Zero bubble's second half: the weight gradients, from the graph the first half kept.
-  void backward_weight(const PipelineAction& action, InFlight& flight, bool synchronise) {
-    LocalStage& stage = *local_stage(action.stage);
-    stage.held->before_backward(synchronise);
-    std::vector<at::Tensor> roots = flight.roots;
-    if (roots.empty() && flight.loss.defined()) roots = loss_roots(flight);
-    std::vector<at::Tensor> trainable;
-    for (const auto& parameter : stage.parameters) {
-      if (parameter.requires_grad()) trainable.push_back(parameter);
-    }
-    if (!roots.empty() && !trainable.empty()) {
-      torch::autograd::backward(roots, flight.root_grads, /*retain_graph=*/false,
-                                /*create_graph=*/false, trainable);
-    }
-    stage.held->after_backward();
-    flight.weights_pending = false;
-    if (context_.phases) context_.phases->mark(StepPhase::Backward);
-    release_if_done({action.stage, action.micro_batch});
-  }
-
-  // Drops a micro-batch's activations and graph once nothing needs them: both halves of a split
-  // backward have run and the input gradient has left (sent, handed over, or not needed).
-  void release_if_done(const std::pair<int, int>& key) {
-    auto it = in_flight_.find(key);
-    if (it != in_flight_.end() && !it->second.weights_pending && it->second.grads_delivered) {
-      in_flight_.erase(it);
-    }
-  }
-
-  // Tied parameters: every stage holding one gets the sum of all their gradients, added in
-  // stage order so that each holder computes exactly the same value.
-  void sum_tied_gradients() {
-    for (TiedGroup& group : tied_) {
-      if (group.stages.size() < 2) continue;
-      std::map<int, at::Tensor> grads;
-      for (auto& [stage, parameter] : group.local) {
-        grads[stage] = local_stage(stage)->held->whole_gradient(parameter);
-      }
-      std::set<int> other_ranks;
-      for (int stage : group.stages) {
-        if (rank_of(stage) != pp_rank_) other_ranks.insert(rank_of(stage));
-      }
-      std::vector<StageChannel::Pending> pending;
-      std::vector<int> pending_stage;
-      for (int peer : other_ranks) {
-        for (auto& [stage, grad] : grads) {
-          Activations one;
-          one.tensors.emplace(group.name, grad);
-          channel_->send(one, peer, StageMessage::kTiedGradient, stage, 0, 0);
-        }
-        for (int stage : group.stages) {
-          if (rank_of(stage) != peer) continue;
-          pending.push_back(channel_->receive(peer, StageMessage::kTiedGradient, stage, 0, 0));
-          pending_stage.push_back(stage);
-        }
-      }
-      for (std::size_t i = 0; i < pending.size(); ++i) {
-        grads[pending_stage[i]] = channel_->wait(pending[i]).tensors.at(group.name);
-      }
-      if (channel_) channel_->wait_sends();
-      at::Tensor total;
-      for (int stage : group.stages) {
-        total = total.defined() ? total + grads.at(stage) : grads.at(stage).clone();
-      }
-      for (auto& [stage, parameter] : group.local) {
-        local_stage(stage)->held->set_whole_gradient(parameter, total);
-      }
-    }
-  }
-
   // The sum of squares of this rank's stages' gradients over the data- and tensor-parallel
   // ranks, each parameter of the whole model counted once (tied copies left out).
   at::Tensor stage_gradient_squares(const std::vector<std::vector<at::Tensor>>& stage_gradients) {
@@ -831,7 +418,7 @@ class Pipeline final : public Strategy {
       for (std::size_t i = 0; i < stages_.size(); ++i) {
         squares = squares + stages_[i].held->gradient_squares(stage_gradients[i]);
       }
-      return (squares - tied_copy_squares().to(squares.device())).clamp_min(0);
+      return (squares - tied_copy_squares(stages_).to(squares.device())).clamp_min(0);
     }
     std::vector<at::Tensor> split;
     std::vector<at::Tensor> whole;
@@ -843,19 +430,6 @@ class Pipeline final : public Strategy {
       }
     }
     return squares_over_group(split, whole, tp_group_);
-  }
-
-  // The squares of the gradients of tied copies, which the norm counts once (with the owner).
-  at::Tensor tied_copy_squares() {
-    at::Tensor total = at::zeros({}, at::kFloat);
-    for (auto& stage : stages_) {
-      for (std::size_t i = 0; i < stage.parameters.size(); ++i) {
-        if (!stage.tied_copy[i]) continue;
-        const at::Tensor grad = stage.held->whole_gradient(i);
-        total = total.to(grad.device()) + grad.to(at::kFloat).square().sum();
-      }
-    }
-    return total;
   }
 
   // Unscale and check, clip by the norm over every stage, step: the decisions (skip, clip
@@ -901,87 +475,6 @@ class Pipeline final : public Strategy {
     work->wait();
   }
 
-  // The whole model's tensors on every rank: each pp rank in turn broadcasts its stages'.
-  TensorMap gather_whole(bool buffers) const {
-    TensorMap mine;
-    for (const auto& stage : stages_) {
-      const std::vector<at::Tensor> whole = stage.held->whole_parameters();
-      std::vector<at::Tensor> held;
-      std::vector<HeldLayout> layouts;
-      for (std::size_t i = 0; i < whole.size(); ++i) {
-        if (stage.tied_copy[i]) continue;
-        held.push_back(whole[i]);
-        layouts.push_back(options_.sharding
-                              ? whole_parameter_layout(stage.whole_names[i], whole[i].sizes().vec())
-                              : stage.layouts[i]);
-      }
-      // Tensor-parallel shards are assembled over the tp group first.
-      for (auto& [name, tensor] : gather_whole_tensors(held, layouts, tp_group_)) {
-        mine[name] = tensor;
-      }
-      if (!buffers) continue;
-      for (std::size_t i = 0; i < stage.buffers.size(); ++i) {
-        mine[stage.buffer_names[i]] = stage.buffers[i].detach();
-      }
-    }
-    if (!pp_group_) return mine;
-    TensorMap whole;
-    for (int source = 0; source < shape_.ranks; ++source) {
-      for (auto& [name, tensor] : broadcast_map(source == pp_rank_ ? mine : TensorMap{}, source)) {
-        whole[name] = tensor;
-      }
-    }
-    return whole;
-  }
-
-  // `tensors` of pp rank `source`, on every rank of the pipeline group: a spec, then the data.
-  TensorMap broadcast_map(const TensorMap& tensors, int source) const {
-    const at::Device device = context_.build.device;
-    auto broadcast = [&](at::Tensor tensor) {
-      std::vector<at::Tensor> one{tensor};
-      c10d::BroadcastOptions options;
-      options.rootRank = source;
-      auto work = pp_group_->broadcast(one, options);
-      CollectiveWait waiting;
-      work->wait();
-      return one[0];
-    };
-    std::vector<std::int64_t> spec;
-    for (const auto& [name, tensor] : tensors) {
-      spec.push_back(static_cast<std::int64_t>(name.size()));
-      for (char c : name) spec.push_back(static_cast<unsigned char>(c));
-      spec.push_back(static_cast<std::int64_t>(tensor.scalar_type()));
-      spec.push_back(tensor.dim());
-      for (std::int64_t size : tensor.sizes()) spec.push_back(size);
-    }
-    at::Tensor length =
-        broadcast(at::tensor({static_cast<std::int64_t>(spec.size())}, at::kLong).to(device));
-    const std::int64_t count = length.cpu().item<std::int64_t>();
-    at::Tensor body = broadcast(pp_rank_ == source ? at::tensor(spec, at::kLong).to(device)
-                                                   : at::empty({count}, at::kLong).to(device));
-    const at::Tensor values = body.cpu();
-    const std::int64_t* data = values.data_ptr<std::int64_t>();
-    TensorMap out;
-    for (std::int64_t at = 0; at < count;) {
-      std::string name;
-      const std::int64_t name_length = data[at++];
-      for (std::int64_t c = 0; c < name_length; ++c) name.push_back(static_cast<char>(data[at++]));
-      const auto dtype = static_cast<at::ScalarType>(data[at++]);
-      const std::int64_t dims = data[at++];
-      std::vector<std::int64_t> shape(data + at, data + at + dims);
-      at += dims;
-      at::Tensor tensor = pp_rank_ == source
-                              ? tensors.at(name).contiguous().clone()
-                              : at::empty(shape, at::TensorOptions().dtype(dtype).device(device));
-      out[name] = broadcast(tensor);
-    }
-    return out;
-  }
-
-  double now_us() const {
-    return std::chrono::duration<double, std::micro>(Clock::now() - recording_origin_).count();
-  }
-
   // The recorded step starts with the pipeline's ranks leaving one barrier, so that their
   // timelines share a time axis.
   void start_recording() {
@@ -990,13 +483,11 @@ class Pipeline final : public Strategy {
       CollectiveWait waiting;
       work->wait();
     }
-    recording_origin_ = Clock::now();
-    recording_ = true;
-    timeline_.clear();
+    executor_->start_recording();
   }
 
   void finish_recording() {
-    recording_ = false;
+    std::vector<MeasuredAction> actions = executor_->finish_recording();
     if (context_.build.output_dir.empty()) return;
     RankTimeline rank;
     rank.schedule = schedule_.name;
@@ -1007,7 +498,7 @@ class Pipeline final : public Strategy {
     rank.rank = context_.build.rank;
     rank.pp_rank = pp_rank_;
     rank.dp_rank = place_.rank;
-    rank.actions = timeline_;
+    rank.actions = std::move(actions);
     write_measured_timeline(measured_timeline_file(context_.build.output_dir, context_.build.rank,
                                                    context_.build.world_size),
                             rank);
@@ -1027,18 +518,12 @@ class Pipeline final : public Strategy {
   std::vector<double> block_costs_;  // empty when the stages are named
   std::vector<BlockRange> cut_;
   std::vector<LocalStage> stages_;
-  std::vector<TiedGroup> tied_;
+  TiedWeights tied_;
   std::unique_ptr<StageChannel> channel_;
   std::unique_ptr<torch::optim::Optimizer> optimizer_;
   std::optional<torch::ScalarType> autocast_dtype_;
-  std::vector<double> weights_;
-  std::map<std::pair<int, int>, InFlight> in_flight_;
-  std::map<std::pair<int, int>, Activations> handover_activations_;
-  std::map<std::pair<int, int>, Activations> handover_gradients_;
+  std::unique_ptr<StageExecutor> executor_;
   std::int64_t steps_ = 0;
-  bool recording_ = false;
-  Clock::time_point recording_origin_;
-  std::vector<MeasuredAction> timeline_;
 };
 
 void register_components(Registry& registry) {

@@ -14,8 +14,8 @@
 #include <cstring>
 #include <random>
 
-#include "trainyard/sample_index.hpp"
 #include "trainyard/error.hpp"
+#include "trainyard/sample_index.hpp"
 
 namespace trainyard::token_shards {
 namespace {
@@ -65,8 +65,8 @@ void write_shard(const fs::path& path, std::span<const std::uint32_t> tokens,
   const auto header = shard_header_bytes(
       ShardHeader{token_bytes, static_cast<std::int64_t>(tokens.size()), vocab_size});
   std::random_device entropy;
-  const fs::path temporary = path.string() + ".tmp." + std::to_string(::getpid()) + "." +
-                             std::to_string(entropy());
+  const fs::path temporary =
+      path.string() + ".tmp." + std::to_string(::getpid()) + "." + std::to_string(entropy());
   int fd = ::open(temporary.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
   if (fd < 0) {
     throw Error("cannot create token shard " + quoted(temporary) + ": " + std::strerror(errno));
@@ -332,8 +332,9 @@ class WindowReader final : public SampleStream {
     const torch::Tensor expected = identity();
     const torch::Tensor saved = reader->second.to(at::kLong);
     if (!saved.sizes().equals(expected.sizes()) || !at::equal(saved, expected)) {
-      throw Error("token stream state belongs to another reader or corpus (saved [seed, epoch, "
-                  "rank, world_size, worker, workers, windows] differ from this stream's)");
+      throw Error(
+          "token stream state belongs to another reader or corpus (saved [seed, epoch, "
+          "rank, world_size, worker, workers, windows] differ from this stream's)");
     }
     const std::int64_t value = position->second.item<std::int64_t>();
     if (value < 0) throw Error("token stream state has a negative position");
@@ -343,8 +344,7 @@ class WindowReader final : public SampleStream {
  private:
   static const StreamShard& validated(const StreamShard& shard) {
     if (shard.world_size < 1 || shard.rank < 0 || shard.rank >= shard.world_size ||
-        shard.workers < 1 || shard.worker < 0 || shard.worker >= shard.workers ||
-        shard.epoch < 0) {
+        shard.workers < 1 || shard.worker < 0 || shard.worker >= shard.workers || shard.epoch < 0) {
       throw Error("token stream: invalid reader (rank " + std::to_string(shard.rank) + " of " +
                   std::to_string(shard.world_size) + ", worker " + std::to_string(shard.worker) +
                   " of " + std::to_string(shard.workers) + ", epoch " +

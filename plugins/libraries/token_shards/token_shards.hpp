@@ -67,8 +67,8 @@ class MappedShard {
 
 struct CorpusOptions {
   std::int64_t seq_len = 128;
-  std::int64_t vocab_size = 0;  // 0: the largest the shard headers record
-  std::int64_t eval_every = 20; // 0: no held-out split
+  std::int64_t vocab_size = 0;   // 0: the largest the shard headers record
+  std::int64_t eval_every = 20;  // 0: no held-out split
 };
 
 // Shards as one numbered sequence of windows.

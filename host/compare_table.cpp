@@ -1,0 +1,141 @@
+#include "compare_table.hpp"
+
+#include <algorithm>
+#include <map>
+#include <set>
+#include <sstream>
+
+#include "compare_format.hpp"
+
+namespace trainyard {
+namespace {
+
+struct Column {
+  std::string key;    // a key of VariantResult::steady
+  std::string title;  // its heading
+  int decimals = 2;   // kBytes: shown as bytes with a unit
+};
+constexpr int kBytes = -1;
+
+std::string divergence_text(const VariantResult& v) {
+  if (v.reference) return "ref";
+  if (!v.divergence) return "-";
+  return significant(*v.divergence, 3) + " @" + std::to_string(v.divergence_step);
+}
+
+std::string eval_metric_text(const VariantResult& v) {
+  if (!v.eval_metric) return "-";
+  return v.eval_metric->first + " " + fixed(v.eval_metric->second, 4);
+}
+
+// The steady-state columns some variant has, in display order.
+std::vector<Column> present_columns(const std::vector<VariantResult>& variants) {
+  std::vector<Column> all = {{"step_time_ms", "step ms", 2}};
+  const std::map<std::string, std::string> phase_titles = {
+      {"data_wait_ms", "data ms"}, {"h2d_ms", "h2d ms"},        {"forward_ms", "fwd ms"},
+      {"backward_ms", "bwd ms"},   {"comm_wait_ms", "comm ms"}, {"optimizer_ms", "opt ms"}};
+  for (const auto& key : compare_phase_keys()) all.push_back({key, phase_titles.at(key), 2});
+  all.push_back({"samples_per_s", "samples/s", 1});
+  all.push_back({"tokens_per_s", "tokens/s", 0});
+  all.push_back({"mfu", "mfu", 4});
+  std::set<std::string> groups;
+  for (const auto& v : variants) {
+    for (const auto& [key, value] : v.steady) {
+      if (is_collective_count_key(key) && key.ends_with("_calls")) {
+        groups.insert(key.substr(5, key.size() - 5 - 6));
+      }
+    }
+  }
+  for (const auto& group : groups) {
+    all.push_back({"comm_" + group + "_calls", group + " calls", 1});
+    all.push_back({"comm_" + group + "_bytes", group + " bytes", kBytes});
+  }
+  std::vector<Column> out;
+  for (const auto& column : all) {
+    bool present = std::any_of(variants.begin(), variants.end(), [&](const VariantResult& v) {
+      return v.steady.count(column.key) != 0;
+    });
+    if (present) out.push_back(column);
+  }
+  return out;
+}
+
+}  // namespace
+
+bool any_memory(const std::vector<VariantResult>& variants) {
+  return std::any_of(variants.begin(), variants.end(),
+                     [](const VariantResult& v) { return v.peak_memory_bytes.has_value(); });
+}
+
+// The table's cells, headings first; a failed variant's row ends with its error in one cell.
+std::vector<std::vector<std::string>> table_cells(const std::vector<VariantResult>& variants) {
+  const auto columns = present_columns(variants);
+  const bool memory = any_memory(variants);
+  std::vector<std::string> heading = {"#", "variant", "status"};
+  for (const auto& column : columns) heading.push_back(column.title);
+  if (memory) heading.push_back("peak mem");
+  for (const char* title : {"final loss", "eval loss", "eval metric", "max |loss diff|"}) {
+    heading.push_back(title);
+  }
+  std::vector<std::vector<std::string>> rows = {heading};
+  for (std::size_t i = 0; i < variants.size(); ++i) {
+    const VariantResult& v = variants[i];
+    std::vector<std::string> row = {std::to_string(i + 1), v.label};
+    if (!v.succeeded) {
+      row.push_back("FAILED");
+      row.push_back(v.error);
+      rows.push_back(row);
+      continue;
+    }
+    row.push_back("ok");
+    for (const auto& column : columns) {
+      auto it = v.steady.find(column.key);
+      if (it == v.steady.end()) {
+        row.push_back("-");
+      } else {
+        row.push_back(column.decimals == kBytes ? bytes_text(it->second)
+                                                : fixed(it->second, column.decimals));
+      }
+    }
+    if (memory) row.push_back(v.peak_memory_bytes ? bytes_text(*v.peak_memory_bytes) : "-");
+    row.push_back(v.final_train_loss ? fixed(*v.final_train_loss, 4) : "-");
+    row.push_back(v.eval_loss_final ? fixed(*v.eval_loss_final, 4) : "-");
+    row.push_back(eval_metric_text(v));
+    row.push_back(divergence_text(v));
+    rows.push_back(row);
+  }
+  return rows;
+}
+
+std::string format_table(const std::vector<VariantResult>& variants) {
+  auto rows = table_cells(variants);
+  const std::size_t columns = rows.front().size();
+  std::vector<std::size_t> widths(columns, 0);
+  for (const auto& row : rows) {
+    // A failed row's error cell runs to the end of the line; it does not widen a column.
+    const bool failed = row.size() < columns;
+    for (std::size_t c = 0; c < row.size(); ++c) {
+      if (failed && c + 1 == row.size()) continue;
+      widths[c] = std::max(widths[c], row[c].size());
+    }
+  }
+  std::ostringstream out;
+  for (const auto& row : rows) {
+    std::string line;
+    for (std::size_t c = 0; c < row.size(); ++c) {
+      const bool last = c + 1 == row.size();
+      const bool left = c == 1 || c == 2 || last;  // label, status and the error read left to right
+      std::string cell = row[c];
+      if (!last) {
+        std::string padding(widths[c] - std::min(widths[c], cell.size()), ' ');
+        cell = left ? cell + padding : padding + cell;
+      }
+      line += (c == 0 ? "" : "  ") + cell;
+    }
+    while (!line.empty() && line.back() == ' ') line.pop_back();
+    out << line << "\n";
+  }
+  return out.str();
+}
+
+}  // namespace trainyard
