@@ -23,6 +23,7 @@
 #include "cli.hpp"
 #include "compare_metrics.hpp"
 #include "compare_report.hpp"
+#include "trainyard/declared_schedule.hpp"
 #include "trainyard/error.hpp"
 #include "trainyard/pipeline_timeline.hpp"
 #include "trainyard/runtime/default_plugins.hpp"
@@ -452,6 +453,7 @@ VariantResult run_variant(const CompareOptions& options, const Variant& variant,
   std::error_code ignored;
   fs::remove(metrics, ignored);
   for (const auto& file : measured_timeline_files(dir)) fs::remove(file, ignored);
+  fs::remove(declared_schedule_file(dir), ignored);
 
   const std::vector<std::string> child =
       child_args(options, variant, variant_sets(options, variant, dir));

@@ -4,9 +4,11 @@
 #include <cmath>
 #include <fstream>
 #include <iterator>
+#include <sstream>
 #include <system_error>
 
 #include "trainyard/error.hpp"
+#include "trainyard/files.hpp"
 #include "trainyard/json_quote.hpp"
 #include "trainyard/strict_json.hpp"
 
@@ -37,23 +39,12 @@ fs::path declared_schedule_file(const fs::path& output_dir) {
 }
 
 void write_declared_schedule(const fs::path& output_dir, const DeclaredSchedule& declared) {
-  const fs::path file = declared_schedule_file(output_dir);
-  std::error_code ignored;
-  fs::create_directories(output_dir, ignored);
-  fs::path partial = file;
-  partial += ".partial";
-  {
-    std::ofstream stream(partial, std::ios::out | std::ios::trunc);
-    stream << "{\"schedule\":" << json_quote(declared.schedule)
-           << ",\"ranks\":" << declared.shape.ranks
-           << ",\"micro_batches\":" << declared.shape.micro_batches
-           << ",\"virtual_stages\":" << declared.shape.virtual_stages << "}\n";
-    stream.close();
-    if (!stream) fail(file, "cannot write the declared pipeline schedule");
-  }
-  std::error_code error;
-  fs::rename(partial, file, error);
-  if (error) fail(file, "cannot write the declared pipeline schedule: " + error.message());
+  std::ostringstream text;
+  text << "{\"schedule\":" << json_quote(declared.schedule) << ",\"ranks\":" << declared.shape.ranks
+       << ",\"micro_batches\":" << declared.shape.micro_batches
+       << ",\"virtual_stages\":" << declared.shape.virtual_stages << "}\n";
+  write_file_whole(declared_schedule_file(output_dir), text.str(),
+                   "the declared pipeline schedule");
 }
 
 std::optional<DeclaredSchedule> read_declared_schedule(const fs::path& run_dir) {

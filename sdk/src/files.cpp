@@ -8,6 +8,7 @@
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
+#include <fstream>
 #include <string>
 
 #include "trainyard/error.hpp"
@@ -47,6 +48,25 @@ void sync_to_disk(const std::filesystem::path& path) {
   const int saved = errno;
   ::close(fd);
   if (rc != 0) throw Error("cannot sync " + path.string() + " to disk: " + std::strerror(saved));
+}
+
+void write_file_whole(const std::filesystem::path& file, const std::string& text,
+                      const std::string& what) {
+  if (file.has_parent_path()) {
+    std::error_code ignored;
+    std::filesystem::create_directories(file.parent_path(), ignored);
+  }
+  std::filesystem::path partial = file;
+  partial += ".partial";
+  {
+    std::ofstream stream(partial, std::ios::out | std::ios::trunc);
+    stream << text;
+    stream.close();
+    if (!stream) throw Error(file.string() + ": cannot write " + what);
+  }
+  std::error_code error;
+  std::filesystem::rename(partial, file, error);
+  if (error) throw Error(file.string() + ": cannot write " + what + ": " + error.message());
 }
 
 }  // namespace trainyard

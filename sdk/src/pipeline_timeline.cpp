@@ -13,6 +13,7 @@
 #include <utility>
 
 #include "trainyard/error.hpp"
+#include "trainyard/files.hpp"
 #include "trainyard/json_quote.hpp"
 #include "trainyard/strict_json.hpp"
 
@@ -162,22 +163,7 @@ void write_measured_timeline(const fs::path& file, const RankTimeline& timeline)
   }
   out << "]}\n";
 
-  if (file.has_parent_path()) {
-    std::error_code ignored;
-    fs::create_directories(file.parent_path(), ignored);
-  }
-  // Readers (a report made after the run) never see half a file.
-  fs::path partial = file;
-  partial += ".partial";
-  {
-    std::ofstream stream(partial, std::ios::out | std::ios::trunc);
-    stream << out.str();
-    stream.close();
-    if (!stream) fail(file, "cannot write the pipeline timeline");
-  }
-  std::error_code error;
-  fs::rename(partial, file, error);
-  if (error) fail(file, "cannot write the pipeline timeline: " + error.message());
+  write_file_whole(file, out.str(), "the pipeline timeline");
 }
 
 RankTimeline read_rank_timeline(const fs::path& file) {

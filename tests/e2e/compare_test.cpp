@@ -591,10 +591,12 @@ TEST(CompareTest, AVariantGetsTheScheduleItsRunDeclaredAndOthersNone) {
   // The bundled pipeline on one rank with its default micro-batch count (one per pipeline rank),
   // and one_rank_schedule, a test strategy of another name that declares 1F1B over its
   // run.grad_accumulation = 2 micro-batches: each section shows what its run declared and
-  // measured. A timeline left by an earlier compare must not pass for the single variant's.
+  // measured. A timeline and a declaration left by an earlier compare must not pass for the single
+  // variant's.
   TempDir dir;
   const fs::path output = dir / "cmp";
   write_measured_one_f_one_b(output / "1-single");
+  write_declared_schedule(output / "1-single", {"gpipe", {2, 4, 1}});
   const fs::path stale = output / "1-single" / "pipeline_timeline.rank0.json";
   ASSERT_TRUE(fs::exists(stale));
   auto args = tiny_compare(output, {"strategy.plugin=single,pipeline,one_rank_schedule"}, 4);

@@ -2,6 +2,7 @@
 // File-system operations the runtime needs beyond std::filesystem.
 
 #include <filesystem>
+#include <string>
 
 namespace trainyard {
 
@@ -16,5 +17,11 @@ void remove_tree(const std::filesystem::path& path);
 // Flushes a file's (or a folder's entries') data to the disk; throws Error naming it on failure.
 // A rename is durable only once the folder holding it has been synced.
 void sync_to_disk(const std::filesystem::path& path);
+
+// Writes `text` to `file` whole: into a file beside it, then renamed over it, so that a reader
+// (a report made while or after a run writes) never sees half a file. Creates the folder holding
+// it. Throws Error "<file>: cannot write <what>[: <reason>]" when it cannot.
+void write_file_whole(const std::filesystem::path& file, const std::string& text,
+                      const std::string& what);
 
 }  // namespace trainyard
