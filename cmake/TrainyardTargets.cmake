@@ -55,7 +55,7 @@ function(trainyard_torch_pch target)
   endforeach()
   if(absolute_sources)
     set(include_dirs)
-    foreach(dir sdk/include sdk/src tests/support tests/e2e tests/conformance)
+    foreach(dir sdk/include sdk/src/runtime tests/support tests/e2e tests/conformance)
       list(APPEND include_dirs --include-dir "${PROJECT_SOURCE_DIR}/${dir}")
     endforeach()
     execute_process(

@@ -10,14 +10,14 @@
 #include <sstream>
 
 #include "cli.hpp"
-#include "trainyard/build_context.hpp"
-#include "trainyard/checkpoint.hpp"
-#include "trainyard/error.hpp"
-#include "trainyard/files.hpp"
-#include "trainyard/placed_state.hpp"
+#include "trainyard/api/build_context.hpp"
+#include "trainyard/api/checkpoint.hpp"
+#include "trainyard/api/error.hpp"
+#include "trainyard/support/files.hpp"
+#include "trainyard/api/placed_state.hpp"
 #include "trainyard/runtime/checkpoint_store.hpp"
 #include "trainyard/runtime/default_plugins.hpp"
-#include "trainyard/version.hpp"
+#include "trainyard/api/version.hpp"
 
 namespace po = boost::program_options;
 namespace fs = std::filesystem;

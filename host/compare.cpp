@@ -23,12 +23,12 @@
 #include "cli.hpp"
 #include "compare_metrics.hpp"
 #include "compare_report.hpp"
-#include "trainyard/declared_schedule.hpp"
-#include "trainyard/error.hpp"
-#include "trainyard/pipeline_timeline.hpp"
+#include "trainyard/parallel/declared_schedule.hpp"
+#include "trainyard/api/error.hpp"
+#include "trainyard/parallel/pipeline_timeline.hpp"
 #include "trainyard/runtime/default_plugins.hpp"
 #include "trainyard/runtime/recipe.hpp"
-#include "trainyard/strict_json.hpp"
+#include "trainyard/support/strict_json.hpp"
 
 namespace po = boost::program_options;
 namespace fs = std::filesystem;

@@ -8,7 +8,7 @@
 #include <vector>
 
 #include "compare_report.hpp"
-#include "trainyard/pipeline_schedule.hpp"
+#include "trainyard/parallel/pipeline_schedule.hpp"
 
 namespace trainyard {
 

@@ -7,8 +7,8 @@
 #include <optional>
 #include <set>
 
-#include "trainyard/error.hpp"
-#include "trainyard/strict_json.hpp"
+#include "trainyard/api/error.hpp"
+#include "trainyard/support/strict_json.hpp"
 
 namespace trainyard {
 namespace {

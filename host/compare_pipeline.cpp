@@ -7,8 +7,8 @@
 
 #include "compare_charts.hpp"
 #include "compare_format.hpp"
-#include "trainyard/error.hpp"
-#include "trainyard/pipeline_schedule.hpp"
+#include "trainyard/api/error.hpp"
+#include "trainyard/parallel/pipeline_schedule.hpp"
 
 namespace trainyard {
 namespace {

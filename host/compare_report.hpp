@@ -12,8 +12,8 @@
 #include <utility>
 #include <vector>
 
-#include "trainyard/declared_schedule.hpp"
-#include "trainyard/pipeline_timeline.hpp"
+#include "trainyard/parallel/declared_schedule.hpp"
+#include "trainyard/parallel/pipeline_timeline.hpp"
 
 namespace trainyard {
 

@@ -15,17 +15,17 @@
 
 #include "cli.hpp"
 #include "malloc_provider.hpp"
-#include "trainyard/build_context.hpp"
-#include "trainyard/communicator.hpp"
-#include "trainyard/dataset.hpp"
-#include "trainyard/device.hpp"
-#include "trainyard/error.hpp"
-#include "trainyard/libtorch_build.hpp"
+#include "trainyard/api/build_context.hpp"
+#include "trainyard/api/communicator.hpp"
+#include "trainyard/api/dataset.hpp"
+#include "trainyard/api/device.hpp"
+#include "trainyard/api/error.hpp"
+#include "trainyard/support/libtorch_build.hpp"
 #include "trainyard/runtime/default_plugins.hpp"
 #include "trainyard/runtime/dtype_name.hpp"
 #include "trainyard/runtime/peak_flops.hpp"
 #include "trainyard/runtime/recipe.hpp"
-#include "trainyard/version.hpp"
+#include "trainyard/api/version.hpp"
 
 namespace po = boost::program_options;
 namespace fs = std::filesystem;

@@ -1,8 +1,8 @@
 #include "group_resize.hpp"
 
-#include "trainyard/config.hpp"
-#include "trainyard/device_mesh.hpp"
-#include "trainyard/error.hpp"
+#include "trainyard/api/config.hpp"
+#include "trainyard/parallel/mesh_layout.hpp"
+#include "trainyard/api/error.hpp"
 #include "trainyard/runtime/recipe.hpp"
 
 namespace trainyard {

@@ -17,8 +17,8 @@
 #include "group_resize.hpp"
 #include "launch_options.hpp"
 #include "progress_watch.hpp"
-#include "trainyard/distributed.hpp"
-#include "trainyard/error.hpp"
+#include "trainyard/parallel/distributed.hpp"
+#include "trainyard/api/error.hpp"
 #include "trainyard/runtime/heartbeat.hpp"
 
 extern char** environ;

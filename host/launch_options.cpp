@@ -2,7 +2,7 @@
 
 #include <iostream>
 
-#include "trainyard/error.hpp"
+#include "trainyard/api/error.hpp"
 
 namespace trainyard {
 namespace {

@@ -20,14 +20,14 @@
 #include "doctor.hpp"
 #include "launch.hpp"
 #include "schedule_command.hpp"
-#include "trainyard/error.hpp"
-#include "trainyard/registry.hpp"
+#include "trainyard/api/error.hpp"
+#include "trainyard/api/registry.hpp"
 #include "trainyard/runtime/crash_report.hpp"
 #include "trainyard/runtime/engine.hpp"
 #include "trainyard/runtime/model_check.hpp"
 #include "trainyard/runtime/plugin_loader.hpp"
 #include "trainyard/runtime/recipe.hpp"
-#include "trainyard/version.hpp"
+#include "trainyard/api/version.hpp"
 
 namespace po = boost::program_options;
 namespace fs = std::filesystem;

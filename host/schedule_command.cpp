@@ -3,7 +3,7 @@
 #include <iostream>
 
 #include "cli.hpp"
-#include "trainyard/pipeline_schedule.hpp"
+#include "trainyard/parallel/pipeline_schedule.hpp"
 
 namespace po = boost::program_options;
 

@@ -18,7 +18,7 @@
 #include <utility>
 #include <vector>
 
-#include "trainyard/config.hpp"
+#include "trainyard/api/config.hpp"
 
 namespace trainyard::python_update {
 

@@ -20,9 +20,9 @@
 #include <string>
 #include <vector>
 
-#include "trainyard/build_context.hpp"
-#include "trainyard/config.hpp"
-#include "trainyard/registry.hpp"
+#include "trainyard/api/build_context.hpp"
+#include "trainyard/api/config.hpp"
+#include "trainyard/api/registry.hpp"
 
 namespace trainyard::conformance {
 

@@ -9,7 +9,7 @@
 #include <vector>
 
 #include "test_support.hpp"
-#include "trainyard/version.hpp"
+#include "trainyard/api/version.hpp"
 
 namespace trainyard::testing {
 namespace {

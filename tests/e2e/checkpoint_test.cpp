@@ -12,8 +12,8 @@
 #include <regex>
 
 #include "test_support.hpp"
-#include "trainyard/build_context.hpp"
-#include "trainyard/checkpoint.hpp"
+#include "trainyard/api/build_context.hpp"
+#include "trainyard/api/checkpoint.hpp"
 #include "trainyard/runtime/checkpoint_store.hpp"
 #include "trainyard/runtime/plugin_loader.hpp"
 

@@ -12,11 +12,11 @@
 
 #include "parity_runs.hpp"
 #include "test_support.hpp"
-#include "trainyard/build_context.hpp"
-#include "trainyard/communicator.hpp"
-#include "trainyard/config.hpp"
-#include "trainyard/error.hpp"
-#include "trainyard/registry.hpp"
+#include "trainyard/api/build_context.hpp"
+#include "trainyard/api/communicator.hpp"
+#include "trainyard/api/config.hpp"
+#include "trainyard/api/error.hpp"
+#include "trainyard/api/registry.hpp"
 
 namespace trainyard::testing {
 namespace {

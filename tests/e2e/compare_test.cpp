@@ -24,9 +24,9 @@
 #include "compare_report.hpp"
 #include "metrics_file.hpp"
 #include "test_support.hpp"
-#include "trainyard/declared_schedule.hpp"
-#include "trainyard/pipeline_schedule.hpp"
-#include "trainyard/pipeline_timeline.hpp"
+#include "trainyard/parallel/declared_schedule.hpp"
+#include "trainyard/parallel/pipeline_schedule.hpp"
+#include "trainyard/parallel/pipeline_timeline.hpp"
 #include "trainyard/runtime/recipe.hpp"
 
 namespace trainyard::testing {

@@ -15,7 +15,7 @@
 
 #include "metrics_file.hpp"
 #include "test_support.hpp"
-#include "trainyard/distributed.hpp"
+#include "trainyard/parallel/distributed.hpp"
 #include "trainyard/runtime/cpu_binding.hpp"
 
 namespace trainyard::testing {

@@ -46,7 +46,7 @@ double corpus_byte_entropy() {
   return entropy;
 }
 
-TEST(GptTextRecipe, LossFallsClearlyBelowTheUnigramEntropy) {
+TEST(GptTextTraining, LossFallsClearlyBelowTheUnigramEntropy) {
   if (!fs::exists(kCorpus)) TRAINYARD_SKIP_MISSING() << kCorpus << " missing: run tools/setup (fortunes)";
   TempDir dir;
   auto result = run_host({"run", "recipes/gpt_text.toml", "--set",

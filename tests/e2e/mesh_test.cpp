@@ -18,7 +18,7 @@
 #include <vector>
 
 #include "test_support.hpp"
-#include "trainyard/distributed.hpp"
+#include "trainyard/parallel/distributed.hpp"
 
 namespace trainyard::testing {
 namespace {

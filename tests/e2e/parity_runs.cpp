@@ -6,10 +6,10 @@
 #include <cmath>
 
 #include "metrics_file.hpp"
-#include "trainyard/build_context.hpp"
-#include "trainyard/checkpoint.hpp"
-#include "trainyard/distributed.hpp"
-#include "trainyard/registry.hpp"
+#include "trainyard/api/build_context.hpp"
+#include "trainyard/api/checkpoint.hpp"
+#include "trainyard/parallel/distributed.hpp"
+#include "trainyard/api/registry.hpp"
 
 namespace trainyard::testing {
 

@@ -7,7 +7,7 @@
 #include <vector>
 
 #include "test_support.hpp"
-#include "trainyard/batch.hpp"
+#include "trainyard/api/batch.hpp"
 
 namespace trainyard::testing {
 

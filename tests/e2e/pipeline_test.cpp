@@ -16,8 +16,8 @@
 #include "metrics_file.hpp"
 #include "parity_runs.hpp"
 #include "test_support.hpp"
-#include "trainyard/distributed.hpp"
-#include "trainyard/pipeline_timeline.hpp"
+#include "trainyard/parallel/distributed.hpp"
+#include "trainyard/parallel/pipeline_timeline.hpp"
 
 namespace trainyard::testing {
 namespace {

@@ -11,7 +11,7 @@
 
 #include "metrics_file.hpp"
 #include "test_support.hpp"
-#include "trainyard/strict_json.hpp"
+#include "trainyard/support/strict_json.hpp"
 
 namespace trainyard::testing {
 namespace {

@@ -85,10 +85,9 @@ TEST(PluginTemplateTest, BuildsAgainstAMovedInstallAndTrains) {
   fs::rename(installed, prefix);
   ASSERT_TRUE(fs::exists(prefix / "bin" / "trainyard"));
   ASSERT_TRUE(fs::exists(prefix / "bin" / "trainyard-conformance"));
-  ASSERT_TRUE(fs::exists(prefix / "include" / "trainyard" / "plugin.hpp"));
+  ASSERT_TRUE(fs::exists(prefix / "include" / "trainyard" / "api" / "plugin.hpp"));
   // The plugin API alone: the runtime's headers stay in the source tree.
   EXPECT_FALSE(fs::exists(prefix / "include" / "trainyard" / "runtime"));
-  EXPECT_FALSE(fs::exists(prefix / "include" / "trainyard" / "engine.hpp"));
   const fs::path package = prefix / "lib" / "cmake" / "trainyard";
   ASSERT_TRUE(fs::exists(package / "trainyardConfig.cmake"));
 

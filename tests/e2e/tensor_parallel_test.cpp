@@ -13,7 +13,7 @@
 #include "metrics_file.hpp"
 #include "parity_runs.hpp"
 #include "test_support.hpp"
-#include "trainyard/distributed.hpp"
+#include "trainyard/parallel/distributed.hpp"
 
 namespace trainyard::testing {
 namespace {

@@ -15,9 +15,9 @@
 
 #include "metrics_file.hpp"
 #include "test_support.hpp"
-#include "trainyard/build_context.hpp"
-#include "trainyard/metrics.hpp"
-#include "trainyard/registry.hpp"
+#include "trainyard/api/build_context.hpp"
+#include "trainyard/api/metrics.hpp"
+#include "trainyard/api/registry.hpp"
 #include "venv_python.hpp"
 
 namespace trainyard::testing {

@@ -6,8 +6,8 @@
 
 #include <memory>
 
-#include "trainyard/model.hpp"
-#include "trainyard/plugin.hpp"
+#include "trainyard/api/model.hpp"
+#include "trainyard/api/plugin.hpp"
 
 namespace trainyard {
 namespace {

@@ -1,8 +1,8 @@
 // A plugin that registers a model named "mlp" again: loading it next to the bundled plugins
 // must fail with a duplicate error naming both libraries.
 
-#include "trainyard/model.hpp"
-#include "trainyard/plugin.hpp"
+#include "trainyard/api/model.hpp"
+#include "trainyard/api/plugin.hpp"
 
 namespace {
 

@@ -4,8 +4,8 @@
 #include <atomic>
 #include <chrono>
 
-#include "trainyard/device.hpp"
-#include "trainyard/plugin.hpp"
+#include "trainyard/api/device.hpp"
+#include "trainyard/api/plugin.hpp"
 
 namespace trainyard {
 namespace {

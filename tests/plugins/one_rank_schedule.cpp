@@ -9,20 +9,20 @@
 
 #include <chrono>
 
-#include "trainyard/declared_schedule.hpp"
-#include "trainyard/gradients.hpp"
-#include "trainyard/held_blocks.hpp"
-#include "trainyard/held_bytes.hpp"
-#include "trainyard/micro_batch.hpp"
-#include "trainyard/model.hpp"
-#include "trainyard/optimizer.hpp"
-#include "trainyard/parameter_pieces.hpp"
-#include "trainyard/pipeline_timeline.hpp"
-#include "trainyard/placed_state.hpp"
-#include "trainyard/plugin.hpp"
-#include "trainyard/precision.hpp"
-#include "trainyard/replicated_step.hpp"
-#include "trainyard/strategy.hpp"
+#include "trainyard/parallel/declared_schedule.hpp"
+#include "trainyard/parallel/gradients.hpp"
+#include "trainyard/parallel/held_blocks.hpp"
+#include "trainyard/api/held_bytes.hpp"
+#include "trainyard/parallel/micro_batch.hpp"
+#include "trainyard/api/model.hpp"
+#include "trainyard/api/optimizer.hpp"
+#include "trainyard/api/parameter_pieces.hpp"
+#include "trainyard/parallel/pipeline_timeline.hpp"
+#include "trainyard/api/placed_state.hpp"
+#include "trainyard/api/plugin.hpp"
+#include "trainyard/api/precision.hpp"
+#include "trainyard/parallel/replicated_step.hpp"
+#include "trainyard/api/strategy.hpp"
 
 namespace trainyard {
 namespace {

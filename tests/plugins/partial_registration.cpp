@@ -3,8 +3,8 @@
 
 #include <stdexcept>
 
-#include "trainyard/metrics.hpp"
-#include "trainyard/plugin.hpp"
+#include "trainyard/api/metrics.hpp"
+#include "trainyard/api/plugin.hpp"
 
 namespace {
 

@@ -9,9 +9,9 @@
 #include <chrono>
 #include <thread>
 
-#include "trainyard/dataset.hpp"
-#include "trainyard/error.hpp"
-#include "trainyard/plugin.hpp"
+#include "trainyard/api/dataset.hpp"
+#include "trainyard/api/error.hpp"
+#include "trainyard/api/plugin.hpp"
 
 namespace trainyard {
 namespace {

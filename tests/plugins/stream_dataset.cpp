@@ -5,9 +5,9 @@
 #include <ATen/ATen.h>
 #include <ATen/CPUGeneratorImpl.h>
 
-#include "trainyard/dataset.hpp"
-#include "trainyard/error.hpp"
-#include "trainyard/plugin.hpp"
+#include "trainyard/api/dataset.hpp"
+#include "trainyard/api/error.hpp"
+#include "trainyard/api/plugin.hpp"
 #include "trainyard/runtime/loader.hpp"
 
 namespace trainyard {

@@ -1,6 +1,6 @@
 // A plugin that claims a future SDK ABI version: the host must refuse it before calling it.
 
-#include "trainyard/plugin.hpp"
+#include "trainyard/api/plugin.hpp"
 
 namespace {
 void never_called(trainyard::Registry&) { std::abort(); }

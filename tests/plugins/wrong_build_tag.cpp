@@ -1,6 +1,6 @@
 // A plugin built against another LibTorch: the host must refuse it before calling it.
 
-#include "trainyard/plugin.hpp"
+#include "trainyard/api/plugin.hpp"
 
 namespace {
 void never_called(trainyard::Registry&) { std::abort(); }

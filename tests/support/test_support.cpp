@@ -1,5 +1,7 @@
 #include "test_support.hpp"
 
+#include "build_paths.hpp"
+
 #include <fcntl.h>
 #include <poll.h>
 #include <signal.h>
@@ -14,8 +16,8 @@
 #include <sstream>
 #include <stdexcept>
 
-#include "trainyard/distributed.hpp"
-#include "trainyard/files.hpp"
+#include "trainyard/parallel/distributed.hpp"
+#include "trainyard/support/files.hpp"
 #include "trainyard/runtime/plugin_loader.hpp"
 
 extern char** environ;
@@ -24,11 +26,11 @@ namespace trainyard::testing {
 
 namespace fs = std::filesystem;
 
-fs::path plugin_folder() { return TRAINYARD_TEST_PLUGIN_DIR; }
-fs::path test_plugin_folder() { return TRAINYARD_TEST_EXTRA_PLUGIN_DIR; }
-fs::path host_binary() { return TRAINYARD_TEST_HOST; }
-fs::path source_dir() { return TRAINYARD_SOURCE_DIR; }
-fs::path binary_dir() { return TRAINYARD_BINARY_DIR; }
+fs::path plugin_folder() { return build_paths::plugin_dir(); }
+fs::path test_plugin_folder() { return build_paths::test_plugin_dir(); }
+fs::path host_binary() { return build_paths::host_binary(); }
+fs::path source_dir() { return build_paths::source_dir(); }
+fs::path binary_dir() { return build_paths::binary_dir(); }
 
 void load_bundled_plugins(Registry& registry) {
   PluginLoader loader(registry);

@@ -10,8 +10,8 @@
 #include <string>
 #include <vector>
 
-#include "trainyard/error.hpp"
-#include "trainyard/registry.hpp"
+#include "trainyard/api/error.hpp"
+#include "trainyard/api/registry.hpp"
 
 namespace trainyard::testing {
 

@@ -61,8 +61,8 @@ def made_up_tree(folder):
         with open(path, "w", encoding="utf-8") as file:
             file.write(text)
     write("plugins/x/x.cpp", 'registry.add<Strategy>(\n  "relay", {}, "", f);\n')
-    write("sdk/CMakeLists.txt", "add_library(trainyard_runtime STATIC\n  src/engine.cpp\n)\n")
-    write("sdk/src/engine.cpp", 'if (name == "relay") {}\n')
+    write("sdk/CMakeLists.txt", "add_library(trainyard_runtime STATIC\n  src/runtime/engine.cpp\n)\n")
+    write("sdk/src/runtime/engine.cpp", 'if (name == "relay") {}\n')
     write("host/main.cpp", '// the "relay" plugin in a comment\nauto s = "relay-not";\n')
     write(DEFAULTS, 'inline constexpr const char* kStrategy = "relay";\n')
 
@@ -72,9 +72,9 @@ def main():
     with tempfile.TemporaryDirectory() as folder:
         made_up_tree(folder)
         got = uses(folder)
-        if got != [("sdk/src/engine.cpp", "relay", 1)]:
+        if got != [("sdk/src/runtime/engine.cpp", "relay", 1)]:
             failures.append(f"on a made-up tree the scan found {got}, expected the one use in "
-                            "sdk/src/engine.cpp")
+                            "sdk/src/runtime/engine.cpp")
     if len(plugin_names(SOURCE)) < 20:
         failures.append(f"only {sorted(plugin_names(SOURCE))} found as bundled plugin names")
     found = uses(SOURCE)

@@ -57,6 +57,54 @@ result = run(junit(("Layers.HalfPrecisionOnTheDevice", "[gpu only] no CUDA devic
 expect(result.returncode == 1, f"uncovered GPU-only skip passed: {result.stdout}")
 expect("Layers.HalfPrecisionOnTheDevice" in result.stderr, result.stderr)
 
+
+
+def gtest_xml(suite, cases):
+    """GoogleTest's XML for one suite's process: (test, skip message or None) per case."""
+    body = "".join(
+        f'<testcase name="{name}" status="run" result="{"skipped" if message else "completed"}" '
+        f'classname="{suite}">' + (f'<skipped message="{message}"/>' if message else "") +
+        "</testcase>" for name, message in cases)
+    return (f'<?xml version="1.0"?><testsuites><testsuite name="{suite}" tests="{len(cases)}">'
+            f"{body}</testsuite></testsuites>")
+
+
+def run_with_suites(suites, ctest_names):
+    """tools/skipped_tests on a ctest file naming ctest_names, with GoogleTest XML per suite."""
+    with tempfile.TemporaryDirectory() as folder:
+        for index, (suite, cases) in enumerate(suites):
+            os.makedirs(os.path.join(folder, "gtest", f"binary{index}"))
+            with open(os.path.join(folder, "gtest", f"binary{index}", "s.xml"), "w") as file:
+                file.write(gtest_xml(suite, cases))
+        ctest = os.path.join(folder, "ctest.xml")
+        with open(ctest, "w") as file:
+            file.write('<?xml version="1.0"?><testsuite>' + "".join(
+                f'<testcase name="{name}" status="run"/>' for name in ctest_names) + "</testsuite>")
+        return subprocess.run([sys.executable, SCRIPT, ctest, FILTER, "--gtest-results",
+                               os.path.join(folder, "gtest")], capture_output=True, text=True,
+                              check=False)
+
+
+# Suites run as one process each: their cases are counted and their skips read from GoogleTest's
+# XML, the file:line that starts a skip message left out; the scripts ctest runs count once each.
+result = run_with_suites(
+    [("PrecisionOnCuda", [("Bf16AndFp16StepsRunOnTheGpu",
+                           "/src/p.cpp:9&#x0A;[gpu only] no CUDA device"), ("Fp32", None)]),
+     ("Layers", [("Forward", None), ("Backward", None)])],
+    ["PrecisionOnCuda", "Layers", "Docs.ShownCommandsRun"])
+expect(result.returncode == 0, f"covered GPU-only suite skip failed: {result.stdout}{result.stderr}")
+expect("5 tests: 4 GoogleTest cases in 2 suite processes, and 1 other ctest tests" in result.stdout,
+       result.stdout)
+expect("PrecisionOnCuda.Bf16AndFp16StepsRunOnTheGpu: [gpu only] no CUDA device" in result.stdout,
+       result.stdout)
+expect("1 tests skipped" in result.stdout, result.stdout)
+
+# A GPU-only case inside a suite the filter does not select fails the run and is named.
+result = run_with_suites([("Layers", [("HalfOnTheDevice", "x.cpp:1&#x0A;[gpu only] no CUDA"),
+                                      ("Forward", None)])], ["Layers"])
+expect(result.returncode == 1, f"uncovered GPU-only case passed: {result.stdout}")
+expect("Layers.HalfOnTheDevice" in result.stderr, result.stderr)
+
 # Nothing skipped says so; an unreadable file is an error, not a pass.
 expect("no test skipped" in run(junit()).stdout, "empty run")
 expect(run("not xml").returncode == 2, "unreadable results accepted")

@@ -10,8 +10,8 @@
 #include <thread>
 
 #include "step_harness.hpp"
-#include "trainyard/activation_checkpoint.hpp"
-#include "trainyard/device.hpp"
+#include "trainyard/api/activation_checkpoint.hpp"
+#include "trainyard/api/device.hpp"
 #include "trainyard/runtime/allocation_tracker.hpp"
 
 namespace {

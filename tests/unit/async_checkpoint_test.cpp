@@ -22,8 +22,8 @@
 
 #include "step_harness.hpp"
 #include "test_support.hpp"
-#include "trainyard/checkpoint.hpp"
-#include "trainyard/error.hpp"
+#include "trainyard/api/checkpoint.hpp"
+#include "trainyard/api/error.hpp"
 #include "trainyard/runtime/checkpoint_store.hpp"
 #include "trainyard/runtime/optimizer_step_gate.hpp"
 #include "trainyard/runtime/optimizer_stepped_memory.hpp"

@@ -1,4 +1,4 @@
-// Unit tests of trainyard/checkpoint_file.hpp (bytes land in order, counted and checksummed) and
+// Unit tests of trainyard/api/checkpoint_file.hpp (bytes land in order, counted and checksummed) and
 // trainyard/crc32.hpp (zlib's CRC-32, whatever the length and alignment).
 
 #include <gtest/gtest.h>
@@ -11,8 +11,8 @@
 #include <vector>
 
 #include "test_support.hpp"
-#include "trainyard/checkpoint_file.hpp"
-#include "trainyard/error.hpp"
+#include "trainyard/api/checkpoint_file.hpp"
+#include "trainyard/api/error.hpp"
 #include "trainyard/runtime/crc32.hpp"
 
 namespace trainyard {

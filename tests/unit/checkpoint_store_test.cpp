@@ -15,10 +15,10 @@
 #include <vector>
 
 #include "test_support.hpp"
-#include "trainyard/checkpoint.hpp"
-#include "trainyard/error.hpp"
+#include "trainyard/api/checkpoint.hpp"
+#include "trainyard/api/error.hpp"
 #include "trainyard/runtime/checkpoint_store.hpp"
-#include "trainyard/version.hpp"
+#include "trainyard/api/version.hpp"
 
 namespace trainyard {
 namespace {

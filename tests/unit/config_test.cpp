@@ -1,4 +1,4 @@
-// Unit tests of trainyard/config.hpp: values, tables, option validation and getters.
+// Unit tests of trainyard/api/config.hpp: values, tables, option validation and getters.
 
 #include <gtest/gtest.h>
 
@@ -8,8 +8,8 @@
 #include <string>
 
 #include "test_support.hpp"
-#include "trainyard/config.hpp"
-#include "trainyard/error.hpp"
+#include "trainyard/api/config.hpp"
+#include "trainyard/api/error.hpp"
 #include "trainyard/runtime/recipe.hpp"
 
 namespace trainyard {

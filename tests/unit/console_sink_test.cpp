@@ -3,9 +3,9 @@
 #include <gtest/gtest.h>
 
 #include "test_support.hpp"
-#include "trainyard/build_context.hpp"
-#include "trainyard/config.hpp"
-#include "trainyard/metrics.hpp"
+#include "trainyard/api/build_context.hpp"
+#include "trainyard/api/config.hpp"
+#include "trainyard/api/metrics.hpp"
 #include "trainyard/runtime/plugin_loader.hpp"
 
 namespace trainyard::testing {

@@ -2,7 +2,7 @@
 
 #include <gtest/gtest.h>
 
-#include "trainyard/error.hpp"
+#include "trainyard/api/error.hpp"
 
 namespace trainyard {
 namespace {

@@ -13,7 +13,7 @@
 #include <fstream>
 
 #include "step_harness.hpp"
-#include "trainyard/error.hpp"
+#include "trainyard/api/error.hpp"
 
 namespace trainyard::testing {
 namespace {

@@ -9,8 +9,8 @@
 #include <torch/nn/modules/linear.h>
 
 #include "step_harness.hpp"
-#include "trainyard/classification.hpp"
-#include "trainyard/error.hpp"
+#include "trainyard/models/classification.hpp"
+#include "trainyard/api/error.hpp"
 
 namespace trainyard::testing {
 namespace {

@@ -14,13 +14,13 @@
 
 #include "nvml.hpp"
 #include "test_support.hpp"
-#include "trainyard/build_context.hpp"
-#include "trainyard/device.hpp"
-#include "trainyard/host_cpu.hpp"
+#include "trainyard/api/build_context.hpp"
+#include "trainyard/api/device.hpp"
+#include "trainyard/support/host_cpu.hpp"
 #include "trainyard/runtime/allocation_tracker.hpp"
 #include "trainyard/runtime/cpu_binding.hpp"
 #include "trainyard/runtime/peak_flops.hpp"
-#include "trainyard/step_phases.hpp"
+#include "trainyard/api/step_phases.hpp"
 
 namespace trainyard::testing {
 namespace {

@@ -11,8 +11,8 @@
 #include <set>
 
 #include "test_support.hpp"
-#include "trainyard/build_context.hpp"
-#include "trainyard/model.hpp"
+#include "trainyard/api/build_context.hpp"
+#include "trainyard/api/model.hpp"
 
 namespace trainyard::testing {
 namespace {

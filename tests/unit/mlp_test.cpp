@@ -13,10 +13,10 @@
 #include <set>
 
 #include "test_support.hpp"
-#include "trainyard/build_context.hpp"
-#include "trainyard/loss_reduction.hpp"
-#include "trainyard/model.hpp"
-#include "trainyard/sequential_classifier.hpp"
+#include "trainyard/api/build_context.hpp"
+#include "trainyard/models/loss_reduction.hpp"
+#include "trainyard/api/model.hpp"
+#include "trainyard/models/sequential_classifier.hpp"
 
 namespace trainyard::testing {
 namespace {

@@ -16,8 +16,8 @@
 #include <cmath>
 
 #include "test_support.hpp"
-#include "trainyard/error.hpp"
-#include "trainyard/parameter_init.hpp"
+#include "trainyard/api/error.hpp"
+#include "trainyard/models/parameter_init.hpp"
 
 namespace trainyard {
 namespace {

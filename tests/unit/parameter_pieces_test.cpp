@@ -7,9 +7,9 @@
 #include <torch/optim/adamw.h>
 
 #include "test_support.hpp"
-#include "trainyard/error.hpp"
-#include "trainyard/optimizer.hpp"
-#include "trainyard/parameter_pieces.hpp"
+#include "trainyard/api/error.hpp"
+#include "trainyard/api/optimizer.hpp"
+#include "trainyard/api/parameter_pieces.hpp"
 #include "trainyard/runtime/checkpoint_store.hpp"
 
 namespace trainyard {

@@ -1,4 +1,4 @@
-#include "trainyard/pipeline_schedule.hpp"
+#include "trainyard/parallel/pipeline_schedule.hpp"
 
 #include <gtest/gtest.h>
 

@@ -6,8 +6,8 @@
 #include <vector>
 
 #include "test_support.hpp"
-#include "trainyard/error.hpp"
-#include "trainyard/pipeline_stages.hpp"
+#include "trainyard/api/error.hpp"
+#include "trainyard/parallel/pipeline_stages.hpp"
 
 namespace trainyard {
 namespace {

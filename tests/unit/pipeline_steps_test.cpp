@@ -11,7 +11,7 @@
 #include <map>
 
 #include "step_harness.hpp"
-#include "trainyard/block_selection.hpp"
+#include "trainyard/parallel/block_selection.hpp"
 #include "trainyard/runtime/allocation_tracker.hpp"
 
 namespace trainyard::testing {

@@ -1,4 +1,4 @@
-#include "trainyard/pipeline_timeline.hpp"
+#include "trainyard/parallel/pipeline_timeline.hpp"
 
 #include <gtest/gtest.h>
 

@@ -5,8 +5,8 @@
 #include <gtest/gtest.h>
 
 #include "test_support.hpp"
-#include "trainyard/error.hpp"
-#include "trainyard/placed_state.hpp"
+#include "trainyard/api/error.hpp"
+#include "trainyard/api/placed_state.hpp"
 #include "trainyard/runtime/checkpoint_store.hpp"
 
 namespace trainyard {

@@ -9,16 +9,16 @@
 #include <string>
 
 #include "test_support.hpp"
-#include "trainyard/build_context.hpp"
-#include "trainyard/dataset.hpp"
-#include "trainyard/device.hpp"
-#include "trainyard/error.hpp"
-#include "trainyard/held_blocks.hpp"
-#include "trainyard/metrics.hpp"
-#include "trainyard/model.hpp"
-#include "trainyard/registry.hpp"
+#include "trainyard/api/build_context.hpp"
+#include "trainyard/api/dataset.hpp"
+#include "trainyard/api/device.hpp"
+#include "trainyard/api/error.hpp"
+#include "trainyard/parallel/held_blocks.hpp"
+#include "trainyard/api/metrics.hpp"
+#include "trainyard/api/model.hpp"
+#include "trainyard/api/registry.hpp"
 #include "trainyard/runtime/plugin_loader.hpp"
-#include "trainyard/version.hpp"
+#include "trainyard/api/version.hpp"
 
 namespace trainyard {
 namespace {

@@ -9,8 +9,8 @@
 #include <sstream>
 
 #include "step_harness.hpp"
-#include "trainyard/device.hpp"
-#include "trainyard/error.hpp"
+#include "trainyard/api/device.hpp"
+#include "trainyard/api/error.hpp"
 
 namespace {
 

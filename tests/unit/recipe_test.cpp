@@ -9,9 +9,9 @@
 #include <vector>
 
 #include "test_support.hpp"
-#include "trainyard/config.hpp"
-#include "trainyard/error.hpp"
-#include "trainyard/registry.hpp"
+#include "trainyard/api/config.hpp"
+#include "trainyard/api/error.hpp"
+#include "trainyard/api/registry.hpp"
 #include "trainyard/runtime/recipe.hpp"
 
 namespace trainyard {

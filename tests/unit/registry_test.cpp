@@ -1,4 +1,4 @@
-// Unit tests of trainyard/registry.hpp with components defined in the test.
+// Unit tests of trainyard/api/registry.hpp with components defined in the test.
 
 #include <gtest/gtest.h>
 
@@ -8,11 +8,11 @@
 #include <vector>
 
 #include "test_support.hpp"
-#include "trainyard/build_context.hpp"
-#include "trainyard/config.hpp"
-#include "trainyard/error.hpp"
-#include "trainyard/metrics.hpp"
-#include "trainyard/registry.hpp"
+#include "trainyard/api/build_context.hpp"
+#include "trainyard/api/config.hpp"
+#include "trainyard/api/error.hpp"
+#include "trainyard/api/metrics.hpp"
+#include "trainyard/api/registry.hpp"
 
 namespace trainyard {
 namespace {

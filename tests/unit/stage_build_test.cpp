@@ -13,8 +13,8 @@
 #include <map>
 
 #include "test_support.hpp"
-#include "trainyard/build_context.hpp"
-#include "trainyard/model.hpp"
+#include "trainyard/api/build_context.hpp"
+#include "trainyard/api/model.hpp"
 #include "trainyard/runtime/allocation_tracker.hpp"
 
 namespace trainyard::testing {

@@ -16,15 +16,15 @@
 #include <vector>
 
 #include "test_support.hpp"
-#include "trainyard/communicator.hpp"
-#include "trainyard/device.hpp"
-#include "trainyard/distributed.hpp"
-#include "trainyard/model.hpp"
-#include "trainyard/optimizer.hpp"
-#include "trainyard/precision.hpp"
-#include "trainyard/process_mesh.hpp"
+#include "trainyard/api/communicator.hpp"
+#include "trainyard/api/device.hpp"
+#include "trainyard/parallel/distributed.hpp"
+#include "trainyard/api/model.hpp"
+#include "trainyard/api/optimizer.hpp"
+#include "trainyard/api/precision.hpp"
+#include "trainyard/parallel/process_mesh.hpp"
 #include "trainyard/runtime/recipe.hpp"
-#include "trainyard/strategy.hpp"
+#include "trainyard/api/strategy.hpp"
 
 namespace trainyard::testing {
 

@@ -8,7 +8,7 @@
 #include <sstream>
 
 #include "step_harness.hpp"
-#include "trainyard/gradients.hpp"
+#include "trainyard/parallel/gradients.hpp"
 
 namespace {
 

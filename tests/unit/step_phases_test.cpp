@@ -6,7 +6,7 @@
 #include <chrono>
 #include <thread>
 
-#include "trainyard/step_phases.hpp"
+#include "trainyard/api/step_phases.hpp"
 
 namespace trainyard {
 namespace {

@@ -15,9 +15,9 @@
 #include <thread>
 #include <vector>
 
-#include "trainyard/batch.hpp"
-#include "trainyard/dataset.hpp"
-#include "trainyard/error.hpp"
+#include "trainyard/api/batch.hpp"
+#include "trainyard/api/dataset.hpp"
+#include "trainyard/api/error.hpp"
 #include "trainyard/runtime/loader.hpp"
 #include "trainyard/runtime/stream_loader.hpp"
 

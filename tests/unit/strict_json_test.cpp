@@ -2,7 +2,7 @@
 // refuses that nlohmann's own parser accepts (repeated names, deep nesting, a byte order mark),
 // and the one-line errors naming the source and the byte.
 
-#include "trainyard/strict_json.hpp"
+#include "trainyard/support/strict_json.hpp"
 
 #include <gtest/gtest.h>
 
@@ -10,8 +10,8 @@
 #include <limits>
 
 #include "test_support.hpp"
-#include "trainyard/error.hpp"
-#include "trainyard/json_quote.hpp"
+#include "trainyard/api/error.hpp"
+#include "trainyard/support/json_quote.hpp"
 
 namespace trainyard::testing {
 namespace {

@@ -20,10 +20,10 @@
 #include <optional>
 
 #include "step_harness.hpp"
-#include "trainyard/build_context.hpp"
-#include "trainyard/model.hpp"
-#include "trainyard/parameter_init.hpp"
-#include "trainyard/process_mesh.hpp"
+#include "trainyard/api/build_context.hpp"
+#include "trainyard/api/model.hpp"
+#include "trainyard/models/parameter_init.hpp"
+#include "trainyard/parallel/process_mesh.hpp"
 
 namespace trainyard::testing {
 namespace {

@@ -23,8 +23,8 @@
 #include <string>
 
 #include "step_harness.hpp"
-#include "trainyard/collective_counter.hpp"
-#include "trainyard/tensor_parallel.hpp"
+#include "trainyard/parallel/collective_counter.hpp"
+#include "trainyard/parallel/tensor_parallel.hpp"
 
 namespace trainyard::testing {
 namespace {

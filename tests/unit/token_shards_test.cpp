@@ -15,8 +15,8 @@
 
 #include "test_support.hpp"
 #include "token_shards.hpp"
-#include "trainyard/build_context.hpp"
-#include "trainyard/dataset.hpp"
+#include "trainyard/api/build_context.hpp"
+#include "trainyard/api/dataset.hpp"
 
 namespace trainyard::testing {
 namespace {

@@ -20,7 +20,7 @@ namespace fs = std::filesystem;
 
 // file (relative to the repository) -> why it may name a device type or vendor.
 const std::map<std::string, std::string> kAllowed = {
-    {"sdk/src/checkpoint_store.cpp",
+    {"sdk/src/runtime/checkpoint_store.cpp",
      "checkpoint staging asks LibTorch whether a source tensor is a CUDA tensor to choose pinned "
      "host memory (checkpoint code, kept as it is)"},
 };

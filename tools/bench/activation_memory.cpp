@@ -14,15 +14,16 @@
 #include <string>
 #include <vector>
 
-#include "trainyard/activation_checkpoint.hpp"
-#include "trainyard/dataset.hpp"
-#include "trainyard/error.hpp"
-#include "trainyard/model.hpp"
-#include "trainyard/precision.hpp"
+#include "trainyard/api/activation_checkpoint.hpp"
+#include "trainyard/api/dataset.hpp"
+#include "trainyard/api/error.hpp"
+#include "trainyard/api/model.hpp"
+#include "trainyard/api/precision.hpp"
 #include "trainyard/runtime/allocation_tracker.hpp"
 #include "trainyard/runtime/engine.hpp"
 #include "trainyard/runtime/plugin_loader.hpp"
 #include "trainyard/runtime/recipe.hpp"
+#include "build_paths.hpp"
 
 namespace {
 
@@ -77,7 +78,7 @@ int run(int argc, char** argv) {
 
   static auto* registry = new Registry();  // plugins stay loaded for the whole process
   PluginLoader loader(*registry);
-  loader.load_folder(TRAINYARD_PLUGIN_DIR);
+  loader.load_folder(build_paths::plugin_dir());
   Recipe recipe = load_recipe(argv[1], overrides);
   for (const auto& path : recipe_plugin_paths(recipe)) loader.load_path(path);
   Recipe resolved = resolve_recipe(recipe, *registry);

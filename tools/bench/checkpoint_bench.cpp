@@ -41,20 +41,21 @@
 #include <string>
 #include <vector>
 
-#include "trainyard/build_context.hpp"
-#include "trainyard/checkpoint.hpp"
-#include "trainyard/device.hpp"
-#include "trainyard/files.hpp"
-#include "trainyard/model.hpp"
-#include "trainyard/optimizer.hpp"
-#include "trainyard/precision.hpp"
-#include "trainyard/registry.hpp"
+#include "trainyard/api/build_context.hpp"
+#include "trainyard/api/checkpoint.hpp"
+#include "trainyard/api/device.hpp"
+#include "trainyard/support/files.hpp"
+#include "trainyard/api/model.hpp"
+#include "trainyard/api/optimizer.hpp"
+#include "trainyard/api/precision.hpp"
+#include "trainyard/api/registry.hpp"
 #include "trainyard/runtime/checkpoint_store.hpp"
 #include "trainyard/runtime/optimizer_step_gate.hpp"
 #include "trainyard/runtime/optimizer_stepped_memory.hpp"
 #include "trainyard/runtime/plugin_loader.hpp"
 #include "trainyard/runtime/recipe.hpp"
-#include "trainyard/strategy.hpp"
+#include "trainyard/api/strategy.hpp"
+#include "build_paths.hpp"
 
 namespace fs = std::filesystem;
 using Clock = std::chrono::steady_clock;
@@ -394,7 +395,7 @@ int main(int argc, char** argv) {
 
   Registry registry;
   PluginLoader loader(registry);
-  loader.load_folder(TRAINYARD_PLUGIN_DIR);
+  loader.load_folder(build_paths::plugin_dir());
 
   std::vector<BackendFigures> backends = {{"torch", 0.6, {}, {}, {}, {}, {}, {}, {}},
                                           {"safetensors", 0.8, {}, {}, {}, {}, {}, {}, {}}};

@@ -20,11 +20,12 @@
 #include <string>
 #include <vector>
 
-#include "trainyard/config.hpp"
-#include "trainyard/dataset.hpp"
-#include "trainyard/registry.hpp"
+#include "trainyard/api/config.hpp"
+#include "trainyard/api/dataset.hpp"
+#include "trainyard/api/registry.hpp"
 #include "trainyard/runtime/loader.hpp"
 #include "trainyard/runtime/plugin_loader.hpp"
+#include "build_paths.hpp"
 
 namespace {
 
@@ -90,7 +91,7 @@ int main(int argc, char** argv) {
   at::set_num_threads(1);
 
   auto* registry = new Registry();  // plugins stay loaded for the whole process
-  PluginLoader(*registry).load_folder(TRAINYARD_PLUGIN_DIR);
+  PluginLoader(*registry).load_folder(build_paths::plugin_dir());
   BuildContext context;
   auto dataset = registry->create<Dataset>(
       "fashion_mnist", Config(std::make_shared<Table>(), "dataset"), context);

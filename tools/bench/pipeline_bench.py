@@ -78,7 +78,7 @@ def read_timeline(run_dir):
 
 
 def idle_shares(timeline):
-    """measured_idle_shares (sdk/src/pipeline_timeline.cpp): per rank, 1 - its compute time /
+    """measured_idle_shares (sdk/src/parallel/pipeline_timeline.cpp): per rank, 1 - its compute time /
     the makespan of the compute actions over every rank."""
     compute = [[a for a in rank["actions"] if a["kind"] in COMPUTE] for rank in timeline]
     starts = [a["start_us"] for actions in compute for a in actions]

@@ -25,6 +25,7 @@
 #include "trainyard/runtime/loader.hpp"
 #include "trainyard/runtime/plugin_loader.hpp"
 #include "trainyard/runtime/recipe.hpp"
+#include "build_paths.hpp"
 
 namespace {
 
@@ -36,10 +37,10 @@ constexpr int kBatches = 16;
 std::unique_ptr<Engine> make_engine(Registry& registry, const std::string& recipe_name) {
   static bool loaded = false;
   if (!loaded) {
-    PluginLoader(registry).load_folder(TRAINYARD_PLUGIN_DIR);
+    PluginLoader(registry).load_folder(build_paths::plugin_dir());
     loaded = true;
   }
-  Recipe recipe = load_recipe(std::string(TRAINYARD_SOURCE_DIR) + "/recipes/" + recipe_name,
+  Recipe recipe = load_recipe(std::string(build_paths::source_dir()) + "/recipes/" + recipe_name,
                               {"run.eval=false", "sinks.console.enabled=false",
                                "sinks.jsonl.enabled=false", "loader.workers=0"});
   auto root = std::make_shared<Table>(*recipe.root);

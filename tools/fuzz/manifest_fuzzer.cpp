@@ -6,7 +6,7 @@
 #include <cstdlib>
 #include <string>
 
-#include "trainyard/error.hpp"
+#include "trainyard/api/error.hpp"
 #include "trainyard/runtime/checkpoint_manifest.hpp"
 
 namespace {

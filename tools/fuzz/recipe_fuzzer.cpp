@@ -18,7 +18,7 @@
 #include <string_view>
 #include <vector>
 
-#include "trainyard/error.hpp"
+#include "trainyard/api/error.hpp"
 #include "trainyard/runtime/recipe.hpp"
 
 namespace fs = std::filesystem;

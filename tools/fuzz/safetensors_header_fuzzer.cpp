@@ -10,7 +10,7 @@
 #include <string>
 
 #include "safetensors_header.hpp"
-#include "trainyard/error.hpp"
+#include "trainyard/api/error.hpp"
 
 namespace st = trainyard::safetensors;
 

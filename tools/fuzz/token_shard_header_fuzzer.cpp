@@ -8,7 +8,7 @@
 #include <span>
 
 #include "shard_header.hpp"
-#include "trainyard/error.hpp"
+#include "trainyard/api/error.hpp"
 
 namespace ts = trainyard::token_shards;
 

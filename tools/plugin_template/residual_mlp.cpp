@@ -11,13 +11,13 @@
 #include <string>
 #include <vector>
 
-// Every plugin includes the interface it implements and trainyard/plugin.hpp, which defines
+// Every plugin includes the interface it implements and trainyard/api/plugin.hpp, which defines
 // the entry point. SequentialClassifier is a Model base that does the classification parts
 // (cross-entropy, accuracy, building only a pipeline stage's blocks, per-parameter
 // initialisation); a model of another kind implements trainyard::Model directly.
-#include <trainyard/loss_reduction.hpp>
-#include <trainyard/plugin.hpp>
-#include <trainyard/sequential_classifier.hpp>
+#include <trainyard/models/loss_reduction.hpp>
+#include <trainyard/api/plugin.hpp>
+#include <trainyard/models/sequential_classifier.hpp>
 
 namespace {
 

@@ -17,10 +17,10 @@
 #include <cstring>
 #include <span>
 
-#include "trainyard/checkpoint.hpp"
-#include "trainyard/error.hpp"
-#include "trainyard/json_quote.hpp"
-#include "trainyard/plugin.hpp"
+#include "trainyard/api/checkpoint.hpp"
+#include "trainyard/api/error.hpp"
+#include "trainyard/support/json_quote.hpp"
+#include "trainyard/api/plugin.hpp"
 #include "safetensors_header.hpp"
 
 namespace trainyard {

@@ -3,8 +3,8 @@
 #include <algorithm>
 #include <limits>
 
-#include "trainyard/error.hpp"
-#include "trainyard/strict_json.hpp"
+#include "trainyard/api/error.hpp"
+#include "trainyard/support/strict_json.hpp"
 
 namespace trainyard::safetensors {
 namespace {

@@ -16,9 +16,9 @@
 #include <filesystem>
 #include <unordered_set>
 
-#include "trainyard/checkpoint.hpp"
-#include "trainyard/error.hpp"
-#include "trainyard/plugin.hpp"
+#include "trainyard/api/checkpoint.hpp"
+#include "trainyard/api/error.hpp"
+#include "trainyard/api/plugin.hpp"
 
 namespace trainyard {
 namespace {

@@ -10,10 +10,10 @@
 #include <utility>
 #include <vector>
 
-#include "trainyard/c10d_communicator.hpp"
-#include "trainyard/error.hpp"
-#include "trainyard/libtorch_build.hpp"
-#include "trainyard/plugin.hpp"
+#include "trainyard/parallel/c10d_communicator.hpp"
+#include "trainyard/api/error.hpp"
+#include "trainyard/support/libtorch_build.hpp"
+#include "trainyard/api/plugin.hpp"
 
 namespace trainyard {
 namespace {

@@ -10,9 +10,9 @@
 #include <limits>
 #include <mutex>
 
-#include "trainyard/dataset.hpp"
-#include "trainyard/error.hpp"
-#include "trainyard/plugin.hpp"
+#include "trainyard/api/dataset.hpp"
+#include "trainyard/api/error.hpp"
+#include "trainyard/api/plugin.hpp"
 
 namespace trainyard {
 namespace {

@@ -7,9 +7,9 @@
 #include <ATen/CPUGeneratorImpl.h>
 #include <ATen/ATen.h>
 
-#include "trainyard/dataset.hpp"
-#include "trainyard/error.hpp"
-#include "trainyard/plugin.hpp"
+#include "trainyard/api/dataset.hpp"
+#include "trainyard/api/error.hpp"
+#include "trainyard/api/plugin.hpp"
 
 namespace trainyard {
 namespace {

@@ -25,9 +25,9 @@
 #include <sstream>
 
 #include "token_shards.hpp"
-#include "trainyard/error.hpp"
-#include "trainyard/files.hpp"
-#include "trainyard/plugin.hpp"
+#include "trainyard/api/error.hpp"
+#include "trainyard/support/files.hpp"
+#include "trainyard/api/plugin.hpp"
 
 namespace trainyard {
 namespace {

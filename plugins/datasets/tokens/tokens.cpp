@@ -3,8 +3,8 @@
 // ranks and loader workers, and a held-out map-style "test" split.
 
 #include "token_shards.hpp"
-#include "trainyard/error.hpp"
-#include "trainyard/plugin.hpp"
+#include "trainyard/api/error.hpp"
+#include "trainyard/api/plugin.hpp"
 
 namespace trainyard {
 namespace {

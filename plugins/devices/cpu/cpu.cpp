@@ -8,10 +8,10 @@
 #include <fstream>
 #include <mutex>
 
-#include "trainyard/device.hpp"
-#include "trainyard/error.hpp"
-#include "trainyard/host_cpu.hpp"
-#include "trainyard/plugin.hpp"
+#include "trainyard/api/device.hpp"
+#include "trainyard/api/error.hpp"
+#include "trainyard/support/host_cpu.hpp"
+#include "trainyard/api/plugin.hpp"
 
 namespace trainyard {
 namespace {

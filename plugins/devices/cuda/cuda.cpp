@@ -14,10 +14,10 @@
 
 #include "nvml.hpp"
 
-#include "trainyard/device.hpp"
-#include "trainyard/error.hpp"
-#include "trainyard/libtorch_build.hpp"
-#include "trainyard/plugin.hpp"
+#include "trainyard/api/device.hpp"
+#include "trainyard/api/error.hpp"
+#include "trainyard/support/libtorch_build.hpp"
+#include "trainyard/api/plugin.hpp"
 
 namespace trainyard {
 namespace {

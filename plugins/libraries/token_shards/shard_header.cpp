@@ -3,7 +3,7 @@
 #include <bit>
 #include <cstring>
 
-#include "trainyard/error.hpp"
+#include "trainyard/api/error.hpp"
 
 namespace trainyard::token_shards {
 namespace {

@@ -14,8 +14,8 @@
 #include <cstring>
 #include <random>
 
-#include "trainyard/error.hpp"
-#include "trainyard/sample_index.hpp"
+#include "trainyard/api/error.hpp"
+#include "trainyard/api/sample_index.hpp"
 
 namespace trainyard::token_shards {
 namespace {

@@ -31,7 +31,7 @@
 #include <vector>
 
 #include "shard_header.hpp"
-#include "trainyard/dataset.hpp"
+#include "trainyard/api/dataset.hpp"
 
 namespace trainyard::token_shards {
 

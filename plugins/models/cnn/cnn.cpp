@@ -9,9 +9,9 @@
 #include <torch/nn/modules/linear.h>
 #include <torch/nn/modules/pooling.h>
 
-#include "trainyard/loss_reduction.hpp"
-#include "trainyard/plugin.hpp"
-#include "trainyard/sequential_classifier.hpp"
+#include "trainyard/models/loss_reduction.hpp"
+#include "trainyard/api/plugin.hpp"
+#include "trainyard/models/sequential_classifier.hpp"
 
 namespace trainyard {
 namespace {

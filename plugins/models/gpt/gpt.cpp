@@ -49,13 +49,13 @@
 #include <map>
 #include <optional>
 
-#include "trainyard/block_selection.hpp"
-#include "trainyard/error.hpp"
-#include "trainyard/loss_reduction.hpp"
-#include "trainyard/model.hpp"
-#include "trainyard/parameter_init.hpp"
-#include "trainyard/plugin.hpp"
-#include "trainyard/tensor_parallel.hpp"
+#include "trainyard/parallel/block_selection.hpp"
+#include "trainyard/api/error.hpp"
+#include "trainyard/models/loss_reduction.hpp"
+#include "trainyard/api/model.hpp"
+#include "trainyard/models/parameter_init.hpp"
+#include "trainyard/api/plugin.hpp"
+#include "trainyard/parallel/tensor_parallel.hpp"
 
 namespace trainyard {
 namespace {

@@ -15,9 +15,9 @@
 
 #include "../python_update.hpp"
 #include "adamw_update.hpp"
-#include "trainyard/error.hpp"
-#include "trainyard/optimizer.hpp"
-#include "trainyard/plugin.hpp"
+#include "trainyard/api/error.hpp"
+#include "trainyard/api/optimizer.hpp"
+#include "trainyard/api/plugin.hpp"
 
 namespace trainyard {
 namespace {

@@ -13,9 +13,9 @@
 #include <algorithm>
 
 #include "../python_update.hpp"
-#include "trainyard/error.hpp"
-#include "trainyard/optimizer.hpp"
-#include "trainyard/plugin.hpp"
+#include "trainyard/api/error.hpp"
+#include "trainyard/api/optimizer.hpp"
+#include "trainyard/api/plugin.hpp"
 
 namespace trainyard {
 namespace {

@@ -2,9 +2,9 @@
 // gradients and optimizer state stay float32. bfloat16 has float32's exponent range, so no loss
 // scaling is needed.
 
-#include "trainyard/device.hpp"
-#include "trainyard/plugin.hpp"
-#include "trainyard/precision.hpp"
+#include "trainyard/api/device.hpp"
+#include "trainyard/api/plugin.hpp"
+#include "trainyard/api/precision.hpp"
 
 namespace trainyard {
 namespace {

@@ -11,10 +11,10 @@
 #include <map>
 #include <tuple>
 
-#include "trainyard/device.hpp"
-#include "trainyard/error.hpp"
-#include "trainyard/plugin.hpp"
-#include "trainyard/precision.hpp"
+#include "trainyard/api/device.hpp"
+#include "trainyard/api/error.hpp"
+#include "trainyard/api/plugin.hpp"
+#include "trainyard/api/precision.hpp"
 
 namespace trainyard {
 namespace {

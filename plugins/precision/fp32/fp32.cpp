@@ -1,7 +1,7 @@
 // Full precision: no autocast, no loss scaling.
 
-#include "trainyard/plugin.hpp"
-#include "trainyard/precision.hpp"
+#include "trainyard/api/plugin.hpp"
+#include "trainyard/api/precision.hpp"
 
 namespace trainyard {
 namespace {

@@ -5,8 +5,8 @@
 #include <cmath>
 #include <numbers>
 
-#include "trainyard/plugin.hpp"
-#include "trainyard/scheduler.hpp"
+#include "trainyard/api/plugin.hpp"
+#include "trainyard/api/scheduler.hpp"
 
 namespace trainyard {
 namespace {

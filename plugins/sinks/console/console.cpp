@@ -9,8 +9,8 @@
 #include <cstdio>
 #include <string>
 
-#include "trainyard/metrics.hpp"
-#include "trainyard/plugin.hpp"
+#include "trainyard/api/metrics.hpp"
+#include "trainyard/api/plugin.hpp"
 
 namespace trainyard {
 namespace {

@@ -7,11 +7,11 @@
 #include <iomanip>
 #include <sstream>
 
-#include "trainyard/error.hpp"
-#include "trainyard/json_quote.hpp"
-#include "trainyard/strict_json.hpp"
-#include "trainyard/metrics.hpp"
-#include "trainyard/plugin.hpp"
+#include "trainyard/api/error.hpp"
+#include "trainyard/support/json_quote.hpp"
+#include "trainyard/support/strict_json.hpp"
+#include "trainyard/api/metrics.hpp"
+#include "trainyard/api/plugin.hpp"
 
 namespace trainyard {
 namespace {

@@ -12,7 +12,7 @@
 #include <cerrno>
 #include <cstring>
 
-#include "trainyard/error.hpp"
+#include "trainyard/api/error.hpp"
 
 namespace trainyard {
 namespace {

@@ -11,9 +11,9 @@
 #include <vector>
 
 #include "event_file.hpp"
-#include "trainyard/error.hpp"
-#include "trainyard/metrics.hpp"
-#include "trainyard/plugin.hpp"
+#include "trainyard/api/error.hpp"
+#include "trainyard/api/metrics.hpp"
+#include "trainyard/api/plugin.hpp"
 
 namespace trainyard {
 namespace {

@@ -6,10 +6,10 @@
 #include <fstream>
 #include <string>
 
-#include "trainyard/error.hpp"
-#include "trainyard/json_quote.hpp"
-#include "trainyard/metrics.hpp"
-#include "trainyard/plugin.hpp"
+#include "trainyard/api/error.hpp"
+#include "trainyard/support/json_quote.hpp"
+#include "trainyard/api/metrics.hpp"
+#include "trainyard/api/plugin.hpp"
 
 namespace trainyard {
 namespace {

@@ -4,8 +4,8 @@
 #include <torch/csrc/autograd/custom_function.h>
 #include <torch/nn/modules/batchnorm.h>
 
-#include "trainyard/distributed.hpp"
-#include "trainyard/error.hpp"
+#include "trainyard/parallel/distributed.hpp"
+#include "trainyard/api/error.hpp"
 
 namespace trainyard {
 namespace {

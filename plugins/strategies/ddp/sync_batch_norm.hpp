@@ -7,7 +7,7 @@
 
 #include <memory>
 
-#include "trainyard/model.hpp"
+#include "trainyard/api/model.hpp"
 
 namespace trainyard {
 

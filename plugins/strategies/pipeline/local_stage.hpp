@@ -11,9 +11,9 @@
 #include <vector>
 
 #include "stage_parameters.hpp"
-#include "trainyard/model.hpp"
-#include "trainyard/parameter_pieces.hpp"
-#include "trainyard/pipeline_stages.hpp"
+#include "trainyard/api/model.hpp"
+#include "trainyard/api/parameter_pieces.hpp"
+#include "trainyard/parallel/pipeline_stages.hpp"
 
 namespace trainyard {
 

@@ -6,11 +6,11 @@
 
 #include <string>
 
-#include "trainyard/device_mesh.hpp"
-#include "trainyard/distributed.hpp"
-#include "trainyard/error.hpp"
-#include "trainyard/placed_state.hpp"
-#include "trainyard/tensor_parallel_step.hpp"
+#include "trainyard/parallel/mesh_layout.hpp"
+#include "trainyard/parallel/distributed.hpp"
+#include "trainyard/api/error.hpp"
+#include "trainyard/api/placed_state.hpp"
+#include "trainyard/parallel/tensor_parallel_step.hpp"
 
 namespace trainyard {
 namespace {

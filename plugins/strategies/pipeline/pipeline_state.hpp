@@ -7,7 +7,7 @@
 #include <vector>
 
 #include "local_stage.hpp"
-#include "trainyard/state.hpp"
+#include "trainyard/api/state.hpp"
 
 namespace c10d {
 class Backend;

@@ -3,8 +3,8 @@
 #include <ATen/ATen.h>
 #include <torch/csrc/distributed/c10d/Backend.hpp>
 
-#include "trainyard/distributed.hpp"
-#include "trainyard/error.hpp"
+#include "trainyard/parallel/distributed.hpp"
+#include "trainyard/api/error.hpp"
 
 namespace trainyard {
 namespace {

@@ -16,7 +16,7 @@
 #include <tuple>
 #include <vector>
 
-#include "trainyard/activations.hpp"
+#include "trainyard/api/activations.hpp"
 
 namespace c10d {
 class Backend;

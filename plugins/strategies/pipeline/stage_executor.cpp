@@ -5,9 +5,9 @@
 
 #include <string>
 
-#include "trainyard/error.hpp"
-#include "trainyard/precision.hpp"
-#include "trainyard/step_phases.hpp"
+#include "trainyard/api/error.hpp"
+#include "trainyard/api/precision.hpp"
+#include "trainyard/api/step_phases.hpp"
 
 namespace trainyard {
 namespace {

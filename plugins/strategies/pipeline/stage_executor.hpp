@@ -14,11 +14,11 @@
 
 #include "local_stage.hpp"
 #include "stage_channel.hpp"
-#include "trainyard/activations.hpp"
-#include "trainyard/batch.hpp"
-#include "trainyard/pipeline_schedule.hpp"
-#include "trainyard/pipeline_timeline.hpp"
-#include "trainyard/strategy.hpp"
+#include "trainyard/api/activations.hpp"
+#include "trainyard/api/batch.hpp"
+#include "trainyard/parallel/pipeline_schedule.hpp"
+#include "trainyard/parallel/pipeline_timeline.hpp"
+#include "trainyard/api/strategy.hpp"
 
 namespace trainyard {
 

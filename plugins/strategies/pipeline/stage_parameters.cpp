@@ -5,8 +5,8 @@
 
 #include <map>
 
-#include "trainyard/error.hpp"
-#include "trainyard/gradients.hpp"
+#include "trainyard/api/error.hpp"
+#include "trainyard/parallel/gradients.hpp"
 
 namespace trainyard {
 

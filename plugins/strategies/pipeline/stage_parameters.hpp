@@ -11,11 +11,11 @@
 #include <string>
 #include <vector>
 
-#include "trainyard/gradient_reducer.hpp"
-#include "trainyard/held_bytes.hpp"
-#include "trainyard/model.hpp"
-#include "trainyard/parameter_pieces.hpp"
-#include "trainyard/sharded_units.hpp"
+#include "trainyard/parallel/gradient_reducer.hpp"
+#include "trainyard/api/held_bytes.hpp"
+#include "trainyard/api/model.hpp"
+#include "trainyard/api/parameter_pieces.hpp"
+#include "trainyard/parallel/sharded_units.hpp"
 
 namespace c10d {
 class Backend;

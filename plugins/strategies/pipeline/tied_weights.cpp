@@ -5,7 +5,7 @@
 #include <set>
 
 #include "stage_channel.hpp"
-#include "trainyard/activations.hpp"
+#include "trainyard/api/activations.hpp"
 
 namespace trainyard {
 

@@ -11,9 +11,9 @@
 #include <vector>
 
 #include "local_stage.hpp"
-#include "trainyard/model.hpp"
-#include "trainyard/pipeline_schedule.hpp"
-#include "trainyard/pipeline_stages.hpp"
+#include "trainyard/api/model.hpp"
+#include "trainyard/parallel/pipeline_schedule.hpp"
+#include "trainyard/parallel/pipeline_stages.hpp"
 
 namespace trainyard {
 

@@ -4,19 +4,19 @@
 #include <ATen/core/grad_mode.h>
 #include <torch/optim/optimizer.h>
 
-#include "trainyard/activation_checkpoint.hpp"
-#include "trainyard/communicator.hpp"
-#include "trainyard/error.hpp"
-#include "trainyard/gradients.hpp"
-#include "trainyard/held_blocks.hpp"
-#include "trainyard/micro_batch.hpp"
-#include "trainyard/model.hpp"
-#include "trainyard/optimizer.hpp"
-#include "trainyard/parameter_pieces.hpp"
-#include "trainyard/plugin.hpp"
-#include "trainyard/precision.hpp"
-#include "trainyard/replicated_step.hpp"
-#include "trainyard/strategy.hpp"
+#include "trainyard/api/activation_checkpoint.hpp"
+#include "trainyard/api/communicator.hpp"
+#include "trainyard/api/error.hpp"
+#include "trainyard/parallel/gradients.hpp"
+#include "trainyard/parallel/held_blocks.hpp"
+#include "trainyard/parallel/micro_batch.hpp"
+#include "trainyard/api/model.hpp"
+#include "trainyard/api/optimizer.hpp"
+#include "trainyard/api/parameter_pieces.hpp"
+#include "trainyard/api/plugin.hpp"
+#include "trainyard/api/precision.hpp"
+#include "trainyard/parallel/replicated_step.hpp"
+#include "trainyard/api/strategy.hpp"
 
 namespace trainyard {
 namespace {

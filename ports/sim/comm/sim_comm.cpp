@@ -4,8 +4,8 @@
 #include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
 
 #include "sim_process_group.hpp"
-#include "trainyard/c10d_communicator.hpp"
-#include "trainyard/plugin.hpp"
+#include "trainyard/parallel/c10d_communicator.hpp"
+#include "trainyard/api/plugin.hpp"
 
 namespace trainyard {
 namespace {

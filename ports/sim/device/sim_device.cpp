@@ -8,8 +8,8 @@
 #include <string>
 
 #include "sim_runtime.hpp"
-#include "trainyard/device.hpp"
-#include "trainyard/plugin.hpp"
+#include "trainyard/api/device.hpp"
+#include "trainyard/api/plugin.hpp"
 
 namespace trainyard {
 namespace {

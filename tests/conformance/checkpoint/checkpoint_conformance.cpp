@@ -9,8 +9,8 @@
 
 #include "conformance.hpp"
 #include "test_support.hpp"
-#include "trainyard/checkpoint.hpp"
-#include "trainyard/error.hpp"
+#include "trainyard/api/checkpoint.hpp"
+#include "trainyard/api/error.hpp"
 
 namespace {
 

@@ -23,13 +23,13 @@
 
 #include "conformance.hpp"
 #include "test_support.hpp"
-#include "trainyard/collective_counter.hpp"
-#include "trainyard/communicator.hpp"
-#include "trainyard/device.hpp"
-#include "trainyard/device_mesh.hpp"
-#include "trainyard/distributed.hpp"
-#include "trainyard/error.hpp"
-#include "trainyard/process_mesh.hpp"
+#include "trainyard/parallel/collective_counter.hpp"
+#include "trainyard/api/communicator.hpp"
+#include "trainyard/api/device.hpp"
+#include "trainyard/parallel/mesh_layout.hpp"
+#include "trainyard/parallel/distributed.hpp"
+#include "trainyard/api/error.hpp"
+#include "trainyard/parallel/process_mesh.hpp"
 
 namespace {
 

@@ -13,8 +13,8 @@
 #include <vector>
 
 #include "conformance.hpp"
-#include "trainyard/dataset.hpp"
-#include "trainyard/error.hpp"
+#include "trainyard/api/dataset.hpp"
+#include "trainyard/api/error.hpp"
 
 namespace {
 

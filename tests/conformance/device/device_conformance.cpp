@@ -14,9 +14,9 @@
 
 #include "conformance.hpp"
 #include "test_support.hpp"
-#include "trainyard/batch.hpp"
-#include "trainyard/communicator.hpp"
-#include "trainyard/device.hpp"
+#include "trainyard/api/batch.hpp"
+#include "trainyard/api/communicator.hpp"
+#include "trainyard/api/device.hpp"
 
 namespace {
 

@@ -12,8 +12,8 @@
 #include <set>
 
 #include "conformance.hpp"
-#include "trainyard/error.hpp"
-#include "trainyard/model.hpp"
+#include "trainyard/api/error.hpp"
+#include "trainyard/api/model.hpp"
 
 namespace {
 

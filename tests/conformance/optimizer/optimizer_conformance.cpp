@@ -8,7 +8,7 @@
 #include <map>
 
 #include "conformance.hpp"
-#include "trainyard/optimizer.hpp"
+#include "trainyard/api/optimizer.hpp"
 
 namespace {
 

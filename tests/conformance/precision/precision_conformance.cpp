@@ -14,9 +14,9 @@
 
 #include "conformance.hpp"
 #include "test_support.hpp"
-#include "trainyard/device.hpp"
-#include "trainyard/error.hpp"
-#include "trainyard/precision.hpp"
+#include "trainyard/api/device.hpp"
+#include "trainyard/api/error.hpp"
+#include "trainyard/api/precision.hpp"
 
 namespace {
 

@@ -5,7 +5,7 @@
 #include <cmath>
 
 #include "conformance.hpp"
-#include "trainyard/scheduler.hpp"
+#include "trainyard/api/scheduler.hpp"
 
 namespace {
 

@@ -7,7 +7,7 @@
 
 #include "conformance.hpp"
 #include "test_support.hpp"
-#include "trainyard/metrics.hpp"
+#include "trainyard/api/metrics.hpp"
 
 namespace {
 

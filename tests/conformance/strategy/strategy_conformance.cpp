@@ -20,15 +20,15 @@
 
 #include "conformance.hpp"
 #include "test_support.hpp"
-#include "trainyard/communicator.hpp"
-#include "trainyard/device.hpp"
-#include "trainyard/model.hpp"
-#include "trainyard/optimizer.hpp"
-#include "trainyard/precision.hpp"
-#include "trainyard/process_mesh.hpp"
+#include "trainyard/api/communicator.hpp"
+#include "trainyard/api/device.hpp"
+#include "trainyard/api/model.hpp"
+#include "trainyard/api/optimizer.hpp"
+#include "trainyard/api/precision.hpp"
+#include "trainyard/parallel/process_mesh.hpp"
 #include "trainyard/runtime/allocation_tracker.hpp"
-#include "trainyard/step_phases.hpp"
-#include "trainyard/strategy.hpp"
+#include "trainyard/api/step_phases.hpp"
+#include "trainyard/api/strategy.hpp"
 
 namespace {
 

@@ -7,7 +7,7 @@
 #include <string>
 #include <vector>
 
-#include "trainyard/checkpoint_file.hpp"
+#include "trainyard/api/checkpoint_file.hpp"
 
 namespace trainyard {
 

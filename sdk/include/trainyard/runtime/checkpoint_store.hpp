@@ -12,11 +12,11 @@
 #include <thread>
 #include <vector>
 
-#include "trainyard/checkpoint.hpp"
+#include "trainyard/api/checkpoint.hpp"
 #include "trainyard/runtime/checkpoint_manifest.hpp"
 #include "trainyard/runtime/optimizer_step_gate.hpp"
 #include "trainyard/runtime/optimizer_stepped_memory.hpp"
-#include "trainyard/state.hpp"
+#include "trainyard/api/state.hpp"
 
 namespace trainyard {
 

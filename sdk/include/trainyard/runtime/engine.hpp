@@ -12,10 +12,10 @@
 #include <string>
 #include <vector>
 
-#include "trainyard/batch.hpp"
-#include "trainyard/registry.hpp"
+#include "trainyard/api/batch.hpp"
+#include "trainyard/api/registry.hpp"
 #include "trainyard/runtime/recipe.hpp"
-#include "trainyard/strategy.hpp"
+#include "trainyard/api/strategy.hpp"
 
 namespace trainyard {
 

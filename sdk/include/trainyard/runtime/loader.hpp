@@ -10,10 +10,10 @@
 #include <optional>
 #include <vector>
 
-#include "trainyard/batch.hpp"
-#include "trainyard/dataset.hpp"
-#include "trainyard/state.hpp"
-#include "trainyard/strategy.hpp"
+#include "trainyard/api/batch.hpp"
+#include "trainyard/api/dataset.hpp"
+#include "trainyard/api/state.hpp"
+#include "trainyard/api/strategy.hpp"
 
 namespace trainyard {
 

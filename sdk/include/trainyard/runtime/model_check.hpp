@@ -1,7 +1,7 @@
 #pragma once
 // What `trainyard validate` checks beyond the recipe's keys: that the recipe's model builds.
 
-#include "trainyard/registry.hpp"
+#include "trainyard/api/registry.hpp"
 #include "trainyard/runtime/recipe.hpp"
 
 namespace trainyard {

@@ -5,7 +5,7 @@
 #include <string>
 #include <vector>
 
-#include "trainyard/registry.hpp"
+#include "trainyard/api/registry.hpp"
 
 namespace trainyard {
 

@@ -7,9 +7,9 @@
 #include <string>
 #include <vector>
 
-#include "trainyard/config.hpp"
-#include "trainyard/device_mesh.hpp"
-#include "trainyard/registry.hpp"
+#include "trainyard/api/config.hpp"
+#include "trainyard/parallel/mesh_layout.hpp"
+#include "trainyard/api/registry.hpp"
 
 namespace trainyard {
 

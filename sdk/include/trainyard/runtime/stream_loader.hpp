@@ -35,10 +35,10 @@
 #include <optional>
 #include <vector>
 
-#include "trainyard/batch.hpp"
-#include "trainyard/dataset.hpp"
+#include "trainyard/api/batch.hpp"
+#include "trainyard/api/dataset.hpp"
 #include "trainyard/runtime/loader.hpp"
-#include "trainyard/state.hpp"
+#include "trainyard/api/state.hpp"
 
 namespace trainyard {
 

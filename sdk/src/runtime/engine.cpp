@@ -1,0 +1,416 @@
+#include "trainyard/runtime/engine.hpp"
+
+#include <ATen/ATen.h>
+#include <ATen/Parallel.h>
+
+#include <chrono>
+#include <cstring>
+#include <iostream>
+#include <limits>
+
+#include "checkpointing.hpp"
+#include "components.hpp"
+#include "device_placement.hpp"
+#include "distributed_runtime.hpp"
+#include "evaluation.hpp"
+#include "metrics_reporter.hpp"
+#include "model_export.hpp"
+#include "run_options.hpp"
+#include "step_record.hpp"
+#include "stop_signals.hpp"
+#include "training_data.hpp"
+#include "trainyard/parallel/collective_counter.hpp"
+#include "trainyard/api/device.hpp"
+#include "trainyard/api/error.hpp"
+#include "trainyard/runtime/loader.hpp"
+#include "trainyard/runtime/loader_tuning.hpp"
+#include "trainyard/runtime/optimizer_step_gate.hpp"
+#include "trainyard/api/sample_index.hpp"
+#include "trainyard/api/scheduler.hpp"
+#include "trainyard/api/step_phases.hpp"
+
+namespace trainyard {
+
+using Clock = std::chrono::steady_clock;
+
+struct Engine::State {
+  Recipe recipe;
+  RunControls controls;
+  Clock::time_point run_start = Clock::now();
+  RunOptions run;
+  LoaderSettings loader;
+  std::unique_ptr<DistributedRuntime> runtime;
+  DevicePlacement placement;
+  Components components;
+  // The step phases the strategy marks.
+  std::unique_ptr<PhaseClock> phases;
+  // Held by an asynchronous checkpoint until it has copied what the next optimizer step changes.
+  OptimizerStepGate optimizer_step_gate;
+  std::unique_ptr<TrainingData> data;
+  std::unique_ptr<Checkpointing> checkpointing;  // null without [checkpoint]
+  std::unique_ptr<Evaluation> evaluation;        // null without evaluation
+  std::unique_ptr<MetricsReporter> reporter;
+  // Chooses the loader's workers and the compute threads over the first steps; null when the
+  // recipe sets the workers or the split is a stream.
+  std::unique_ptr<LoaderTuner> loader_tuner;
+  std::int64_t step = 0;
+  // run.step_record_file, on rank 0; the indices of the micro-batches taken for the next step.
+  std::unique_ptr<StepRecord> step_record;
+  std::vector<std::vector<std::int64_t>> micro_batch_indices;
+  double learning_rate = 0;
+
+  State(Recipe r, RunControls c) : recipe(std::move(r)), controls(std::move(c)) {}
+
+  void log(const std::string& message) const {
+    if (controls.log) {
+      controls.log(message);
+    } else {
+      std::cerr << message << std::endl;
+    }
+  }
+  std::function<void(const std::string&)> logger() const {
+    return [this](const std::string& message) { log(message); };
+  }
+
+  double elapsed() const { return std::chrono::duration<double>(Clock::now() - run_start).count(); }
+  Strategy& strategy() const { return *components.strategy; }
+  // Samples per optimizer step over every data-parallel rank.
+  std::int64_t global_batch() const {
+    return static_cast<std::int64_t>(runtime->data_parallel_place().size) * run.grad_accumulation *
+           loader.batch_size;
+  }
+  TrainingPosition position(std::int64_t epoch) const {
+    return {step, epoch, data->loader().position()};
+  }
+};
+
+Engine::Engine(Recipe recipe, const Registry& registry, RunControls controls)
+    : state_(std::make_unique<State>(std::move(recipe), std::move(controls))) {
+  State& s = *state_;
+  s.run = RunOptions::read(s.recipe);
+  s.loader = LoaderSettings::read(s.recipe);
+  s.runtime = std::make_unique<DistributedRuntime>(s.run, s.recipe.section("parallel"));
+
+  BuildContext build;
+  build.seed = s.run.seed;
+  build.recipe_dir = s.recipe.path.parent_path();
+  build.output_dir = s.run.output_dir;
+  s.placement = DevicePlacement::choose(s.run, registry, s.runtime->local_rank(), build);
+  s.placement.make_current();
+  build.device = s.placement.device;
+  build.device_backend = s.placement.backend;
+  s.runtime->connect(s.recipe, registry, *s.placement.backend, s.placement.device, build,
+                     s.logger());
+
+  // Every random stream starts from the recipe's seed, before anything draws from it.
+  at::manual_seed(s.run.seed);
+  s.placement.backend->manual_seed(s.run.seed);
+
+  s.components = Components::build(s.recipe, registry, build);
+  StrategyContext context = s.components.strategy_context(s.recipe, registry, build);
+  context.device_backend = s.placement.backend;
+  context.step.accumulation = s.run.grad_accumulation;
+  context.step.max_grad_norm = s.run.max_grad_norm;
+  context.step.activation_checkpointing = s.run.activation_checkpointing;
+  s.phases = std::make_unique<PhaseClock>(s.placement.backend.get(), s.placement.index, false);
+  context.phases = s.phases.get();
+  context.optimizer_step_gate = &s.optimizer_step_gate;
+  s.runtime->naming_failures([&] { s.strategy().setup(context); });
+
+  s.data = std::make_unique<TrainingData>(
+      *s.components.dataset, s.recipe.section("dataset").get_string("plugin"), s.loader, s.run,
+      s.placement, s.runtime->data_parallel_place(), s.runtime->cores(), s.runtime->local_ranks());
+  if (s.data->chooses_workers()) {
+    LoaderTuningSettings tuning;
+    tuning.cores = std::max(1, static_cast<int>(s.runtime->cores()) /
+                                   std::max(1, s.runtime->local_ranks()));
+    tuning.threads = at::get_num_threads();
+    tuning.tune_threads = s.run.threads == 0;
+    s.loader_tuner = std::make_unique<LoaderTuner>(tuning);
+  }
+  if (!s.data->eval_split().empty()) {
+    LoaderOptions options;
+    options.batch_size = s.loader.evaluation_batch_size();
+    options.shuffle = false;
+    options.drop_last = false;
+    options.pad = false;
+    s.evaluation = std::make_unique<Evaluation>(s.components.dataset, s.data->eval_split(), options,
+                                                s.run.eval_max_batches, s.strategy(),
+                                                s.placement.device, *s.runtime);
+  }
+  if (s.recipe.has_section("checkpoint")) {
+    CheckpointedRun saved;
+    saved.strategy = s.components.strategy.get();
+    saved.precision = s.components.precision.get();
+    saved.device = s.placement.backend.get();
+    saved.optimizer_step_gate = &s.optimizer_step_gate;
+    saved.loader = &s.data->loader();
+    saved.recipe_toml = to_toml(*s.recipe.root);
+    saved.global_batch = s.global_batch();
+    saved.steps_per_epoch = s.data->steps_per_epoch();
+    saved.accumulation = s.run.grad_accumulation;
+    saved.world_size = s.runtime->world_size();
+    saved.mesh = build.mesh->layout().describe();
+    saved.layout = s.recipe.section("strategy").get_string("plugin") + " on " + saved.mesh;
+    if (const std::string cut = s.strategy().describe_layout(); !cut.empty()) {
+      saved.layout += ", " + cut;
+    }
+    s.checkpointing = std::make_unique<Checkpointing>(s.recipe, registry, build, s.run.output_dir,
+                                                      std::move(saved), s.runtime->agreement());
+  }
+
+  MeterSetup meter;
+  meter.tokens_per_sample = build.data.sequence_length;
+  meter.flops_per_sample = *s.components.flops_per_sample;
+  if (s.runtime->multi_process()) {
+    DistributedRuntime* runtime = s.runtime.get();
+    meter.sum_over_ranks = [runtime](std::vector<double> values) {
+      return runtime->sum(std::move(values));
+    };
+  }
+  ReportedRun reported{s.components.strategy, s.components.precision, s.components.scheduler,
+                       s.placement,           &s.data->loader(),      s.components.base_lr,
+                       s.data->total_steps(), s.runtime->rank()};
+  s.reporter =
+      std::make_unique<MetricsReporter>(s.recipe, registry, build, *s.phases, meter,
+                                        s.run.peak_tflops, std::move(reported), s.logger());
+}
+
+Engine::~Engine() = default;
+
+Strategy& Engine::strategy() { return state_->strategy(); }
+Loader& Engine::train_loader() { return state_->data->loader(); }
+const torch::Device& Engine::device() const { return state_->placement.device; }
+std::int64_t Engine::step() const { return state_->step; }
+
+std::vector<Batch> Engine::next_micro_batches() {
+  State& s = *state_;
+  PhaseClock& phases = s.reporter->meter().phases();
+  phases.begin_step(s.step);
+  std::vector<Batch> host;
+  host.reserve(static_cast<std::size_t>(s.run.grad_accumulation));
+  if (s.step_record) s.micro_batch_indices.clear();
+  for (std::int64_t i = 0; i < s.run.grad_accumulation; ++i) {
+    std::vector<std::int64_t> indices;
+    if (s.step_record) indices = s.data->loader().next_batch_indices();
+    std::optional<Batch> batch = s.data->loader().next();
+    if (!batch) {
+      phases.cancel_step();
+      return {};
+    }
+    // A stream names its samples in the batch (map-style splits are named by the loader); the
+    // name is not the model's input.
+    if (auto named = batch->tensors.find(kSampleIndexKey); named != batch->tensors.end()) {
+      if (s.step_record) {
+        const at::Tensor values = named->second.to(at::kLong).contiguous();
+        indices.assign(values.data_ptr<std::int64_t>(),
+                       values.data_ptr<std::int64_t>() + values.numel());
+      }
+      batch->tensors.erase(named);
+    }
+    if (s.step_record) s.micro_batch_indices.push_back(std::move(indices));
+    host.push_back(std::move(*batch));
+  }
+  phases.end_data_wait();
+  std::vector<Batch> micro;
+  micro.reserve(host.size());
+  for (const Batch& batch : host) {
+    micro.push_back(s.placement.backend->stage(batch, s.placement.index));
+  }
+  phases.mark(StepPhase::HostToDevice);
+  // Host copies are released after the mark: freeing pinned memory is not copying.
+  return micro;
+}
+
+StepResult Engine::train_one_step(std::span<const Batch> micro_batches) {
+  State& s = *state_;
+  // A mesh of one rank has no groups: nothing to count, nothing to take.
+  CollectiveCounter* collectives =
+      s.runtime->mesh()->world_size() > 1 ? &s.runtime->mesh()->collectives() : nullptr;
+  // What was issued between steps (evaluation, checkpoints) is not this step's.
+  if (collectives) collectives->take();
+  s.learning_rate =
+      s.components.scheduler->learning_rate(s.step, s.data->total_steps(), s.components.base_lr);
+  s.strategy().set_learning_rate(s.learning_rate);
+  StepResult result = s.strategy().train_step(micro_batches);
+  if (s.optimizer_step_gate.held()) {
+    // Its optimizer may have changed tensors while a checkpoint was copying them.
+    throw Error("strategy '" + s.recipe.section("strategy").get_string("plugin") +
+                "' stepped its optimizer without StrategyContext::before_optimizer_step() while "
+                "an asynchronous checkpoint copied its optimizer_stepped_tensors(); the "
+                "checkpoint could mix two steps");
+  }
+  if (s.step_record) {
+    // A pipeline's loss lives on its last stage: rank 0 of a pipeline records no loss.
+    const double loss = result.loss.defined() ? result.loss.item<double>()
+                                              : std::numeric_limits<double>::quiet_NaN();
+    s.step_record->write(s.step, s.learning_rate, loss, s.micro_batch_indices);
+  }
+  if (collectives) {
+    for (const auto& [group, count] : per_group(collectives->take())) {
+      result.metrics.emplace_back("comm_" + group + "_calls", static_cast<double>(count.calls));
+      result.metrics.emplace_back("comm_" + group + "_bytes", static_cast<double>(count.bytes));
+    }
+  }
+  s.reporter->meter().phases().end_step();
+  ++s.step;
+  s.reporter->meter().add_step(result);
+  return result;
+}
+
+namespace {
+
+std::string describe_loader(int workers, int threads) {
+  return std::to_string(workers) + (workers == 1 ? " loader worker, " : " loader workers, ") +
+         std::to_string(threads) + (threads == 1 ? " compute thread" : " compute threads");
+}
+
+}  // namespace
+
+void Engine::announce_loader() {
+  State& s = *state_;
+  if (s.runtime->rank() != 0) return;
+  if (s.loader_tuner) {
+    s.log("trainyard: loader.workers = -1: timing batch preparation in line over the first "
+          "steps, then choosing the workers");
+    return;
+  }
+  const std::string why = s.loader.workers == -1
+                              ? " (a streaming split's order depends on its worker count: a "
+                                "quarter of the cores, fixed at start)"
+                              : " (loader.workers)";
+  s.log("trainyard: loader: " + describe_loader(s.data->loader().workers(), at::get_num_threads()) +
+        why);
+}
+
+void Engine::tune_loader(double wait_s, double step_s) {
+  State& s = *state_;
+  const std::optional<LoaderChoice> choice = s.loader_tuner->observe(wait_s, step_s);
+  if (!choice) return;
+  if (choice->workers != s.data->loader().workers()) s.data->loader().set_workers(choice->workers);
+  if (choice->threads != at::get_num_threads()) at::set_num_threads(choice->threads);
+  if (!s.loader_tuner->settled()) return;
+  s.reporter->set_loader_choice(s.loader_tuner->prepare_ms(), s.loader_tuner->prepare_share());
+  if (s.runtime->rank() == 0) {
+    s.log("trainyard: loader: " + describe_loader(choice->workers, choice->threads) + " after " +
+          std::to_string(s.step) + " steps: " + choice->reason);
+  }
+}
+
+void Engine::stop_on_signal(int signal, std::int64_t epoch) {
+  State& s = *state_;
+  s.reporter->flush_train(s.step, epoch, s.elapsed());
+  std::string saved = "no [checkpoint] section: nothing saved";
+  if (s.checkpointing) {
+    if (!s.checkpointing->saved_at(s.step)) s.checkpointing->save(s.position(epoch));
+    s.checkpointing->commit_pending();
+    saved = "checkpoint " + s.checkpointing->last_checkpoint()->string() +
+            " saved; --resume auto continues";
+  }
+  if (s.runtime->rank() == 0) {
+    s.log(std::string("trainyard: stopping at step ") + std::to_string(s.step) + " on SIG" +
+          sigabbrev_np(signal) + ": " + saved);
+  }
+}
+
+RunSummary Engine::run() {
+  State& s = *state_;
+  return s.runtime->naming_failures([&] {
+    RunSummary summary = run_steps();
+    s.runtime->finish();
+    return summary;
+  });
+}
+
+RunSummary Engine::run_steps() {
+  State& s = *state_;
+  TrainingPosition start;
+  if (s.controls.resume) {
+    if (!s.checkpointing) {
+      throw Error(
+          "--resume needs checkpoints, and the recipe has no [checkpoint] section: add one "
+          "(`[checkpoint]` with `plugin = \"torch\"`, or --set checkpoint.plugin=torch) so that "
+          "runs save checkpoints to resume from");
+    }
+    start = s.checkpointing->resume(*s.controls.resume, s.logger()).value_or(start);
+    s.step = start.step;
+  }
+  const std::int64_t total_steps = s.data->total_steps();
+  if (!s.run.initial_model_file.empty()) {
+    export_final_model(s.strategy(), s.runtime->rank(), s.run.initial_model_file);
+  }
+  if (!s.run.step_record_file.empty() && s.runtime->rank() == 0) {
+    s.step_record = std::make_unique<StepRecord>(s.run.step_record_file);
+  }
+  s.reporter->begin({s.recipe.name(), total_steps, s.data->steps_per_epoch(), s.run.epochs,
+                     s.runtime->rank(), s.runtime->world_size(), s.run.output_dir.string(),
+                     start.step});
+  announce_loader();
+  if (s.checkpointing) s.checkpointing->start_clock();
+  const auto run_started = Clock::now();
+  const std::int64_t first_step = s.step;
+  TrainingMeter& meter = s.reporter->meter();
+  meter.restart_clock();
+  const StopSignals stop_signals(s.run.stop_signals);
+  int stopped_by = 0;  // the signal the ranks agreed to stop on
+  std::int64_t epoch = start.epoch;
+  for (std::int64_t first_batch = start.batch_in_epoch;
+       epoch < s.run.epochs && s.step < total_steps; ++epoch, first_batch = 0) {
+    s.data->loader().start_epoch(epoch, first_batch);
+    while (s.step < total_steps) {
+      const auto step_started = Clock::now();
+      std::vector<Batch> micro = next_micro_batches();
+      if (micro.empty()) break;
+      const auto batches_ready = Clock::now();
+      s.runtime->before_step(s.step);
+      train_one_step(micro);
+      if (s.loader_tuner && !s.loader_tuner->settled()) {
+        using Seconds = std::chrono::duration<double>;
+        tune_loader(Seconds(batches_ready - step_started).count(),
+                    Seconds(Clock::now() - step_started).count());
+      }
+      const bool log_boundary = s.step % s.run.log_every == 0;
+      if (log_boundary) s.reporter->flush_train(s.step, epoch, s.elapsed());
+      // Throughput and step time measure training, not saving.
+      if (s.checkpointing &&
+          s.checkpointing->after_step(s.position(epoch), total_steps, log_boundary)) {
+        meter.restart_clock();
+      }
+      stopped_by = s.runtime->agreed_stop_signal(StopSignals::received());
+      if (stopped_by != 0) break;
+    }
+    if (stopped_by != 0) {
+      stop_on_signal(stopped_by, epoch);
+      break;
+    }
+    const bool finished = s.step >= total_steps;
+    s.reporter->flush_train(s.step, epoch, s.elapsed());
+    const bool epoch_complete = s.data->epoch_complete();
+    if (s.evaluation && (epoch_complete || finished)) {
+      s.reporter->write_eval(s.step, epoch, s.elapsed(), s.evaluation->run());
+      meter.restart_clock();
+    }
+    // A completed epoch resumes at the start of the next one.
+    if (finished && s.checkpointing) {
+      s.checkpointing->at_end(epoch_complete ? TrainingPosition{s.step, epoch + 1, 0}
+                                             : s.position(epoch));
+    }
+  }
+
+  if (s.checkpointing) s.checkpointing->commit_pending();
+  // A run stopped by a signal has not finished: it leaves a checkpoint, not a final model.
+  if (!s.run.final_model_file.empty() && stopped_by == 0) {
+    export_final_model(s.strategy(), s.runtime->rank(), s.run.final_model_file);
+  }
+  RunSummary summary;
+  summary.stopped_by_signal = stopped_by;
+  summary.steps = s.step;
+  summary.wall_s = std::chrono::duration<double>(Clock::now() - run_started).count();
+  summary.samples = (s.step - first_step) * s.run.grad_accumulation * s.loader.batch_size;
+  summary.samples_per_s =
+      summary.wall_s > 0 ? static_cast<double>(summary.samples) / summary.wall_s : 0;
+  if (s.checkpointing) summary.last_checkpoint = s.checkpointing->last_checkpoint();
+  return s.reporter->finish(summary, epoch, s.elapsed());
+}
+
+}  // namespace trainyard
