@@ -7,6 +7,10 @@
 #   suite_labels   the binary's ctest labels
 #   suite_timeout  seconds per test case; a suite gets this times its number of tests
 #   suite_serial   suites that must run alone (timing-sensitive ones), a ;-list
+#   suite_shard_size  0, or the most cases one process runs: a larger suite is split into shards
+#                  (GoogleTest's GTEST_TOTAL_SHARDS/GTEST_SHARD_INDEX), ctest tests "<suite>:shardK"
+#   suite_cost     ctest's COST of each test: on a fresh build tree (no timings recorded yet) ctest
+#                  starts the costliest first, so a long test does not start last and run alone
 #
 # One process per suite instead of one per test: every process loads LibTorch (about half a
 # second here), so a binary of 40 tests spends 20 s starting up when run test by test.
@@ -51,12 +55,31 @@ foreach(entry IN LISTS entries)
   list(GET fields 0 suite)
   list(GET fields 1 count)
   string(REPLACE "/" "_" xml_name "${suite}")
-  add_test("${suite}" "${suite_binary}" "--gtest_filter=${suite}.*"
-    "--gtest_output=xml:${suite_xml_dir}/${xml_name}.xml")
-  math(EXPR timeout "${suite_timeout} * ${count}")
-  set_tests_properties("${suite}" PROPERTIES LABELS "${suite_labels}" TIMEOUT "${timeout}")
-  list(FIND suite_serial "${suite}" serial_at)  # ctest reads this without if(IN_LIST)'s policy
-  if(NOT serial_at EQUAL -1)
-    set_tests_properties("${suite}" PROPERTIES RUN_SERIAL TRUE)
+  set(shards 1)
+  if(suite_shard_size GREATER 0 AND count GREATER suite_shard_size)
+    math(EXPR shards "(${count} + ${suite_shard_size} - 1) / ${suite_shard_size}")
   endif()
+  math(EXPR last_shard "${shards} - 1")
+  foreach(shard RANGE ${last_shard})
+    if(shards EQUAL 1)
+      set(name "${suite}")
+      set(xml "${suite_xml_dir}/${xml_name}.xml")
+      math(EXPR timeout "${suite_timeout} * ${count}")
+    else()
+      set(name "${suite}:shard${shard}")
+      set(xml "${suite_xml_dir}/${xml_name}.shard${shard}.xml")
+      math(EXPR timeout "${suite_timeout} * ${suite_shard_size}")
+    endif()
+    add_test("${name}" "${suite_binary}" "--gtest_filter=${suite}.*" "--gtest_output=xml:${xml}")
+    set_tests_properties("${name}" PROPERTIES LABELS "${suite_labels}" TIMEOUT "${timeout}"
+      COST "${suite_cost}")
+    if(shards GREATER 1)
+      set_tests_properties("${name}" PROPERTIES
+        ENVIRONMENT "GTEST_TOTAL_SHARDS=${shards};GTEST_SHARD_INDEX=${shard}")
+    endif()
+    list(FIND suite_serial "${suite}" serial_at)  # ctest reads this without if(IN_LIST)'s policy
+    if(NOT serial_at EQUAL -1)
+      set_tests_properties("${name}" PROPERTIES RUN_SERIAL TRUE)
+    endif()
+  endforeach()
 endforeach()

@@ -93,11 +93,19 @@ result = run_with_suites(
      ("Layers", [("Forward", None), ("Backward", None)])],
     ["PrecisionOnCuda", "Layers", "Docs.ShownCommandsRun"])
 expect(result.returncode == 0, f"covered GPU-only suite skip failed: {result.stdout}{result.stderr}")
-expect("5 tests: 4 GoogleTest cases in 2 suite processes, and 1 other ctest tests" in result.stdout,
+expect("5 tests: 4 GoogleTest cases of 2 suites in 2 processes, and 1 other ctest tests" in result.stdout,
        result.stdout)
 expect("PrecisionOnCuda.Bf16AndFp16StepsRunOnTheGpu: [gpu only] no CUDA device" in result.stdout,
        result.stdout)
 expect("1 tests skipped" in result.stdout, result.stdout)
+
+# A suite split into shards: each shard's process writes its own file; the shards' ctest tests
+# ("Suite:shardK") count as that suite, not as other tests.
+result = run_with_suites([("Grid", [("A", None), ("B", None)]), ("Grid", [("C", None)])],
+                         ["Grid:shard0", "Grid:shard1"])
+expect(result.returncode == 0, f"sharded suite failed: {result.stdout}{result.stderr}")
+expect("3 tests: 3 GoogleTest cases of 1 suites in 2 processes, and 0 other ctest tests"
+       in result.stdout, result.stdout)
 
 # A GPU-only case inside a suite the filter does not select fails the run and is named.
 result = run_with_suites([("Layers", [("HalfOnTheDevice", "x.cpp:1&#x0A;[gpu only] no CUDA"),
