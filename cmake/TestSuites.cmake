@@ -11,6 +11,7 @@
 #                  (GoogleTest's GTEST_TOTAL_SHARDS/GTEST_SHARD_INDEX), ctest tests "<suite>:shardK"
 #   suite_cost     ctest's COST of each test: on a fresh build tree (no timings recorded yet) ctest
 #                  starts the costliest first, so a long test does not start last and run alone
+#   suite_processors  ctest's PROCESSORS of each test: the cores its process keeps busy (0: one)
 #
 # One process per suite instead of one per test: every process loads LibTorch (about half a
 # second here), so a binary of 40 tests spends 20 s starting up when run test by test.
@@ -73,6 +74,9 @@ foreach(entry IN LISTS entries)
     add_test("${name}" "${suite_binary}" "--gtest_filter=${suite}.*" "--gtest_output=xml:${xml}")
     set_tests_properties("${name}" PROPERTIES LABELS "${suite_labels}" TIMEOUT "${timeout}"
       COST "${suite_cost}")
+    if(suite_processors GREATER 1)
+      set_tests_properties("${name}" PROPERTIES PROCESSORS "${suite_processors}")
+    endif()
     if(shards GREATER 1)
       set_tests_properties("${name}" PROPERTIES
         ENVIRONMENT "GTEST_TOTAL_SHARDS=${shards};GTEST_SHARD_INDEX=${shard}")
