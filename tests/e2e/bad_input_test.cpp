@@ -45,7 +45,7 @@ TEST(BadInputTest, UnknownPluginListsTheKnownOnes) {
   auto recipe = dir.write("r.toml", kValidRecipe);
   auto error = expect_clean_failure({"run", recipe.string(), "--set", "model.plugin=resnet"});
   EXPECT_HAS(error, "unknown model plugin 'resnet'");
-  EXPECT_HAS(error, "known: cnn, gpt, mlp");
+  EXPECT_HAS(error, "known: cnn, gpt, llama, mlp");
   EXPECT_HAS(error, "--set model.plugin=resnet");
 }
 
@@ -54,7 +54,43 @@ TEST(BadInputTest, MissingPluginSectionNamesTheChoices) {
   auto recipe = dir.write("r.toml", "[dataset]\nplugin = \"synthetic\"\n[optimizer]\nplugin = \"sgd\"\n");
   auto error = expect_clean_failure({"run", recipe.string()});
   EXPECT_HAS(error, "missing section [model]");
-  EXPECT_HAS(error, "cnn, gpt, mlp");
+  EXPECT_HAS(error, "cnn, gpt, llama, mlp");
+}
+
+// Hugging Face inputs the llama does not take: each a one-line error naming the file and the
+// problem, and no output folder written.
+TEST(BadInputTest, HuggingFaceInputsItCannotTakeAreRefusedInOneLine) {
+  TempDir dir;
+  const std::string recipe = std::string(R"([run]
+max_steps = 2
+[dataset]
+plugin = "synthetic"
+samples = 64
+input_shape = [8]
+vocab_size = 32
+[optimizer]
+plugin = "sgd"
+[model]
+plugin = "llama"
+)");
+  const auto config = dir.write("config.json",
+                                R"({"architectures": ["MistralForCausalLM"], "hidden_size": 32})");
+  auto foreign = dir.write("foreign.toml", recipe + "config_file = \"config.json\"\n");
+  auto error = expect_clean_failure({"run", foreign.string(), "--set",
+                                     "run.output_dir=" + (dir / "out1").string()});
+  EXPECT_HAS(error, config.string() + ": architectures [\"MistralForCausalLM\"] is not");
+  EXPECT_FALSE(std::filesystem::exists(dir / "out1"));
+
+  const auto weights = dir / "weights";
+  std::filesystem::create_directories(weights);
+  dir.write("weights/config.json", R"({"hidden_size": 32, "num_attention_heads": 4})");
+  dir.write("weights/model.safetensors.index.json",
+            R"({"weight_map": {"model.embed_tokens.weight": "model-00001-of-00002.safetensors"}})");
+  auto missing = dir.write("missing.toml", recipe + "weights = \"weights\"\n");
+  error = expect_clean_failure({"run", missing.string(), "--set",
+                                "run.output_dir=" + (dir / "out2").string()});
+  EXPECT_HAS(error, "names shard model-00001-of-00002.safetensors, which is missing");
+  EXPECT_FALSE(std::filesystem::exists(dir / "out2"));
 }
 
 TEST(BadInputTest, UnknownKeyIsLocatedByLineAndColumn) {

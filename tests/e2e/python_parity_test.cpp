@@ -140,6 +140,58 @@ TEST(PythonParity, GptAdamWWithClippingFor100Steps) {
   EXPECT_TRUE(contains(result.run.err, "float32 parameters in two passes each"));
 }
 
+// A small Llama saved in the Hugging Face layout (sharded, grouped-query attention, tied
+// embeddings, llama3 rotary scaling) by transformers, fine-tuned from those weights for 50 steps:
+// the replay trains transformers' own LlamaForCausalLM with torch.optim.AdamW on the same batches
+// and checks that the run started from exactly the published weights.
+TEST(PythonParity, LlamaFromHuggingFaceWeightsAdamWFor50Steps) {
+  TempDir dir;
+  const fs::path weights = dir / "tiny-llama";
+  const std::string make = R"(
+import sys, torch
+from transformers import LlamaConfig, LlamaForCausalLM
+torch.manual_seed(0)
+config = LlamaConfig(vocab_size=256, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                     num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64,
+                     tie_word_embeddings=True, rope_parameters={"rope_type": "llama3",
+                     "rope_theta": 500000.0, "factor": 8.0, "low_freq_factor": 1.0,
+                     "high_freq_factor": 4.0, "original_max_position_embeddings": 16})
+LlamaForCausalLM(config).save_pretrained(sys.argv[1], max_shard_size="40KB")
+)";
+  const CommandResult made = run_command(
+      {(source_dir() / ".venv/bin/python").string(), "-c", make, weights.string()}, {}, 300);
+  ASSERT_EQ(made.exit_code, 0) << describe(made);
+  ASSERT_TRUE(fs::exists(weights / "model.safetensors.index.json"));
+  const fs::path recipe = dir.write("llama.toml", R"(
+[run]
+seed = 0
+max_steps = 50
+max_grad_norm = 1.0
+eval = false
+[loader]
+batch_size = 4
+[dataset]
+plugin = "text"
+tokenizer = "byte"
+seq_len = 32
+[model]
+plugin = "llama"
+weights = ")" + weights.string() + R"("
+[optimizer]
+plugin = "adamw"
+lr = 1e-3
+weight_decay = 0.01
+[scheduler]
+plugin = "warmup_cosine"
+warmup_steps = 5
+)");
+  auto result = train_and_replay(
+      dir, recipe.string(),
+      {"dataset.path=" + (source_dir() / "docs" / "multi-process.md").string(),
+       "dataset.cache=" + (dir / "cache").string()});
+  expect_agreement(result, "50");
+}
+
 // The paths the 100-step tests leave out, with the options that change the arithmetic
 // (amsgrad, dampening, weight decay without Nesterov).
 TEST(PythonParity, EveryUpdatePathMatchesTorchOptim) {

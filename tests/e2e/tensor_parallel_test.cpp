@@ -110,6 +110,36 @@ TEST(TensorParallelParity, GptOnTwoAndFourRanksMatchesOneProcessWithAndWithoutSe
   }
 }
 
+// The llama (grouped-query attention, tied embeddings, llama3 rotary scaling, built from
+// [model.config] keys) trained by ddp, fsdp, tp 2 with sequence parallelism and a two-stage
+// pipeline on 2 processes ends where one process ends.
+TEST(TensorParallelParity, LlamaOnEveryStrategyMatchesOneProcess) {
+  TempDir dir;
+  std::string recipe_text = gpt_recipe(6);
+  const std::string gpt_model = "plugin = \"gpt\"\nn_layers = 4\nn_heads = 4\nd_model = 32\ndropout = 0.0\n";
+  recipe_text.replace(recipe_text.find(gpt_model), gpt_model.size(),
+                      "plugin = \"llama\"\n"
+                      "config = { hidden_size = 32, intermediate_size = 64, num_hidden_layers = 3, "
+                      "num_attention_heads = 4, num_key_value_heads = 2, "
+                      "tie_word_embeddings = true, rope_scaling = { rope_type = \"llama3\", "
+                      "factor = 8.0, original_max_position_embeddings = 8 } }\n");
+  const fs::path recipe = dir.write("recipe.toml", recipe_text);
+  auto single = run_one_process(recipe, dir / "single", {});
+  ASSERT_EQ(single.exit_code, 0) << describe(single);
+  const std::vector<std::pair<std::string, std::vector<std::string>>> layouts = {
+      {"ddp", layout_sets(2, 1, 1)},
+      {"fsdp", {"--set", "strategy.plugin=fsdp", "--set", "loader.batch_size=8"}},
+      {"tp_sp", joined(layout_sets(1, 1, 2), {"--set", "model.sequence_parallel=true"})},
+      {"pipeline", layout_sets(1, 2, 1)},
+  };
+  for (const auto& [name, sets] : layouts) {
+    SCOPED_TRACE(name);
+    auto run = run_launched(2, recipe, dir / name, sets);
+    ASSERT_EQ(run.exit_code, 0) << describe(run);
+    expect_matches(dir / "single", dir / name);
+  }
+}
+
 // dp 2 x pp 2 x tp 2 on 8 processes: the first step's loss is one process's, and 5 steps end
 // where one process ends.
 TEST(TensorParallelParity, ThreeDimensionsOnEightProcessesMatchOneProcess) {

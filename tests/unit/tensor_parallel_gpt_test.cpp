@@ -50,35 +50,6 @@ std::shared_ptr<Model> build_gpt(const std::string& options, const BuildContext&
   return bundled_registry().create<Model>("gpt", options_section("model", options), context);
 }
 
-// Runs `body` on `tp` ranks as threads, each given `base` with the mesh of a tp group of all of
-// them (and its communicator); the results in rank order.
-template <class Result>
-std::vector<Result> on_tp_ranks(int tp, const BuildContext& base,
-                                const std::function<Result(const BuildContext&)>& body) {
-  return run_threaded_ranks<Result>(tp, [&](int rank, int port) {
-    BuildContext context = base;
-    context.rank = rank;
-    context.world_size = tp;
-    auto communicator =
-        bundled_registry().create<Communicator>("gloo", options_section("comm", ""), context);
-    Rendezvous meet;
-    meet.rank = rank;
-    meet.world_size = tp;
-    meet.local_rank = rank;
-    meet.local_world_size = tp;
-    meet.master_port = port;
-    meet.timeout = std::chrono::seconds(120);
-    communicator->connect(meet, c10::Device(c10::kCPU));
-    context.communicator = communicator;
-    context.mesh = std::make_shared<ProcessMesh>(
-        MeshLayout::resolve(MeshRequest{.pp = 1, .dp_replicate = 1, .dp_shard = 1, .tp = tp}, tp),
-        *communicator);
-    Result result = body(context);
-    communicator->barrier();
-    return result;
-  });
-}
-
 // Three sequences; targets are the next tokens, with five ignored in the first sequence and one
 // in the last.
 Batch train_batch() {

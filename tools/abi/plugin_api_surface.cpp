@@ -37,6 +37,10 @@
 #include "trainyard/support/host_cpu.hpp"
 #include "trainyard/support/json_quote.hpp"
 #include "trainyard/support/libtorch_build.hpp"
+#include "trainyard/support/mapped_file.hpp"
+#include "trainyard/models/pretrained_weights.hpp"
+#include "trainyard/support/safetensors_dtype.hpp"
+#include "trainyard/support/safetensors_layout.hpp"
 #include "trainyard/models/loss_reduction.hpp"
 #include "trainyard/api/metrics.hpp"
 #include "trainyard/parallel/micro_batch.hpp"
@@ -123,6 +127,10 @@ struct FreeFunctions {
   decltype(&gradients_of) gradients_of_fn;
   decltype(&global_norm) global_norm_fn;
   decltype(&clip_to_norm) clip_to_norm_fn;
+  decltype(&safetensors::read_layout) safetensors_read_layout_fn;
+  decltype(&safetensors::known_dtypes) safetensors_known_dtypes_fn;
+  decltype(&safetensors::dtype_name) safetensors_dtype_name_fn;
+  decltype(&safetensors::scalar_type) safetensors_scalar_type_fn;
 };
 
 }  // namespace trainyard::abi
@@ -145,4 +153,6 @@ extern "C" __attribute__((visibility("default"))) void trainyard_plugin_api_help
     trainyard::ShardedUnitLayout*, trainyard::ShardedUnits*, trainyard::PhaseSpan*,
     trainyard::PhaseRollup*, trainyard::PhaseClock*, trainyard::TensorParallelGroup*,
     trainyard::ColumnParallelLinearImpl*, trainyard::RowParallelLinearImpl*,
-    trainyard::VocabParallelEmbeddingImpl*, trainyard::DeclaredSchedule*) {}
+    trainyard::VocabParallelEmbeddingImpl*, trainyard::DeclaredSchedule*, trainyard::MappedFile*,
+    trainyard::PretrainedWeights*, trainyard::PretrainedWeights::TensorInfo*,
+    trainyard::safetensors::Layout*) {}

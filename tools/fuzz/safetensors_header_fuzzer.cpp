@@ -9,7 +9,7 @@
 #include <span>
 #include <string>
 
-#include "safetensors_header.hpp"
+#include "trainyard/support/safetensors_layout.hpp"
 #include "trainyard/api/error.hpp"
 
 namespace st = trainyard::safetensors;

@@ -247,8 +247,45 @@ class Gpt(nn.Module):
         return total / target.ne(IGNORED_TARGET).sum().clamp_min(1)
 
 
-def build_model(recipe):
+def llama(section, recipe_dir):
+    """plugins/models/llama as transformers' own LlamaForCausalLM, configured from the recipe's
+    config file (or the weights folder's config.json) with its [model.config] keys laid over it;
+    per-token cross-entropy as Gpt.loss. With `weights`, the run's initial state must equal the
+    published weights (load_initial checks it)."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    def resolve(path):
+        return path if os.path.isabs(path) else os.path.join(recipe_dir, path)
+
+    settings = {}
+    config_file = section["config_file"]
+    if not config_file and section["weights"] and os.path.isdir(resolve(section["weights"])):
+        config_file = os.path.join(section["weights"], "config.json")
+    if config_file:
+        with open(resolve(config_file)) as f:
+            settings = json.load(f)
+    settings.update(section["config"])
+    settings.setdefault("vocab_size", 256)
+
+    class Llama(LlamaForCausalLM):
+        reduction = section["loss_reduction"]
+        published = resolve(section["weights"]) if section["weights"] else None
+
+        def forward(self, ids):
+            return super().forward(input_ids=ids).logits
+
+        def loss(self, logits, target):
+            return Gpt.loss(self, logits, target)
+
+    config = LlamaConfig.from_dict(settings)
+    config._attn_implementation = "sdpa"
+    return Llama(config).float()
+
+
+def build_model(recipe, recipe_dir="."):
     section = recipe["model"]
+    if section["plugin"] == "llama":
+        return llama(section, recipe_dir)
     if section["plugin"] == "mlp":
         return mlp(section, 784, 10)
     if section["plugin"] == "cnn":
@@ -279,11 +316,22 @@ def load_initial(model, path):
         if key not in own:
             raise SystemExit(f"replay: the run's '{name}' has no counterpart in the Python model")
         renamed[key] = tensor
+    if getattr(model, "published", None):
+        from transformers import LlamaForCausalLM
+
+        published = LlamaForCausalLM.from_pretrained(model.published).float().state_dict()
+        for name, tensor in renamed.items():
+            if not torch.equal(published[name], tensor):
+                raise SystemExit(f"replay: the run's initial '{name}' is not the published weight")
+    # A tied head is the embedding's tensor, which the run saves once.
+    if getattr(getattr(model, "config", None), "tie_word_embeddings", False):
+        renamed["lm_head.weight"] = renamed["model.embed_tokens.weight"]
     missing = sorted(set(own) - set(renamed))
     if missing:
         raise SystemExit(f"replay: the run's state lacks {missing}")
     model.load_state_dict(renamed, strict=True)
-    return {key: name for name, key in ((n, n if n in own else "blocks." + n) for n in state)}
+    return {key: name for name, key in ((n, n if n in own else "blocks." + n) for n in state)
+            if key in own}
 
 
 # ----------------------------------------------------------------------- schedule, optimizer
@@ -393,7 +441,7 @@ def main():
         torch.set_num_threads(run["threads"])
 
     train = dataset(recipe["dataset"], loader["train_split"])
-    model = build_model(recipe)
+    model = build_model(recipe, os.path.dirname(os.path.abspath(args.recipe)))
     names = load_initial(model, args.initial)
     model.train()
     parameters = list(model.parameters())

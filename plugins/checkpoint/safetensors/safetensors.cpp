@@ -3,14 +3,10 @@
 // byte range in the data section, then the raw row-major little-endian data. Metadata strings
 // go in the header's "__metadata__" object.
 //
-// Reading trusts nothing: the whole layout is checked (safetensors_header.hpp) before a byte of
-// data is used.
+// Reading trusts nothing: the whole layout is checked (trainyard/support/safetensors_layout.hpp)
+// before a byte of data is used.
 
 #include <ATen/ATen.h>
-#include <fcntl.h>
-#include <sys/mman.h>
-#include <sys/stat.h>
-#include <unistd.h>
 
 #include <algorithm>
 #include <bit>
@@ -21,7 +17,9 @@
 #include "trainyard/api/error.hpp"
 #include "trainyard/support/json_quote.hpp"
 #include "trainyard/api/plugin.hpp"
-#include "safetensors_header.hpp"
+#include "trainyard/support/mapped_file.hpp"
+#include "trainyard/support/safetensors_dtype.hpp"
+#include "trainyard/support/safetensors_layout.hpp"
 
 namespace trainyard {
 namespace {
@@ -31,72 +29,7 @@ static_assert(std::endian::native == std::endian::little,
 
 using safetensors::kMaxHeaderBytes;
 using safetensors::kMetadataKey;
-
-struct DtypeName {
-  at::ScalarType type;
-  const char* name;
-};
-
-constexpr DtypeName kDtypes[] = {
-    {at::kFloat, "F32"},    {at::kDouble, "F64"}, {at::kHalf, "F16"},  {at::kBFloat16, "BF16"},
-    {at::kLong, "I64"},     {at::kInt, "I32"},    {at::kShort, "I16"}, {at::kChar, "I8"},
-    {at::kByte, "U8"},      {at::kBool, "BOOL"},  {at::kUInt16, "U16"}, {at::kUInt32, "U32"},
-    {at::kUInt64, "U64"},   {at::kFloat8_e4m3fn, "F8_E4M3"}, {at::kFloat8_e5m2, "F8_E5M2"},
-};
-
-const char* dtype_name(at::ScalarType type, const std::string& tensor) {
-  for (const auto& entry : kDtypes) {
-    if (entry.type == type) return entry.name;
-  }
-  throw Error("tensor '" + tensor + "' has dtype " + std::string(c10::toString(type)) +
-              ", which safetensors cannot store");
-}
-
-// The layout holds only names of safetensors::known_dtypes(); one without a LibTorch type here
-// would be refused with this error rather than misread.
-at::ScalarType dtype_of(const std::string& name) {
-  for (const auto& entry : kDtypes) {
-    if (name == entry.name) return entry.type;
-  }
-  throw Error("dtype '" + name + "' has no LibTorch type");
-}
-
-// A read-only mapping of a whole file.
-class MappedFile {
- public:
-  explicit MappedFile(const std::filesystem::path& file) {
-    fd_ = ::open(file.c_str(), O_RDONLY | O_CLOEXEC);
-    if (fd_ < 0) throw Error("cannot open checkpoint file " + file.string());
-    struct stat info {};
-    if (::fstat(fd_, &info) != 0) {
-      ::close(fd_);
-      throw Error("cannot stat checkpoint file " + file.string());
-    }
-    size_ = static_cast<std::uint64_t>(info.st_size);
-    if (size_ > 0) {
-      void* address = ::mmap(nullptr, size_, PROT_READ, MAP_PRIVATE, fd_, 0);
-      if (address == MAP_FAILED) {
-        ::close(fd_);
-        throw Error("cannot map checkpoint file " + file.string());
-      }
-      data_ = static_cast<const std::uint8_t*>(address);
-    }
-  }
-  ~MappedFile() {
-    if (data_) ::munmap(const_cast<std::uint8_t*>(data_), size_);
-    if (fd_ >= 0) ::close(fd_);
-  }
-  MappedFile(const MappedFile&) = delete;
-  MappedFile& operator=(const MappedFile&) = delete;
-
-  const std::uint8_t* data() const { return data_; }
-  std::uint64_t size() const { return size_; }
-
- private:
-  int fd_ = -1;
-  const std::uint8_t* data_ = nullptr;
-  std::uint64_t size_ = 0;
-};
+using safetensors::dtype_name;
 
 class Safetensors final : public CheckpointBackend {
  public:
@@ -162,13 +95,13 @@ class Safetensors final : public CheckpointBackend {
 
  private:
   static StateDict read_checked(const std::filesystem::path& file) {
-    MappedFile mapped(file);
+    MappedFile mapped(file, "checkpoint file");
     const safetensors::Layout layout = safetensors::read_layout(
         std::span<const std::uint8_t>(mapped.data(), mapped.size()), file.string());
     StateDict state;
     state.metadata = layout.metadata;
     for (const auto& entry : layout.tensors) {
-      at::Tensor tensor = at::empty(entry.shape, at::TensorOptions().dtype(dtype_of(entry.dtype)));
+      at::Tensor tensor = at::empty(entry.shape, at::TensorOptions().dtype(safetensors::scalar_type(entry.dtype)));
       if (entry.end > entry.begin) {
         std::memcpy(tensor.data_ptr(), mapped.data() + layout.data_start + entry.begin,
                     entry.end - entry.begin);

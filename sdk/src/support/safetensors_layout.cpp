@@ -1,4 +1,4 @@
-#include "safetensors_header.hpp"
+#include "trainyard/support/safetensors_layout.hpp"
 
 #include <algorithm>
 #include <limits>
