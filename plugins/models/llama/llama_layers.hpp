@@ -195,6 +195,17 @@ inline torch::Tensor leave_row_parallel(const torch::Tensor& partial, const Tens
   return split.split() ? reduce_from_tensor_parallel_region(partial, split.group) : partial;
 }
 
+// Registers projection `name` of `owner` (whole name prefix + name + ".weight"), held as `holding`,
+// and records its layout.
+inline Projection add_projection(torch::nn::Module& owner, const std::string& name,
+                                 const std::string& prefix, const Holding& holding,
+                                 ParameterSource& source,
+                                 std::map<std::string, HeldLayout>& layouts) {
+  const std::string whole = prefix + name + ".weight";
+  layouts[whole] = source.layout(whole, holding);
+  return owner.register_module(name, Projection(source.make(whole, holding, Initial::kNormal)));
+}
+
 class AttentionImpl : public torch::nn::Module {
  public:
   AttentionImpl(const LlamaConfig& config, const TensorSplit& split, ParameterSource& source,
@@ -270,9 +281,7 @@ class AttentionImpl : public torch::nn::Module {
 
   Projection add(const std::string& name, const std::string& prefix, const Holding& holding,
                  ParameterSource& source, std::map<std::string, HeldLayout>& layouts) {
-    const std::string whole = prefix + name + ".weight";
-    layouts[whole] = source.layout(whole, holding);
-    return register_module(name, Projection(source.make(whole, holding, Initial::kNormal)));
+    return add_projection(*this, name, prefix, holding, source, layouts);
   }
 };
 TORCH_MODULE(Attention);
@@ -302,9 +311,7 @@ class FeedForwardImpl : public torch::nn::Module {
 
   Projection add(const std::string& name, const std::string& prefix, const Holding& holding,
                  ParameterSource& source, std::map<std::string, HeldLayout>& layouts) {
-    const std::string whole = prefix + name + ".weight";
-    layouts[whole] = source.layout(whole, holding);
-    return register_module(name, Projection(source.make(whole, holding, Initial::kNormal)));
+    return add_projection(*this, name, prefix, holding, source, layouts);
   }
 };
 TORCH_MODULE(FeedForward);
