@@ -31,6 +31,8 @@
 #include "tokenizer_json.hpp"
 
 #ifndef TRAINYARD_HF_TOKENIZER_STANDALONE
+#include <c10/util/Logging.h>
+
 #include "test_support.hpp"
 #else
 // What the shared test support gives this file, for a build without LibTorch.
@@ -477,6 +479,21 @@ TEST(HfTokenizerRefuses, MissingFilesAndOtherKindsOfFile) {
   const fs::path vocab = folder.write("vocab.txt", "a 0\n");
   EXPECT_TRUE(names_file_and_problem(refusal(vocab), vocab.string(), ": not a tokenizer file"));
 }
+
+#ifndef TRAINYARD_HF_TOKENIZER_STANDALONE
+// libsentencepiece and LibTorch's c10 export globals of one name and two types
+// (FLAGS_minloglevel): a .model opened in a process that holds LibTorch must leave LibTorch's
+// failed checks throwing, not aborting the process (sentencepiece_module.hpp).
+TEST(HfTokenizerSentencePiece, LeavesLibTorchErrorsThrowing) {
+  const References& refs = references();
+  if (!refs.missing.empty()) TRAINYARD_SKIP_MISSING() << refs.missing;
+  ASSERT_TRUE(refs.error.empty()) << refs.error;
+  const auto tokenizer =
+      load_tokenizer(refs.folder / refs.manifest["tokenizers"]["spm"].get<std::string>());
+  EXPECT_FALSE(tokenizer->encode("a line of text").empty());
+  EXPECT_THROW(CAFFE_ENFORCE(false, "a failed check"), c10::Error);
+}
+#endif
 
 }  // namespace
 }  // namespace trainyard::testing

@@ -1,6 +1,6 @@
 #pragma once
 // Opens a tokenizer by its file: `*.json` as a Hugging Face tokenizer.json
-// (tokenizer_json.hpp), `*.model` as SentencePiece (sentencepiece_model.hpp).
+// (tokenizer_json.hpp), `*.model` as SentencePiece (sentencepiece_module.hpp).
 
 #include <filesystem>
 #include <memory>

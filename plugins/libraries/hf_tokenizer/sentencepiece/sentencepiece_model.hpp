@@ -1,12 +1,13 @@
 #pragma once
 // A SentencePiece .model file through libsentencepiece: ids equal to Python sentencepiece's
 // `encode(text)` (no BOS or EOS added: a .model has no post-processor; bos_id() says which
-// id a caller may prepend) and its `decode(ids)`.
+// id a caller may prepend) and its `decode(ids)`. Compiled into its own module, which
+// sentencepiece_module.hpp loads when a .model file is opened (the reason is there).
 
 #include <filesystem>
 #include <memory>
 
-#include "tokenizer.hpp"
+#include "../tokenizer.hpp"
 
 namespace sentencepiece {
 class SentencePieceProcessor;

@@ -6,8 +6,10 @@
 #include <cstring>
 #include <fstream>
 #include <stdexcept>
+#include <type_traits>
 
-#include "utf8.hpp"
+#include "../sentencepiece_module.hpp"
+#include "../utf8.hpp"
 
 namespace trainyard {
 
@@ -61,3 +63,18 @@ std::optional<std::uint32_t> SentencePieceTokenizer::eos_id() const {
 }
 
 }  // namespace trainyard
+
+// The module's one entry point, found by name with dlsym; exceptions stay on this side.
+extern "C" __attribute__((visibility("default"))) trainyard::Tokenizer*
+trainyard_open_sentencepiece_model(const char* path, std::string* error) {
+  try {
+    return new trainyard::SentencePieceTokenizer(path);
+  } catch (const std::exception& failure) {
+    *error = failure.what();
+    return nullptr;
+  }
+}
+
+static_assert(std::is_same_v<decltype(&trainyard_open_sentencepiece_model),
+                             trainyard::OpenSentencePieceModel>,
+              "the entry point and its loader agree on the signature");
