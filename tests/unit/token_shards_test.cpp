@@ -1,6 +1,8 @@
 // The `tokens` and `text` datasets: windows, rank x worker sharding of the streaming train split,
-// deterministic shuffles, exact resume, the held-out split, the text cache and tokenizers, and
-// every bad shard or corpus ending in one clear error naming the file.
+// deterministic shuffles, exact resume, the held-out split, the text cache and tokenizers (a
+// tokenizer.json or .model giving the ids of Python's `tokenizers` and `sentencepiece`, made at
+// test time by text_tokenizer/make_references.py from the venv), and every bad shard, corpus or
+// tokenizer file ending in one clear error naming the file.
 
 #include <ATen/ATen.h>
 #include <gtest/gtest.h>
@@ -398,7 +400,7 @@ TEST(TokenShardBadInput, HostReportsACorruptShardOnOneLine) {
 // --- text: tokenizers, the cache, bad corpora -----------------------------------------------
 
 std::shared_ptr<Dataset> text_dataset(const TempDir& corpus, const fs::path& cache,
-                                      const std::string& tokenizer, std::int64_t vocab = 0) {
+                                      const Value& tokenizer, std::int64_t vocab = 0) {
   return make_dataset("text", {{"path", Value((corpus / "*.txt").string())},
                                {"cache", Value(cache.string())},
                                {"tokenizer", Value(tokenizer)},
@@ -500,6 +502,173 @@ TEST(TextDataset, CorpusShorterThanOneWindowIsNamed) {
   auto error = error_of([&] { text_dataset(corpus, cache.path(), "byte"); });
   EXPECT_HAS(error, "tokens.bin");
   EXPECT_HAS(error, "fewer than one window");
+}
+
+// --- text with a Hugging Face tokenizer.json or a SentencePiece .model -----------------------
+
+using Ids = std::vector<std::uint32_t>;
+
+// Tokenizer files trained by tests/unit/text_tokenizer/make_references.py on a small corpus, with
+// Python's ids for that corpus: made once per test process.
+struct PythonTokenizers {
+  TempDir corpus;       // a.txt, b.txt
+  TempDir files;        // bos.json, bos_eos.json, spm.model and each one's <name>.ids
+  std::string missing;  // what the environment lacks to make them
+  std::string error;    // how the script failed otherwise
+};
+
+const PythonTokenizers& python_tokenizers() {
+  static const std::unique_ptr<PythonTokenizers> made = [] {
+    auto made = std::make_unique<PythonTokenizers>();
+    const fs::path a = made->corpus.write("a.txt", sample_text());
+    std::string mixed;
+    for (int i = 0; i < 8; ++i) {
+      mixed += "Déjà vu: 日本語のテキスト, Москва " + std::to_string(i) +
+               ", emoji 🙂🚀 and tabs\tand  spaces.\n\n";
+    }
+    const fs::path b = made->corpus.write("b.txt", mixed);
+    const fs::path python = source_dir() / ".venv/bin/python";
+    if (!fs::exists(python)) {
+      made->missing = "no " + python.string() + " (run tools/setup --tests)";
+      return made;
+    }
+    const fs::path script = source_dir() / "tests/unit/text_tokenizer/make_references.py";
+    const CommandResult result = run_command(
+        {python.string(), script.string(), made->files.path().string(), a.string(), b.string()}, {},
+        120);
+    if (result.exit_code == 77) {
+      made->missing = result.err;
+    } else if (result.exit_code != 0) {
+      made->error = describe(result);
+    }
+    return made;
+  }();
+  return *made;
+}
+
+struct PythonIds {
+  std::int64_t vocab_size = 0;
+  Ids ids;
+};
+
+// <name>.ids: the vocabulary size, then the ids of the whole corpus.
+PythonIds python_ids(const std::string& name) {
+  std::istringstream in(read_text(python_tokenizers().files / (name + ".ids")));
+  PythonIds out;
+  in >> out.vocab_size;
+  for (std::uint32_t id; in >> id;) out.ids.push_back(id);
+  return out;
+}
+
+Ids shard_ids(const fs::path& shard) {
+  token_shards::MappedShard mapped(shard);
+  Ids ids;
+  for (std::int64_t i = 0; i < mapped.tokens(); ++i) ids.push_back(mapped.token(i));
+  return ids;
+}
+
+// The tokenizer option as a recipe at `recipe` would write it, so a relative path resolves
+// against the recipe's folder.
+Value recipe_value(const std::string& text, const fs::path& recipe) {
+  return Value(text, SourceLocation{recipe.string(), 7, 13});
+}
+
+class TextDatasetWithTokenizerFile : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    if (!python_tokenizers().missing.empty()) {
+      TRAINYARD_SKIP_MISSING() << python_tokenizers().missing;
+    }
+    ASSERT_EQ(python_tokenizers().error, "");
+  }
+};
+
+TEST_F(TextDatasetWithTokenizerFile, IdsAreThoseOfPythonsTokenizersWithTheTemplatesSpecialTokens) {
+  const PythonTokenizers& python = python_tokenizers();
+  // bos.json's template puts <|begin_of_text|> before each file, bos_eos.json's also
+  // <|end_of_text|> after it; spm.model adds nothing, as sentencepiece's encode.
+  for (const char* file : {"bos.json", "bos_eos.json", "spm.model"}) {
+    SCOPED_TRACE(file);
+    TempDir cache;
+    const PythonIds expected = python_ids(fs::path(file).stem().string());
+    auto dataset =
+        text_dataset(python.corpus, cache.path(), recipe_value(file, python.files / "recipe.toml"));
+    EXPECT_EQ(dataset->info().vocab_size, expected.vocab_size);
+    auto entries = cache_entries(cache.path());
+    ASSERT_EQ(entries.size(), 1u);
+    EXPECT_EQ(shard_ids(entries[0] / "tokens.bin"), expected.ids);
+    // Naming the vocabulary it has is accepted, and reuses the entry.
+    dataset = text_dataset(python.corpus, cache.path(),
+                           recipe_value(file, python.files / "recipe.toml"), expected.vocab_size);
+    EXPECT_EQ(dataset->info().vocab_size, expected.vocab_size);
+    EXPECT_EQ(cache_entries(cache.path()), entries);
+  }
+}
+
+TEST_F(TextDatasetWithTokenizerFile, AnotherVocabularySizeIsRefusedOnOneLine) {
+  const PythonTokenizers& python = python_tokenizers();
+  TempDir cache;
+  const std::int64_t vocab = python_ids("bos").vocab_size;
+  const fs::path recipe = python.files / "recipe.toml";
+  const std::string error = error_of([&] {
+    text_dataset(python.corpus, cache.path(), recipe_value("bos.json", recipe), vocab + 1);
+  });
+  EXPECT_HAS(error, "dataset.vocab_size must be 0 or " + std::to_string(vocab));
+  EXPECT_HAS(error, (python.files / "bos.json").string());
+  EXPECT_HAS(error, "got " + std::to_string(vocab + 1));
+  EXPECT_EQ(error.find('\n'), std::string::npos) << error;
+  EXPECT_TRUE(!fs::exists(cache.path()) || fs::is_empty(cache.path())) << "nothing tokenized";
+}
+
+TEST_F(TextDatasetWithTokenizerFile, AnEditedTokenizerFileIsTokenizedAgain) {
+  const PythonTokenizers& python = python_tokenizers();
+  TempDir recipes, cache;
+  const fs::path recipe = recipes / "recipe.toml";
+  recipes.write("tokenizer.json", read_text(python.files / "bos.json"));
+  text_dataset(python.corpus, cache.path(), recipe_value("tokenizer.json", recipe));
+  const auto first = cache_entries(cache.path());
+  ASSERT_EQ(first.size(), 1u);
+  EXPECT_EQ(shard_ids(first[0] / "tokens.bin"), python_ids("bos").ids);
+
+  // The same bytes under another name are the same tokenizer: the key is the content.
+  recipes.write("renamed.json", read_text(python.files / "bos.json"));
+  text_dataset(python.corpus, cache.path(), recipe_value("renamed.json", recipe));
+  EXPECT_EQ(cache_entries(cache.path()), first);
+
+  // Other bytes under the same name (a post-processor that now adds EOS too) are not.
+  recipes.write("tokenizer.json", read_text(python.files / "bos_eos.json"));
+  text_dataset(python.corpus, cache.path(), recipe_value("tokenizer.json", recipe));
+  auto entries = cache_entries(cache.path());
+  ASSERT_EQ(entries.size(), 2u);
+  const fs::path added = entries[0] == first[0] ? entries[1] : entries[0];
+  EXPECT_EQ(shard_ids(added / "tokens.bin"), python_ids("bos_eos").ids);
+}
+
+TEST(TextDataset, MissingUnsupportedOrUnknownTokenizerFilesAreRefusedOnOneLine) {
+  TempDir corpus, recipes, cache;
+  corpus.write("a.txt", sample_text());
+  const fs::path recipe = recipes / "recipe.toml";
+  const auto refusal = [&](const std::string& tokenizer) {
+    const std::string error =
+        error_of([&] { text_dataset(corpus, cache.path(), recipe_value(tokenizer, recipe)); });
+    EXPECT_EQ(error.find('\n'), std::string::npos) << error;
+    EXPECT_HAS(error, recipe.string() + ":7:13: dataset.tokenizer ");
+    return error;
+  };
+  const std::string missing = refusal("missing/tokenizer.json");
+  EXPECT_HAS(missing, (recipes / "missing/tokenizer.json").string() + ": cannot read");
+  EXPECT_HAS(refusal("gone.model"), (recipes / "gone.model").string() + ": cannot read");
+
+  recipes.write("wordpiece.json",
+                R"({"version": "1.0", "model": {"type": "WordPiece", "vocab": {"a": 0}}})");
+  const std::string wordpiece = refusal("wordpiece.json");
+  EXPECT_HAS(wordpiece, (recipes / "wordpiece.json").string());
+  EXPECT_HAS(wordpiece, "WordPiece");
+  recipes.write("not-a.model", "plain text");
+  EXPECT_HAS(refusal("not-a.model"), (recipes / "not-a.model").string() + ": not a SentencePiece");
+
+  EXPECT_HAS(refusal("words.txt"), "must be \"byte\", \"bpe\" or a tokenizer file");
+  EXPECT_TRUE(!fs::exists(cache.path()) || fs::is_empty(cache.path())) << "nothing tokenized";
 }
 
 // --- Fashion-MNIST IDX files ---------------------------------------------------------------

@@ -1,13 +1,15 @@
 // UTF-8 text files turned into a token shard once, then read like the `tokens` dataset.
 //
-// Tokenizers: "byte" (each byte is a token, vocabulary 256) or "bpe" (byte-pair encoding trained
+// Tokenizers: "byte" (each byte is a token, vocabulary 256), "bpe" (byte-pair encoding trained
 // on the corpus itself: starting from bytes, the most frequent adjacent pair becomes a new token
-// until vocab_size is reached or no pair repeats).
+// until vocab_size is reached or no pair repeats), or the path of a Hugging Face tokenizer.json or
+// a SentencePiece .model (the hf_tokenizer library, whose ids are Python's).
 //
 // The shard is cached in <cache>/<key>/ where the key hashes the format version, the tokenizer
-// settings and every input file's path, size and bytes, so a change to any of them builds a new
-// cache entry and an unchanged corpus is never tokenized twice. An entry is built in a temporary
-// folder and renamed into place, so a crash never leaves a half-written entry under its key.
+// settings (for a tokenizer file, its bytes rather than its path, so an edited file re-tokenizes)
+// and every input file's path, size and bytes, so a change to any of them builds a new cache entry
+// and an unchanged corpus is never tokenized twice. An entry is built in a temporary folder and
+// renamed into place, so a crash never leaves a half-written entry under its key.
 
 #include <unistd.h>
 
@@ -24,10 +26,11 @@
 #include <random>
 #include <sstream>
 
+#include "load_tokenizer.hpp"
 #include "token_shards.hpp"
 #include "trainyard/api/error.hpp"
-#include "trainyard/support/files.hpp"
 #include "trainyard/api/plugin.hpp"
+#include "trainyard/support/files.hpp"
 
 namespace trainyard {
 namespace {
@@ -41,6 +44,18 @@ struct TextFile {
   fs::path path;
   std::string bytes;
 };
+
+// What turns the text into ids.
+struct TextTokenizer {
+  std::string name;  // "byte", "bpe", or the tokenizer file's path
+  std::uint32_t vocab_size = 256;
+  std::unique_ptr<Tokenizer> file;  // the tokenizer file's tokenizer; null for byte and bpe
+  std::string file_bytes;           // what the cache key hashes for a tokenizer file
+};
+
+bool names_tokenizer_file(const std::string& tokenizer) {
+  return tokenizer.ends_with(".json") || tokenizer.ends_with(".model");
+}
 
 // Offset of the first byte that breaks UTF-8, or npos.
 std::size_t invalid_utf8_offset(const std::string& text) {
@@ -186,13 +201,40 @@ void write_text_file(const fs::path& path, const std::string& text) {
   if (!out) throw Error("cannot write " + path.string());
 }
 
+// Each file is one document, encoded as Python's `tokenizer.encode(text)` encodes it by default
+// (add_special_tokens on): a tokenizer.json's post-processor puts its special tokens around each
+// file (Llama 3's template a <|begin_of_text|> first, GPT-2's nothing), and a SentencePiece .model,
+// which has no post-processor, adds none, as sentencepiece's `encode(text)`.
+void encode_with_file(const TextTokenizer& tokenizer, const std::vector<TextFile>& files,
+                      std::vector<std::uint32_t>& ids) {
+  for (const auto& file : files) {
+    try {
+      tokenizer.file->encode_into(file.bytes, SpecialTokens::add, ids);
+    } catch (const std::exception& error) {
+      throw Error("text: cannot tokenize " + file.path.string() + ": " + error.what());
+    }
+  }
+  // The vocabulary counts tokens, so a tokenizer whose ids leave gaps could give one beyond it,
+  // which every window holding it would be refused for later.
+  const auto largest = std::max_element(ids.begin(), ids.end());
+  if (largest != ids.end() && *largest >= tokenizer.vocab_size) {
+    throw Error("text: tokenizer " + tokenizer.name + " gives id " + std::to_string(*largest) +
+                ", outside its vocabulary of " + std::to_string(tokenizer.vocab_size));
+  }
+}
+
 // Builds (or finds) the cache entry for `files` and returns the shard's path.
-fs::path cached_shard(const std::vector<TextFile>& files, const std::string& tokenizer,
-                      std::uint32_t vocab_size, const fs::path& cache) {
+fs::path cached_shard(const std::vector<TextFile>& files, const TextTokenizer& tokenizer,
+                      const fs::path& cache) {
   Hasher hasher;
   hasher.add(kCacheFormat);
-  hasher.add(tokenizer);
-  hasher.add(&vocab_size, sizeof vocab_size);
+  if (tokenizer.file) {
+    hasher.add("file");
+    hasher.add(tokenizer.file_bytes);
+  } else {
+    hasher.add(tokenizer.name);
+  }
+  hasher.add(&tokenizer.vocab_size, sizeof tokenizer.vocab_size);
   for (const auto& file : files) {
     hasher.add(file.path.string());
     hasher.add(file.bytes);
@@ -213,14 +255,19 @@ fs::path cached_shard(const std::vector<TextFile>& files, const std::string& tok
     std::vector<std::uint32_t> ids;
     std::size_t bytes = 0;
     for (const auto& file : files) bytes += file.bytes.size();
-    ids.reserve(bytes);
-    for (const auto& file : files) {
-      for (unsigned char c : file.bytes) ids.push_back(c);
+    std::uint32_t vocab = tokenizer.vocab_size;
+    if (tokenizer.file) {
+      encode_with_file(tokenizer, files, ids);
+    } else {
+      ids.reserve(bytes);
+      for (const auto& file : files) {
+        for (unsigned char c : file.bytes) ids.push_back(c);
+      }
+      vocab = 256;
     }
-    std::uint32_t vocab = 256;
     std::ostringstream merges_text;
-    if (tokenizer == "bpe") {
-      auto merges = train_bpe(ids, vocab_size);
+    if (tokenizer.name == "bpe") {
+      auto merges = train_bpe(ids, tokenizer.vocab_size);
       vocab = 256 + static_cast<std::uint32_t>(merges.size());
       for (std::size_t i = 0; i < merges.size(); ++i) {
         merges_text << 256 + i << ' ' << merges[i].first << ' ' << merges[i].second << '\n';
@@ -230,13 +277,16 @@ fs::path cached_shard(const std::vector<TextFile>& files, const std::string& tok
     token_shards::write_shard(building / "tokens.bin", ids, vocab);
     const double entropy = unigram_entropy(ids, vocab);
     std::ostringstream meta;
-    meta << "tokenizer " << tokenizer << "\nvocab_size " << vocab << "\ntokens " << ids.size()
+    meta << "tokenizer " << tokenizer.name << "\nvocab_size " << vocab << "\ntokens " << ids.size()
          << "\nbytes " << bytes << "\nunigram_entropy_nats " << entropy << "\n";
     for (const auto& file : files) meta << "file " << file.path.string() << "\n";
     write_text_file(building / "meta.txt", meta.str());
     std::cerr << "text: tokenized " << files.size() << " files (" << bytes << " bytes) into "
-              << ids.size() << " " << tokenizer << " tokens, vocabulary " << vocab
-              << ", unigram entropy " << entropy << " nats, cached in " << entry.string() << "\n";
+              << ids.size()
+              << (tokenizer.file ? " tokens of " + tokenizer.name
+                                 : " " + tokenizer.name + " tokens")
+              << ", vocabulary " << vocab << ", unigram entropy " << entropy << " nats, cached in "
+              << entry.string() << "\n";
   } catch (...) {
     remove_tree(building);
     throw;
@@ -252,23 +302,58 @@ fs::path cached_shard(const std::vector<TextFile>& files, const std::string& tok
   return shard;
 }
 
-std::unique_ptr<Dataset> make_text(const Config& options) {
-  const fs::path pattern = options.get_path("path");
-  const auto excludes = options.get_string_list("exclude");
-  const std::string tokenizer = options.get_string("tokenizer");
-  std::int64_t vocab_size = options.get_int("vocab_size");
-  if (tokenizer == "byte") {
+std::string read_tokenizer_bytes(const Config& options, const fs::path& path) {
+  std::ifstream in(path, std::ios::binary);
+  std::ostringstream out;
+  out << in.rdbuf();
+  if (!in) options.fail("tokenizer", "cannot read " + path.string());
+  return out.str();
+}
+
+TextTokenizer text_tokenizer(const Config& options) {
+  TextTokenizer tokenizer;
+  tokenizer.name = options.get_string("tokenizer");
+  const std::int64_t vocab_size = options.get_int("vocab_size");
+  if (tokenizer.name == "byte") {
     if (vocab_size != 0 && vocab_size != 256) {
       options.fail("vocab_size", "must be 0 or 256 with the byte tokenizer");
     }
-    vocab_size = 256;
-  } else if (tokenizer == "bpe") {
-    if (vocab_size == 0) vocab_size = 512;
-    if (vocab_size < 257 || vocab_size > kMaxBpeVocab) {
+    tokenizer.vocab_size = 256;
+  } else if (tokenizer.name == "bpe") {
+    if (vocab_size != 0 && (vocab_size < 257 || vocab_size > kMaxBpeVocab)) {
       options.fail("vocab_size", "must be in [257, " + std::to_string(kMaxBpeVocab) +
                                      "] with the bpe tokenizer");
     }
+    tokenizer.vocab_size = vocab_size == 0 ? 512 : static_cast<std::uint32_t>(vocab_size);
+  } else if (names_tokenizer_file(tokenizer.name)) {
+    const fs::path path = options.get_path("tokenizer");
+    tokenizer.name = path.string();
+    try {
+      tokenizer.file = load_tokenizer(path);
+    } catch (const std::exception& error) {
+      // The library's reason names the file and the part it refuses, on one line.
+      options.fail("tokenizer", std::string("does not load: ") + error.what());
+    }
+    tokenizer.file_bytes = read_tokenizer_bytes(options, path);
+    const std::size_t file_vocab = tokenizer.file->vocab_size();
+    if (vocab_size != 0 && static_cast<std::size_t>(vocab_size) != file_vocab) {
+      options.fail("vocab_size", "must be 0 or " + std::to_string(file_vocab) +
+                                     ", the vocabulary of " + path.string() + ", got " +
+                                     std::to_string(vocab_size));
+    }
+    tokenizer.vocab_size = static_cast<std::uint32_t>(file_vocab);
+  } else {
+    options.fail("tokenizer",
+                 R"(must be "byte", "bpe" or a tokenizer file (*.json, *.model), got ")" +
+                     tokenizer.name + "\"");
   }
+  return tokenizer;
+}
+
+std::unique_ptr<Dataset> make_text(const Config& options) {
+  const fs::path pattern = options.get_path("path");
+  const auto excludes = options.get_string_list("exclude");
+  const TextTokenizer tokenizer = text_tokenizer(options);
   token_shards::CorpusOptions corpus;
   corpus.seq_len = options.get_int("seq_len");
   corpus.eval_every = options.get_int("eval_every");
@@ -299,8 +384,7 @@ std::unique_ptr<Dataset> make_text(const Config& options) {
                 pattern.string() + "' gives " + std::to_string(files.size()) +
                 " text files holding no text");
   }
-  const fs::path shard =
-      cached_shard(files, tokenizer, static_cast<std::uint32_t>(vocab_size), cache);
+  const fs::path shard = cached_shard(files, tokenizer, cache);
   return std::make_unique<token_shards::TokenDataset>(
       std::make_shared<token_shards::TokenCorpus>(std::vector<fs::path>{shard}, corpus));
 }
@@ -312,16 +396,21 @@ void register_components(Registry& registry) {
               "glob of UTF-8 text files (default: Debian's fortunes)"),
        option("exclude", std::vector<std::string>{"*.dat", "*.u8"},
               "file-name patterns to skip (fortune's index files and links)"),
-       option("tokenizer", "byte", "\"byte\" (vocabulary 256) or \"bpe\" (trained on the corpus)")
-           .one_of({"byte", "bpe"}),
-       option("vocab_size", 0, "bpe vocabulary size (0: 512 for bpe, 256 for byte)"),
+       option("tokenizer", "byte",
+              "\"byte\" (vocabulary 256), \"bpe\" (trained on the corpus), or the path of a "
+              "Hugging Face tokenizer.json or SentencePiece .model, relative to the recipe "
+              "(each file encoded with the special tokens the tokenizer adds by default)"),
+       option("vocab_size", 0,
+              "bpe vocabulary size (0: 512 for bpe, 256 for byte, the file's for a tokenizer "
+              "file, which it must equal otherwise)"),
        option("cache", "", "folder of tokenized corpora (default: $TRAINYARD_CACHE/text or "
                            "~/.cache/trainyard/text)"),
        option("seq_len", 128, "tokens per window (the model's sequence length)").at_least(1),
        option("eval_every", 20, "hold out every N-th window as the test split (0: none)")
            .at_least(2)
            .or_exactly(0, "for no test split")},
-      "UTF-8 text tokenized once (byte or BPE) into a cached token shard, read as windows",
+      "UTF-8 text tokenized once (byte, BPE or a tokenizer file) into a cached token shard, read "
+      "as windows",
       [](const Config& options, const BuildContext&) { return make_text(options); });
 }
 
