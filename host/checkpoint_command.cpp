@@ -10,14 +10,15 @@
 #include <sstream>
 
 #include "cli.hpp"
+#include "hf_export.hpp"
 #include "trainyard/api/build_context.hpp"
 #include "trainyard/api/checkpoint.hpp"
 #include "trainyard/api/error.hpp"
-#include "trainyard/support/files.hpp"
 #include "trainyard/api/placed_state.hpp"
+#include "trainyard/api/version.hpp"
 #include "trainyard/runtime/checkpoint_store.hpp"
 #include "trainyard/runtime/default_plugins.hpp"
-#include "trainyard/api/version.hpp"
+#include "trainyard/support/files.hpp"
 
 namespace po = boost::program_options;
 namespace fs = std::filesystem;
@@ -27,12 +28,18 @@ namespace {
 
 constexpr const char* kCheckpointUsage = R"(usage: trainyard checkpoint inspect PATH [options]
        trainyard checkpoint export PATH --format safetensors --out FILE [options]
+       trainyard checkpoint export PATH --format hf --out DIR [--max-shard-size 5GB]
 
 inspect   the checkpoint's step, backend, files with sizes and checksum status, and every
           tensor's dtype and shape; exits 1 when any file fails verification
 export    the model's weights (entries 'model.*', prefix removed) as one file, each tensor
           assembled whole from the pieces every rank's file holds, whatever the layout that
-          wrote it; --all exports every entry (optimizer state included) under its full name)";
+          wrote it; --all exports every entry (optimizer state included) under its full name;
+          --format hf writes a Hugging Face model directory (config.json, safetensors files of
+          at most --max-shard-size, their index) that transformers' from_pretrained loads)";
+
+// The format that is not a checkpoint backend: a Hugging Face model directory.
+constexpr const char* kHfFormat = "hf";
 
 std::shared_ptr<CheckpointBackend> backend_named(const std::string& name, Registry& registry,
                                                  const fs::path& checkpoint) {
@@ -136,6 +143,20 @@ CheckpointState placed_entries(const fs::path& checkpoint, const CheckpointManif
   return state;
 }
 
+int export_hf(const fs::path& checkpoint, const fs::path& out, const std::string& max_shard_size,
+              Registry& registry) {
+  HfExport request{checkpoint, out, parse_shard_size(max_shard_size)};
+  CheckpointManifest manifest = read_manifest(checkpoint);
+  verify_checkpoint(checkpoint, manifest);
+  auto reader = backend_named(manifest.backend, registry, checkpoint);
+  auto writer = backend_named(default_plugins::kHuggingFaceWeights, registry, checkpoint);
+  StateDict shared;
+  const PlacedState placed(placed_entries(checkpoint, manifest, *reader, shared));
+  const std::size_t written = write_hf_directory(request, placed, shared, *writer);
+  std::cout << "wrote " << written << " tensors and their config to " << out.string() << "\n";
+  return 0;
+}
+
 int export_weights(const fs::path& checkpoint, const std::string& format, const fs::path& out,
                    bool everything, Registry& registry) {
   if (!registry.contains("checkpoint", format)) {
@@ -157,7 +178,8 @@ int export_weights(const fs::path& checkpoint, const std::string& format, const 
     exported.tensors[everything ? name : name.substr(prefix.size())] = placed.whole(name);
   }
   if (exported.tensors.empty()) {
-    throw Error("checkpoint " + checkpoint.string() + " holds no model weights ('model.*' entries)");
+    throw Error("checkpoint " + checkpoint.string() +
+                " holds no model weights ('model.*' entries)");
   }
   exported.metadata["format"] = "pt";  // what transformers expects of a PyTorch state dict
   exported.metadata["trainyard.step"] = std::to_string(manifest.step);
@@ -185,13 +207,16 @@ int command_checkpoint(const std::vector<std::string>& args, Registry& registry)
   std::string format = default_plugins::kExportFormat;
   std::string out;
   bool everything = false;
+  std::string max_shard_size = "5GB";
   po::options_description options("checkpoint options");
   options.add_options()("action", po::value(&action)->required(), "inspect or export")(
       "path", po::value(&path)->required(), "a checkpoint folder (step-NNNNNNNNN)")(
       "format", po::value(&format)->default_value(format),
       "export: the checkpoint backend to write with")("out", po::value(&out),
                                                       "export: the file to write")(
-      "all", po::bool_switch(&everything), "export every shared entry, not only the model");
+      "all", po::bool_switch(&everything), "export every shared entry, not only the model")(
+      "max-shard-size", po::value(&max_shard_size)->default_value(max_shard_size),
+      "export --format hf: the largest safetensors file (5GB, 500MB, 2GiB)");
   add_common(options, common);
   po::positional_options_description positional;
   positional.add("action", 1).add("path", 1);
@@ -202,6 +227,11 @@ int command_checkpoint(const std::vector<std::string>& args, Registry& registry)
   if (action == "inspect") return inspect(path, registry);
   if (action == "export") {
     if (out.empty()) throw po::error("export needs --out FILE");
+    if (format == kHfFormat) {
+      if (everything)
+        throw po::error("--all exports checkpoint entries, which --format hf does not");
+      return export_hf(path, out, max_shard_size, registry);
+    }
     return export_weights(path, format, out, everything, registry);
   }
   throw po::error("unknown checkpoint action '" + action + "' (inspect or export)");

@@ -339,6 +339,25 @@ TEST(CheckpointCommandTest, ExportRefusesACorruptCheckpointAndBadArguments) {
   EXPECT_HAS(missing.err, "has no manifest");
 }
 
+// --format hf needs the model's own description for transformers, which the mlp does not give;
+// a shard size that is not one is refused before anything is read.
+TEST(CheckpointCommandTest, HuggingFaceExportRefusesAModelWithoutAConfigAndBadSizes) {
+  TempDir dir;
+  fs::path checkpoint = train_with_checkpoint(dir, "torch");
+  const fs::path out = dir / "hf";
+  auto no_config = run_host(
+      {"checkpoint", "export", checkpoint.string(), "--format", "hf", "--out", out.string()});
+  EXPECT_EQ(no_config.exit_code, 1) << describe(no_config);
+  EXPECT_HAS(no_config.err, "carries no Hugging Face config.json");
+  EXPECT_EQ(std::count(no_config.err.begin(), no_config.err.end(), '\n'), 1) << no_config.err;
+  auto bad_size = run_host({"checkpoint", "export", checkpoint.string(), "--format", "hf",
+                            "--out", out.string(), "--max-shard-size", "5 GB"});
+  EXPECT_EQ(bad_size.exit_code, 1) << describe(bad_size);
+  EXPECT_HAS(bad_size.err, "--max-shard-size '5 GB' is not a size");
+  EXPECT_FALSE(fs::exists(out));
+  EXPECT_FALSE(fs::exists(dir / "hf.partial"));
+}
+
 // The shared (model + optimizer) tensors of two checkpoints are bitwise equal.
 void expect_same_training_state(const fs::path& a, const fs::path& b) {
   Registry registry;

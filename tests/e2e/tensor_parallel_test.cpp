@@ -110,20 +110,28 @@ TEST(TensorParallelParity, GptOnTwoAndFourRanksMatchesOneProcessWithAndWithoutSe
   }
 }
 
+// gpt_recipe with the llama in the gpt's place, configured by `config` (a TOML inline table of
+// LlamaConfig keys).
+std::string llama_recipe(int steps, const std::string& config) {
+  std::string recipe = gpt_recipe(steps);
+  const std::string gpt_model =
+      "plugin = \"gpt\"\nn_layers = 4\nn_heads = 4\nd_model = 32\ndropout = 0.0\n";
+  recipe.replace(recipe.find(gpt_model), gpt_model.size(),
+                 "plugin = \"llama\"\nconfig = " + config + "\n");
+  return recipe;
+}
+
 // The llama (grouped-query attention, tied embeddings, llama3 rotary scaling, built from
 // [model.config] keys) trained by ddp, fsdp, tp 2 with sequence parallelism and a two-stage
 // pipeline on 2 processes ends where one process ends.
 TEST(TensorParallelParity, LlamaOnEveryStrategyMatchesOneProcess) {
   TempDir dir;
-  std::string recipe_text = gpt_recipe(6);
-  const std::string gpt_model = "plugin = \"gpt\"\nn_layers = 4\nn_heads = 4\nd_model = 32\ndropout = 0.0\n";
-  recipe_text.replace(recipe_text.find(gpt_model), gpt_model.size(),
-                      "plugin = \"llama\"\n"
-                      "config = { hidden_size = 32, intermediate_size = 64, num_hidden_layers = 3, "
+  const fs::path recipe = dir.write(
+      "recipe.toml",
+      llama_recipe(6, "{ hidden_size = 32, intermediate_size = 64, num_hidden_layers = 3, "
                       "num_attention_heads = 4, num_key_value_heads = 2, "
                       "tie_word_embeddings = true, rope_scaling = { rope_type = \"llama3\", "
-                      "factor = 8.0, original_max_position_embeddings = 8 } }\n");
-  const fs::path recipe = dir.write("recipe.toml", recipe_text);
+                      "factor = 8.0, original_max_position_embeddings = 8 } }"));
   auto single = run_one_process(recipe, dir / "single", {});
   ASSERT_EQ(single.exit_code, 0) << describe(single);
   const std::vector<std::pair<std::string, std::vector<std::string>>> layouts = {
@@ -226,6 +234,63 @@ TEST(TensorParallelCheckpoint, SavedAtTwoTwoTwoResumesAtEveryOtherLayout) {
     EXPECT_TRUE(at::allclose(weights.at(name), tensor, kParameterRtol, kParameterAtol))
         << name;
   }
+}
+
+// A llama checkpoint of dp 2 x pp 2 x tp 2 exported as a Hugging Face directory (several
+// safetensors files and their index): transformers' from_pretrained loads it without a warning
+// or a missing, extra or misshapen tensor, every tensor equals the model the run ended with, and
+// its logits equal those of the model the recipe configured holding that state
+// (tests/e2e/hf_export/check_export.py, which builds its reference from the settings below, not
+// from the exported config.json). Untied head, rope_theta and rms_norm_eps off their defaults, so
+// a config that loses them fails.
+TEST(TensorParallelCheckpoint, ThreeDimensionalLlamaExportsToTransformers) {
+  TempDir dir;
+  const std::string settings =
+      R"({"vocab_size": 64, "hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 2,
+          "num_attention_heads": 4, "num_key_value_heads": 2, "tie_word_embeddings": false,
+          "rms_norm_eps": 1e-5, "rope_theta": 500000.0, "max_position_embeddings": 64,
+          "rope_scaling": {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
+                           "high_freq_factor": 4.0, "original_max_position_embeddings": 8}})";
+  const fs::path recipe = dir.write(
+      "recipe.toml",
+      llama_recipe(3, "{ vocab_size = 64, hidden_size = 32, intermediate_size = 64, "
+                      "num_hidden_layers = 2, num_attention_heads = 4, num_key_value_heads = 2, "
+                      "tie_word_embeddings = false, rms_norm_eps = 1e-5, rope_theta = 500000.0, "
+                      "max_position_embeddings = 64, rope_scaling = { rope_type = \"llama3\", "
+                      "factor = 8.0, low_freq_factor = 1.0, high_freq_factor = 4.0, "
+                      "original_max_position_embeddings = 8 } }") +
+          "\n[checkpoint]\nplugin = \"torch\"\nkeep = 0\n");
+  auto run = run_launched(
+      8, recipe, dir / "3d",
+      joined(layout_sets(2, 2, 2),
+             {"--set", "run.final_model_file=" + (dir / "final3.pt").string()}));
+  ASSERT_EQ(run.exit_code, 0) << describe(run);
+  EXPECT_HAS(run.err, "mesh pp 2 x dp_replicate 1 x dp_shard 2 x tp 2");
+  const fs::path checkpoint = dir / "3d" / "checkpoints" / "step-000000003";
+  const fs::path exported = dir / "hf";
+  auto export_run = run_command({host_binary().string(), "checkpoint", "export",
+                                 checkpoint.string(), "--format", "hf", "--out",
+                                 exported.string(), "--max-shard-size", "40KB"},
+                                source_dir(), 120);
+  ASSERT_EQ(export_run.exit_code, 0) << describe(export_run);
+  EXPECT_TRUE(fs::exists(exported / "config.json"));
+  EXPECT_TRUE(fs::exists(exported / "model.safetensors.index.json"));
+  EXPECT_TRUE(fs::exists(exported / "model-00002-of-00003.safetensors"));
+  const fs::path python = source_dir() / ".venv" / "bin" / "python";
+  auto check = run_command({python.string(),
+                            (source_dir() / "tests/e2e/hf_export/check_export.py").string(),
+                            exported.string(), (dir / "final3.pt").string(), settings},
+                           source_dir(), 300);
+  EXPECT_EQ(check.exit_code, 0) << describe(check);
+  EXPECT_HAS(check.out, "ok: ");
+
+  // A directory that exists is not written over, and nothing is left beside it.
+  auto again = run_command({host_binary().string(), "checkpoint", "export", checkpoint.string(),
+                            "--format", "hf", "--out", exported.string()},
+                           source_dir(), 120);
+  EXPECT_NE(again.exit_code, 0);
+  EXPECT_HAS(again.err, exported.string() + " exists");
+  EXPECT_FALSE(fs::exists(dir / "hf.partial"));
 }
 
 // The README's 3D recipe validates and trains on its 8 processes (a few steps of it).

@@ -290,6 +290,12 @@ class Llama final : public Model {
     return it != layouts_.end() ? it->second : whole_parameter_layout(name, held.sizes().vec());
   }
 
+  // The parameter names are transformers' already; its config.json is the rest of a model
+  // directory that from_pretrained loads.
+  std::map<std::string, std::string> export_files() const override {
+    return {{"hf/config.json", config_.to_json().dump(2) + "\n"}};
+  }
+
  private:
   LlamaConfig config_;
   std::int64_t seq_len_ = 0;

@@ -258,7 +258,7 @@ nlohmann::json LlamaConfig::to_json() const {
       {"mlp_bias", false},
       {"tie_word_embeddings", tie_word_embeddings},
       {"initializer_range", initializer_range},
-      {"torch_dtype", "float32"},
+      {"dtype", "float32"},
       {"pad_token_id", pad_token_id ? json(*pad_token_id) : json(nullptr)},
       {"bos_token_id", bos_token_id ? json(*bos_token_id) : json(nullptr)},
       {"eos_token_id", eos_token_id ? json(*eos_token_id) : json(nullptr)},

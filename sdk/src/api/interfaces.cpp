@@ -127,6 +127,7 @@ std::vector<std::string> Model::block_names() {
   return names;
 }
 std::vector<TiedParameter> Model::tied_parameters() { return {}; }
+std::map<std::string, std::string> Model::export_files() const { return {}; }
 std::vector<HeldLayout> parameter_layouts(Model& model) {
   std::vector<HeldLayout> layouts;
   for (const auto& item : model.module().named_parameters(true)) {

@@ -191,6 +191,9 @@ void Checkpointing::save(const TrainingPosition& position) {
   meta[kMeshKey] = run_.mesh;
   meta["engine.recipe"] = run_.recipe_toml;
   meta["engine.framework_version"] = kFrameworkVersion;
+  if (run_.export_files) {
+    for (const auto& [file, text] : *run_.export_files) meta[kExportFilePrefix + file] = text;
+  }
   {
     auto generator = at::detail::getDefaultCPUGenerator();
     std::lock_guard<std::mutex> lock(generator.mutex());

@@ -7,6 +7,7 @@
 #include <cstdint>
 #include <filesystem>
 #include <functional>
+#include <map>
 #include <memory>
 #include <optional>
 #include <string>
@@ -55,6 +56,9 @@ struct CheckpointedRun {
   // copies the strategy's optimizer_stepped_tensors().
   OptimizerStepGate* optimizer_step_gate = nullptr;
   std::string recipe_toml;
+  // The model's export_files(), filled once the strategy has built it; saved as
+  // "export.<format>/<file>" entries of the shared metadata.
+  std::shared_ptr<const std::map<std::string, std::string>> export_files;
   // Samples per optimizer step over every data-parallel rank.
   std::int64_t global_batch = 0;
   std::int64_t steps_per_epoch = 0;

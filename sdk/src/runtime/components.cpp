@@ -38,10 +38,12 @@ StrategyContext Components::strategy_context(const Recipe& recipe, const Registr
   const Registry* models = &registry;
   const Config model_section = recipe.section("model");
   std::shared_ptr<double> flops = flops_per_sample;
-  context.make_model = [models, model_section, flops](const BuildContext& model_build) {
+  auto files = export_files;
+  context.make_model = [models, model_section, flops, files](const BuildContext& model_build) {
     auto model =
         models->create<Model>(model_section.get_string("plugin"), model_section, model_build);
     if (*flops == 0) *flops = model->flops_per_sample();
+    if (files->empty()) *files = model->export_files();
     return model;
   };
   context.optimizer = optimizer;

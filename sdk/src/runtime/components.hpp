@@ -2,7 +2,9 @@
 // The plugins a run trains with, built from the recipe's sections in a fixed order (dataset,
 // precision, optimizer, scheduler, strategy), and what the strategy builds its model from.
 
+#include <map>
 #include <memory>
+#include <string>
 
 #include "trainyard/api/build_context.hpp"
 #include "trainyard/api/registry.hpp"
@@ -23,6 +25,9 @@ struct Components {
   double base_lr = 0;  // the optimizer's learning rate, which the scheduler scales
   // FLOPs per sample of the first model the strategy builds (0 until then, or unknown).
   std::shared_ptr<double> flops_per_sample = std::make_shared<double>(0);
+  // The first model's export_files(), which every checkpoint saves.
+  std::shared_ptr<std::map<std::string, std::string>> export_files =
+      std::make_shared<std::map<std::string, std::string>>();
 
   // Builds every component; sets `build.data` from the dataset before the others see it.
   static Components build(const Recipe& recipe, const Registry& registry, BuildContext& build);

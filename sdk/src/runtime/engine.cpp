@@ -146,6 +146,7 @@ Engine::Engine(Recipe recipe, const Registry& registry, RunControls controls)
     saved.optimizer_step_gate = &s.optimizer_step_gate;
     saved.loader = &s.data->loader();
     saved.recipe_toml = to_toml(*s.recipe.root);
+    saved.export_files = s.components.export_files;
     saved.global_batch = s.global_batch();
     saved.steps_per_epoch = s.data->steps_per_epoch();
     saved.accumulation = s.run.grad_accumulation;

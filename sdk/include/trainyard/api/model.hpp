@@ -4,6 +4,7 @@
 #include <torch/nn/module.h>
 
 #include <functional>
+#include <map>
 #include <string>
 #include <vector>
 
@@ -98,6 +99,12 @@ class Model : public Component {
   // covers. Strategies save, load and re-slice checkpoints with it, and a parameter held whole
   // is one every tensor-parallel rank holds alike (its gradient norm counted once).
   virtual HeldLayout parameter_layout(const std::string& name, const torch::Tensor& held) const;
+  // Files another framework needs beside this model's exported weights to load them, keyed by
+  // "<format>/<file name>": a model transformers knows gives {"hf/config.json": its config}, and
+  // its parameter names are the ones transformers uses. They describe the whole model on any
+  // build (a stage, a tensor-parallel piece). The engine saves them with every checkpoint, and
+  // `trainyard checkpoint export --format hf` writes them beside the weights. Default: none.
+  virtual std::map<std::string, std::string> export_files() const;
 };
 
 // parameter_layout of each of the model's parameters, in module().named_parameters() order.

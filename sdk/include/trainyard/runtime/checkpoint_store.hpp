@@ -109,6 +109,9 @@ CheckpointState snapshot_to_host(const CheckpointState& state, CheckpointState* 
 // Set in a loaded state's shared metadata when the checkpoint was written by another number of
 // ranks: that number.
 inline constexpr const char* kSavedWorldSizeKey = "checkpoint.saved_world_size";
+// Shared metadata entries "export.<format>/<file>": the model's export_files() (model.hpp), which
+// `trainyard checkpoint export` writes beside the weights it exports in that format.
+inline constexpr const char* kExportFilePrefix = "export.";
 // The key of saved rank `rank`'s local entry `key` in a state loaded for resharding.
 std::string saved_rank_key(int rank, const std::string& key);
 

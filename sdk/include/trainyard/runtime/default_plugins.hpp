@@ -15,6 +15,9 @@ inline constexpr const char* kSink = "console";
 inline constexpr const char* kDevice = "cpu";
 // The checkpoint backend `trainyard checkpoint export` writes with unless --format names another.
 inline constexpr const char* kExportFormat = "safetensors";
+// The checkpoint backend that writes the weight files of `checkpoint export --format hf`:
+// Hugging Face model directories hold safetensors files.
+inline constexpr const char* kHuggingFaceWeights = "safetensors";
 // The sink `trainyard compare` adds to each variant to read its metrics back.
 inline constexpr const char* kMetricsSink = "jsonl";
 

@@ -1,0 +1,145 @@
+#include "hf_export.hpp"
+
+#include <ATen/ATen.h>
+
+#include <cctype>
+#include <fstream>
+#include <map>
+#include <nlohmann/json.hpp>
+#include <vector>
+
+#include "trainyard/api/error.hpp"
+#include "trainyard/runtime/checkpoint_store.hpp"
+#include "trainyard/support/files.hpp"
+
+namespace fs = std::filesystem;
+
+namespace trainyard {
+namespace {
+
+constexpr const char* kFormat = "hf/";
+constexpr const char* kSingleFile = "model.safetensors";
+constexpr const char* kIndexFile = "model.safetensors.index.json";
+
+// The checkpoint's "export.hf/<file>" entries, by file name.
+std::map<std::string, std::string> described_files(const StateDict& shared,
+                                                   const fs::path& checkpoint) {
+  const std::string prefix = std::string(kExportFilePrefix) + kFormat;
+  std::map<std::string, std::string> files;
+  for (const auto& [key, text] : shared.metadata) {
+    if (key.rfind(prefix, 0) == 0) files[key.substr(prefix.size())] = text;
+  }
+  if (files.count("config.json") == 0) {
+    throw Error("checkpoint " + checkpoint.string() +
+                " carries no Hugging Face config.json: the model plugin that wrote it does not "
+                "describe itself to transformers (--format safetensors exports its weights alone)");
+  }
+  return files;
+}
+
+// Consecutive runs of tensors, each run at most `max_bytes` unless one tensor alone is larger,
+// as transformers splits a state dict.
+std::vector<std::vector<std::string>> shard_names(const std::vector<std::string>& names,
+                                                  const std::map<std::string, at::Tensor>& tensors,
+                                                  std::uint64_t max_bytes) {
+  std::vector<std::vector<std::string>> shards(1);
+  std::uint64_t bytes = 0;
+  for (const auto& name : names) {
+    const auto size = static_cast<std::uint64_t>(tensors.at(name).nbytes());
+    if (!shards.back().empty() && bytes + size > max_bytes) {
+      shards.emplace_back();
+      bytes = 0;
+    }
+    shards.back().push_back(name);
+    bytes += size;
+  }
+  return shards;
+}
+
+std::string shard_file(std::size_t index, std::size_t count) {
+  if (count == 1) return kSingleFile;
+  char name[64];
+  std::snprintf(name, sizeof name, "model-%05zu-of-%05zu.safetensors", index + 1, count);
+  return name;
+}
+
+void write_text(const fs::path& file, const std::string& text) {
+  std::ofstream out(file, std::ios::binary);
+  out << text;
+  if (!out.flush()) throw Error("cannot write " + file.string());
+}
+
+}  // namespace
+
+std::uint64_t parse_shard_size(const std::string& text) {
+  std::size_t digits = 0;
+  while (digits < text.size() && std::isdigit(static_cast<unsigned char>(text[digits]))) ++digits;
+  const std::string unit = text.substr(digits);
+  static const std::map<std::string, std::uint64_t> units = {{"", 1},
+                                                             {"B", 1},
+                                                             {"KB", 1'000},
+                                                             {"MB", 1'000'000},
+                                                             {"GB", 1'000'000'000},
+                                                             {"KIB", 1ull << 10},
+                                                             {"MIB", 1ull << 20},
+                                                             {"GIB", 1ull << 30}};
+  std::string upper;
+  for (char c : unit) upper += static_cast<char>(std::toupper(static_cast<unsigned char>(c)));
+  const auto scale = units.find(upper);
+  if (digits == 0 || digits > 15 || scale == units.end() ||
+      std::stoull(text.substr(0, digits)) == 0) {
+    throw Error("--max-shard-size '" + text + "' is not a size (such as 5GB, 500MB or 2GiB)");
+  }
+  return std::stoull(text.substr(0, digits)) * scale->second;
+}
+
+std::size_t write_hf_directory(const HfExport& request, const PlacedState& placed,
+                               const StateDict& shared, const CheckpointBackend& safetensors) {
+  const auto files = described_files(shared, request.checkpoint);
+  if (fs::exists(request.out) && !(fs::is_directory(request.out) && fs::is_empty(request.out))) {
+    throw Error(request.out.string() + " exists: remove it or choose another --out");
+  }
+  const std::string prefix = "model.";
+  std::vector<std::string> names;
+  std::map<std::string, at::Tensor> tensors;
+  for (const std::string& name : placed.names(prefix)) {
+    names.push_back(name.substr(prefix.size()));
+    tensors[names.back()] = placed.whole(name).contiguous();
+  }
+  if (names.empty()) {
+    throw Error("checkpoint " + request.checkpoint.string() +
+                " holds no model weights ('model.*' entries)");
+  }
+
+  fs::path staging = request.out;
+  staging += ".partial";
+  fs::remove_all(staging);
+  fs::create_directories(staging);
+  for (const auto& [name, text] : files) write_text(staging / name, text);
+  const auto shards = shard_names(names, tensors, request.max_shard_bytes);
+  nlohmann::json weight_map = nlohmann::json::object();
+  std::uint64_t total_bytes = 0;
+  for (std::size_t i = 0; i < shards.size(); ++i) {
+    StateDict shard;
+    shard.metadata["format"] = "pt";  // what transformers expects of a PyTorch state dict
+    for (const auto& name : shards[i]) {
+      shard.tensors[name] = tensors.at(name);
+      weight_map[name] = shard_file(i, shards.size());
+      total_bytes += static_cast<std::uint64_t>(tensors.at(name).nbytes());
+    }
+    safetensors.write(staging / shard_file(i, shards.size()), shard);
+  }
+  if (shards.size() > 1) {
+    const nlohmann::json index = {{"metadata", {{"total_size", total_bytes}}},
+                                  {"weight_map", weight_map}};
+    write_text(staging / kIndexFile, index.dump(2) + "\n");
+  }
+  for (const auto& entry : fs::directory_iterator(staging)) sync_to_disk(entry.path());
+  sync_to_disk(staging);
+  if (fs::exists(request.out)) fs::remove(request.out);  // empty, checked above
+  fs::rename(staging, request.out);
+  sync_to_disk(fs::absolute(request.out).parent_path());
+  return names.size();
+}
+
+}  // namespace trainyard
