@@ -29,6 +29,7 @@ namespace {
 constexpr const char* kCheckpointUsage = R"(usage: trainyard checkpoint inspect PATH [options]
        trainyard checkpoint export PATH --format safetensors --out FILE [options]
        trainyard checkpoint export PATH --format hf --out DIR [--max-shard-size 5GB]
+       trainyard checkpoint export PATH --format peft --out DIR
 
 inspect   the checkpoint's step, backend, files with sizes and checksum status, and every
           tensor's dtype and shape; exits 1 when any file fails verification
@@ -36,10 +37,13 @@ export    the model's weights (entries 'model.*', prefix removed) as one file, e
           assembled whole from the pieces every rank's file holds, whatever the layout that
           wrote it; --all exports every entry (optimizer state included) under its full name;
           --format hf writes a Hugging Face model directory (config.json, safetensors files of
-          at most --max-shard-size, their index) that transformers' from_pretrained loads)";
+          at most --max-shard-size, their index) that transformers' from_pretrained loads;
+          --format peft writes a LoRA checkpoint's adapters as PEFT saves them)";
 
-// The format that is not a checkpoint backend: a Hugging Face model directory.
+// The formats that are not checkpoint backends: a Hugging Face model directory and a PEFT
+// adapter directory.
 constexpr const char* kHfFormat = "hf";
+constexpr const char* kPeftFormat = "peft";
 
 std::shared_ptr<CheckpointBackend> backend_named(const std::string& name, Registry& registry,
                                                  const fs::path& checkpoint) {
@@ -143,8 +147,8 @@ CheckpointState placed_entries(const fs::path& checkpoint, const CheckpointManif
   return state;
 }
 
-int export_hf(const fs::path& checkpoint, const fs::path& out, const std::string& max_shard_size,
-              Registry& registry) {
+int export_hf(const fs::path& checkpoint, const std::string& format, const fs::path& out,
+              const std::string& max_shard_size, Registry& registry) {
   HfExport request{checkpoint, out, parse_shard_size(max_shard_size)};
   CheckpointManifest manifest = read_manifest(checkpoint);
   verify_checkpoint(checkpoint, manifest);
@@ -152,7 +156,9 @@ int export_hf(const fs::path& checkpoint, const fs::path& out, const std::string
   auto writer = backend_named(default_plugins::kHuggingFaceWeights, registry, checkpoint);
   StateDict shared;
   const PlacedState placed(placed_entries(checkpoint, manifest, *reader, shared));
-  const std::size_t written = write_hf_directory(request, placed, shared, *writer);
+  const std::size_t written = format == kPeftFormat
+                                  ? write_peft_directory(request, placed, shared, *writer)
+                                  : write_hf_directory(request, placed, shared, *writer);
   std::cout << "wrote " << written << " tensors and their config to " << out.string() << "\n";
   return 0;
 }
@@ -227,10 +233,10 @@ int command_checkpoint(const std::vector<std::string>& args, Registry& registry)
   if (action == "inspect") return inspect(path, registry);
   if (action == "export") {
     if (out.empty()) throw po::error("export needs --out FILE");
-    if (format == kHfFormat) {
+    if (format == kHfFormat || format == kPeftFormat) {
       if (everything)
-        throw po::error("--all exports checkpoint entries, which --format hf does not");
-      return export_hf(path, out, max_shard_size, registry);
+        throw po::error("--all exports checkpoint entries, which --format " + format + " does not");
+      return export_hf(path, format, out, max_shard_size, registry);
     }
     return export_weights(path, format, out, everything, registry);
   }

@@ -21,20 +21,60 @@ constexpr const char* kFormat = "hf/";
 constexpr const char* kSingleFile = "model.safetensors";
 constexpr const char* kIndexFile = "model.safetensors.index.json";
 
-// The checkpoint's "export.hf/<file>" entries, by file name.
+// The checkpoint's "export.<format>/<file>" entries, by file name; `required` must be one.
 std::map<std::string, std::string> described_files(const StateDict& shared,
-                                                   const fs::path& checkpoint) {
-  const std::string prefix = std::string(kExportFilePrefix) + kFormat;
+                                                   const fs::path& checkpoint,
+                                                   const std::string& format,
+                                                   const std::string& required,
+                                                   const std::string& what) {
+  const std::string prefix = std::string(kExportFilePrefix) + format;
   std::map<std::string, std::string> files;
   for (const auto& [key, text] : shared.metadata) {
     if (key.rfind(prefix, 0) == 0) files[key.substr(prefix.size())] = text;
   }
-  if (files.count("config.json") == 0) {
-    throw Error("checkpoint " + checkpoint.string() +
-                " carries no Hugging Face config.json: the model plugin that wrote it does not "
-                "describe itself to transformers (--format safetensors exports its weights alone)");
+  if (files.count(required) == 0) {
+    throw Error("checkpoint " + checkpoint.string() + " carries no " + what + " " + required +
+                ": the model that wrote it does not describe itself so" +
+                " (--format safetensors exports its weights alone)");
   }
   return files;
+}
+
+// The checkpoint's model weights ("model.*", prefix removed), whole.
+std::map<std::string, at::Tensor> model_weights(const PlacedState& placed,
+                                                const fs::path& checkpoint) {
+  const std::string prefix = "model.";
+  std::map<std::string, at::Tensor> tensors;
+  for (const std::string& name : placed.names(prefix))
+    tensors[name.substr(prefix.size())] = placed.whole(name).contiguous();
+  if (tensors.empty()) {
+    throw Error("checkpoint " + checkpoint.string() +
+                " holds no model weights ('model.*' entries)");
+  }
+  return tensors;
+}
+
+void refuse_existing(const fs::path& out) {
+  if (fs::exists(out) && !(fs::is_directory(out) && fs::is_empty(out)))
+    throw Error(out.string() + " exists: remove it or choose another --out");
+}
+
+// `out` + ".partial", fresh.
+fs::path start_staging(const fs::path& out) {
+  fs::path staging = out;
+  staging += ".partial";
+  fs::remove_all(staging);
+  fs::create_directories(staging);
+  return staging;
+}
+
+// Every file of `staging` on the disk, then `staging` renamed to `out`.
+void finish_staging(const fs::path& staging, const fs::path& out) {
+  for (const auto& entry : fs::directory_iterator(staging)) sync_to_disk(entry.path());
+  sync_to_disk(staging);
+  if (fs::exists(out)) fs::remove(out);  // empty, checked before
+  fs::rename(staging, out);
+  sync_to_disk(fs::absolute(out).parent_path());
 }
 
 // Consecutive runs of tensors, each run at most `max_bytes` unless one tensor alone is larger,
@@ -95,26 +135,14 @@ std::uint64_t parse_shard_size(const std::string& text) {
 
 std::size_t write_hf_directory(const HfExport& request, const PlacedState& placed,
                                const StateDict& shared, const CheckpointBackend& safetensors) {
-  const auto files = described_files(shared, request.checkpoint);
-  if (fs::exists(request.out) && !(fs::is_directory(request.out) && fs::is_empty(request.out))) {
-    throw Error(request.out.string() + " exists: remove it or choose another --out");
-  }
-  const std::string prefix = "model.";
+  const auto files =
+      described_files(shared, request.checkpoint, kFormat, "config.json", "Hugging Face");
+  refuse_existing(request.out);
+  const std::map<std::string, at::Tensor> tensors = model_weights(placed, request.checkpoint);
   std::vector<std::string> names;
-  std::map<std::string, at::Tensor> tensors;
-  for (const std::string& name : placed.names(prefix)) {
-    names.push_back(name.substr(prefix.size()));
-    tensors[names.back()] = placed.whole(name).contiguous();
-  }
-  if (names.empty()) {
-    throw Error("checkpoint " + request.checkpoint.string() +
-                " holds no model weights ('model.*' entries)");
-  }
+  for (const auto& entry : tensors) names.push_back(entry.first);
 
-  fs::path staging = request.out;
-  staging += ".partial";
-  fs::remove_all(staging);
-  fs::create_directories(staging);
+  const fs::path staging = start_staging(request.out);
   for (const auto& [name, text] : files) write_text(staging / name, text);
   const auto shards = shard_names(names, tensors, request.max_shard_bytes);
   nlohmann::json weight_map = nlohmann::json::object();
@@ -134,12 +162,25 @@ std::size_t write_hf_directory(const HfExport& request, const PlacedState& place
                                   {"weight_map", weight_map}};
     write_text(staging / kIndexFile, index.dump(2) + "\n");
   }
-  for (const auto& entry : fs::directory_iterator(staging)) sync_to_disk(entry.path());
-  sync_to_disk(staging);
-  if (fs::exists(request.out)) fs::remove(request.out);  // empty, checked above
-  fs::rename(staging, request.out);
-  sync_to_disk(fs::absolute(request.out).parent_path());
+  finish_staging(staging, request.out);
   return names.size();
+}
+
+std::size_t write_peft_directory(const HfExport& request, const PlacedState& placed,
+                                 const StateDict& shared, const CheckpointBackend& safetensors) {
+  const auto files =
+      described_files(shared, request.checkpoint, "peft/", "adapter_config.json", "PEFT");
+  refuse_existing(request.out);
+  StateDict adapters;
+  adapters.metadata["format"] = "pt";
+  // PEFT names a wrapped model's tensors under base_model.model.
+  for (auto& [name, tensor] : model_weights(placed, request.checkpoint))
+    adapters.tensors["base_model.model." + name] = tensor;
+  const fs::path staging = start_staging(request.out);
+  for (const auto& [name, text] : files) write_text(staging / name, text);
+  safetensors.write(staging / "adapter_model.safetensors", adapters);
+  finish_staging(staging, request.out);
+  return adapters.tensors.size();
 }
 
 }  // namespace trainyard

@@ -31,4 +31,11 @@ std::uint64_t parse_shard_size(const std::string& text);
 std::size_t write_hf_directory(const HfExport& request, const PlacedState& placed,
                                const StateDict& shared, const CheckpointBackend& safetensors);
 
+// The adapters of a checkpoint whose model trained adapters alone (LoRA: its "model.*" entries
+// are the adapters) as PEFT saves them: adapter_config.json from the model and
+// adapter_model.safetensors with PEFT's names ("base_model.model." + the model's), which
+// peft.PeftModel.from_pretrained(base, DIR) loads. Returns the number of tensors written.
+std::size_t write_peft_directory(const HfExport& request, const PlacedState& placed,
+                                 const StateDict& shared, const CheckpointBackend& safetensors);
+
 }  // namespace trainyard

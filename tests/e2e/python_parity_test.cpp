@@ -9,11 +9,15 @@
 
 #include <filesystem>
 #include <fstream>
+#include <iostream>
 #include <ostream>
 #include <string>
 #include <vector>
 
 #include "test_support.hpp"
+#include "trainyard/api/build_context.hpp"
+#include "trainyard/api/checkpoint.hpp"
+#include "trainyard/api/registry.hpp"
 
 namespace trainyard::testing {
 namespace {
@@ -49,9 +53,9 @@ Replay train_and_replay(const TempDir& dir, const std::string& recipe,
   for (const auto& setting : settings) run.insert(run.end(), {"--set", setting});
   for (const auto& setting : trainyard_only) run.insert(run.end(), {"--set", setting});
   for (const std::string& setting : {"run.initial_model_file=" + (dir / "initial.pt").string(),
-                                    "run.step_record_file=" + (dir / "steps.jsonl").string(),
-                                    "run.final_model_file=" + (dir / "final.pt").string(),
-                                    std::string("sinks.jsonl.enabled=true")}) {
+                                     "run.step_record_file=" + (dir / "steps.jsonl").string(),
+                                     "run.final_model_file=" + (dir / "final.pt").string(),
+                                     std::string("sinks.jsonl.enabled=true")}) {
     run.insert(run.end(), {"--set", setting});
   }
   result.run = run_host(run);
@@ -141,12 +145,8 @@ TEST(PythonParity, GptAdamWWithClippingFor100Steps) {
 }
 
 // A small Llama saved in the Hugging Face layout (sharded, grouped-query attention, tied
-// embeddings, llama3 rotary scaling) by transformers, fine-tuned from those weights for 50 steps:
-// the replay trains transformers' own LlamaForCausalLM with torch.optim.AdamW on the same batches
-// and checks that the run started from exactly the published weights.
-TEST(PythonParity, LlamaFromHuggingFaceWeightsAdamWFor50Steps) {
-  TempDir dir;
-  const fs::path weights = dir / "tiny-llama";
+// embeddings, llama3 rotary scaling) by transformers into `folder`.
+void make_tiny_llama(const fs::path& folder) {
   const std::string make = R"(
 import sys, torch
 from transformers import LlamaConfig, LlamaForCausalLM
@@ -159,13 +159,18 @@ config = LlamaConfig(vocab_size=256, hidden_size=32, intermediate_size=64, num_h
 LlamaForCausalLM(config).save_pretrained(sys.argv[1], max_shard_size="40KB")
 )";
   const CommandResult made = run_command(
-      {(source_dir() / ".venv/bin/python").string(), "-c", make, weights.string()}, {}, 300);
+      {(source_dir() / ".venv/bin/python").string(), "-c", make, folder.string()}, {}, 300);
   ASSERT_EQ(made.exit_code, 0) << describe(made);
-  ASSERT_TRUE(fs::exists(weights / "model.safetensors.index.json"));
-  const fs::path recipe = dir.write("llama.toml", R"(
+  ASSERT_TRUE(fs::exists(folder / "model.safetensors.index.json"));
+}
+
+// A recipe fine-tuning the llama in `weights` on bytes of text with AdamW.
+std::string llama_finetune_recipe(const fs::path& weights, int steps) {
+  return R"(
 [run]
 seed = 0
-max_steps = 50
+max_steps = )" +
+         std::to_string(steps) + R"(
 max_grad_norm = 1.0
 eval = false
 [loader]
@@ -176,7 +181,8 @@ tokenizer = "byte"
 seq_len = 32
 [model]
 plugin = "llama"
-weights = ")" + weights.string() + R"("
+weights = ")" +
+         weights.string() + R"("
 [optimizer]
 plugin = "adamw"
 lr = 1e-3
@@ -184,12 +190,77 @@ weight_decay = 0.01
 [scheduler]
 plugin = "warmup_cosine"
 warmup_steps = 5
-)");
+)";
+}
+
+std::vector<std::string> small_text(const TempDir& dir) {
+  return {"dataset.path=" + (source_dir() / "docs" / "multi-process.md").string(),
+          "dataset.cache=" + (dir / "cache").string()};
+}
+
+// The llama fine-tuned from those weights for 50 steps: the replay trains transformers' own
+// LlamaForCausalLM with torch.optim.AdamW on the same batches and checks that the run started
+// from exactly the published weights.
+TEST(PythonParity, LlamaFromHuggingFaceWeightsAdamWFor50Steps) {
+  TempDir dir;
+  const fs::path weights = dir / "tiny-llama";
+  make_tiny_llama(weights);
+  const fs::path recipe = dir.write("llama.toml", llama_finetune_recipe(weights, 50));
+  auto result = train_and_replay(dir, recipe.string(), small_text(dir));
+  expect_agreement(result, "50");
+}
+
+// LoRA of rank 4 on q, v, o and down (column- and row-parallel projections) over those weights
+// for 20 steps: the replay injects PEFT's own LoRA layers into transformers' model
+// (peft.inject_adapter_in_model) and trains them with torch.optim.AdamW; adapters and the frozen
+// base agree at every step and at the end. The checkpoint holds the adapters alone with their
+// optimizer state, and exported with --format peft they load into PeftModel.from_pretrained
+// without a warning, equal to the run's, with the trainable-parameter count peft gives
+// (tests/e2e/hf_export/check_peft_export.py).
+TEST(PythonParity, LlamaLoraMatchesPeftFor20Steps) {
+  TempDir dir;
+  const fs::path weights = dir / "tiny-llama";
+  make_tiny_llama(weights);
+  const fs::path recipe =
+      dir.write("llama.toml", llama_finetune_recipe(weights, 20) +
+                                  "[checkpoint]\nplugin = \"torch\"\nkeep = 0\ndir = \"" +
+                                  (dir / "checkpoints").string() + "\"\n");
   auto result = train_and_replay(
       dir, recipe.string(),
-      {"dataset.path=" + (source_dir() / "docs" / "multi-process.md").string(),
-       "dataset.cache=" + (dir / "cache").string()});
-  expect_agreement(result, "50");
+      with(small_text(dir), {"model.lora={ rank = 4, alpha = 8, targets = [\"q_proj\", "
+                             "\"v_proj\", \"o_proj\", \"down_proj\"] }"}));
+  expect_agreement(result, "20");
+
+  const fs::path checkpoint = dir / "checkpoints" / "step-000000020";
+  Registry registry;
+  load_bundled_plugins(registry);
+  auto torch_backend =
+      registry.create<CheckpointBackend>("torch", Config({}, "checkpoint"), BuildContext{});
+  const StateDict saved = torch_backend->read(checkpoint / "shared.pt");
+  std::int64_t adapter_elements = 0, bytes = 0;
+  for (const auto& [name, tensor] : saved.tensors) {
+    const bool is_model = name.rfind("model.", 0) == 0;
+    if (!is_model && name.rfind("optimizer.", 0) != 0) continue;  // positions, streams
+    bytes += static_cast<std::int64_t>(tensor.nbytes());
+    if (is_model) adapter_elements += tensor.numel();
+    EXPECT_TRUE(name.find(".lora_") != std::string::npos) << name << " is not an adapter's";
+  }
+  // 2 layers x (q 4x32+32x4, v 4x32+16x4, o 4x32+32x4, down 4x64+32x4): 2 x 1088.
+  EXPECT_EQ(adapter_elements, 2176);
+  std::cout << "LoRA checkpoint: " << saved.tensors.size() << " tensors, " << bytes
+            << " bytes of adapters and their AdamW moments\n";
+
+  const fs::path adapters = dir / "adapters";
+  auto exported = run_host({"checkpoint", "export", checkpoint.string(), "--format", "peft",
+                            "--out", adapters.string()});
+  ASSERT_EQ(exported.exit_code, 0) << describe(exported);
+  auto check = run_command({(source_dir() / ".venv/bin/python").string(),
+                            (source_dir() / "tests/e2e/hf_export/check_peft_export.py").string(),
+                            adapters.string(), (dir / "final.pt").string(), weights.string()},
+                           {}, 300);
+  EXPECT_EQ(check.exit_code, 0) << describe(check);
+  EXPECT_TRUE(contains(check.out, "ok: 16 adapters equal"));
+  EXPECT_TRUE(contains(check.out, "trainable 2176 of"));
 }
 
 // The paths the 100-step tests leave out, with the options that change the arithmetic
@@ -220,11 +291,11 @@ TEST(PythonParity, EveryUpdatePathMatchesTorchOptim) {
 // that is zero but for rounding) into a step of up to lr.
 TEST(PythonParity, Bf16AutocastAdamWFor100Steps) {
   TempDir dir;
-  auto result = train_and_replay(
-      dir, "recipes/gpt_text.toml",
-      with(small_gpt(dir), {"run.max_steps=100", "precision.plugin=bf16", "run.max_grad_norm=1",
-                            "scheduler.warmup_steps=10"}),
-      {}, {"--exact"});
+  auto result =
+      train_and_replay(dir, "recipes/gpt_text.toml",
+                       with(small_gpt(dir), {"run.max_steps=100", "precision.plugin=bf16",
+                                             "run.max_grad_norm=1", "scheduler.warmup_steps=10"}),
+                       {}, {"--exact"});
   expect_agreement(result, "100");
 }
 

@@ -111,13 +111,14 @@ TEST(TensorParallelParity, GptOnTwoAndFourRanksMatchesOneProcessWithAndWithoutSe
 }
 
 // gpt_recipe with the llama in the gpt's place, configured by `config` (a TOML inline table of
-// LlamaConfig keys).
-std::string llama_recipe(int steps, const std::string& config) {
+// LlamaConfig keys) and `model_lines` (more of its options).
+std::string llama_recipe(int steps, const std::string& config,
+                         const std::string& model_lines = "") {
   std::string recipe = gpt_recipe(steps);
   const std::string gpt_model =
       "plugin = \"gpt\"\nn_layers = 4\nn_heads = 4\nd_model = 32\ndropout = 0.0\n";
   recipe.replace(recipe.find(gpt_model), gpt_model.size(),
-                 "plugin = \"llama\"\nconfig = " + config + "\n");
+                 "plugin = \"llama\"\nconfig = " + config + "\n" + model_lines);
   return recipe;
 }
 
@@ -126,12 +127,13 @@ std::string llama_recipe(int steps, const std::string& config) {
 // pipeline on 2 processes ends where one process ends.
 TEST(TensorParallelParity, LlamaOnEveryStrategyMatchesOneProcess) {
   TempDir dir;
-  const fs::path recipe = dir.write(
-      "recipe.toml",
-      llama_recipe(6, "{ hidden_size = 32, intermediate_size = 64, num_hidden_layers = 3, "
-                      "num_attention_heads = 4, num_key_value_heads = 2, "
-                      "tie_word_embeddings = true, rope_scaling = { rope_type = \"llama3\", "
-                      "factor = 8.0, original_max_position_embeddings = 8 } }"));
+  const fs::path recipe =
+      dir.write("recipe.toml",
+                llama_recipe(6,
+                             "{ hidden_size = 32, intermediate_size = 64, num_hidden_layers = 3, "
+                             "num_attention_heads = 4, num_key_value_heads = 2, "
+                             "tie_word_embeddings = true, rope_scaling = { rope_type = \"llama3\", "
+                             "factor = 8.0, original_max_position_embeddings = 8 } }"));
   auto single = run_one_process(recipe, dir / "single", {});
   ASSERT_EQ(single.exit_code, 0) << describe(single);
   const std::vector<std::pair<std::string, std::vector<std::string>>> layouts = {
@@ -231,9 +233,55 @@ TEST(TensorParallelCheckpoint, SavedAtTwoTwoTwoResumesAtEveryOtherLayout) {
   ASSERT_EQ(weights.size(), one_process.size());
   for (const auto& [name, tensor] : one_process) {
     ASSERT_TRUE(weights.count(name)) << name;
-    EXPECT_TRUE(at::allclose(weights.at(name), tensor, kParameterRtol, kParameterAtol))
-        << name;
+    EXPECT_TRUE(at::allclose(weights.at(name), tensor, kParameterRtol, kParameterAtol)) << name;
   }
+}
+
+// LoRA adapters on every projection of a multi-query llama (so under tp 2 the adapters of k and
+// v sit on key/value weights every rank holds whole, those of q, gate and up on column-parallel
+// weights, those of o and down on row-parallel ones) trained by ddp, tp 2 with sequence
+// parallelism and a two-stage pipeline on 2 processes end where one process ends, the frozen
+// base untouched; fsdp, which shards trainable parameters only, refuses the frozen base in one
+// line.
+TEST(TensorParallelParity, LlamaLoraOnEveryStrategyMatchesOneProcess) {
+  TempDir dir;
+  const fs::path recipe =
+      dir.write("recipe.toml",
+                llama_recipe(6,
+                             "{ hidden_size = 32, intermediate_size = 64, num_hidden_layers = 2, "
+                             "num_attention_heads = 4, num_key_value_heads = 1, "
+                             "tie_word_embeddings = false }",
+                             "lora = { rank = 4, alpha = 16, targets = [\"q_proj\", \"k_proj\", "
+                             "\"v_proj\", \"o_proj\", \"gate_proj\", \"up_proj\", "
+                             "\"down_proj\"] }\n"));
+  auto single = run_one_process(
+      recipe, dir / "single", {"--set", "run.initial_model_file=" + (dir / "initial.pt").string()});
+  ASSERT_EQ(single.exit_code, 0) << describe(single);
+  const TensorMap initial = read_tensor_file(dir / "initial.pt");
+  const TensorMap final_single = read_tensor_file(dir / "single" / "final.pt");
+  std::size_t adapters = 0;
+  for (const auto& [name, tensor] : initial) {
+    const bool adapter = name.find(".lora_") != std::string::npos;
+    adapters += adapter;
+    // The adapters train; everything else stays as it was built.
+    EXPECT_EQ(at::equal(tensor, final_single.at(name)), !adapter) << name;
+  }
+  EXPECT_EQ(adapters, 2u * 7u * 2u);
+  const std::vector<std::pair<std::string, std::vector<std::string>>> layouts = {
+      {"ddp", layout_sets(2, 1, 1)},
+      {"tp_sp", joined(layout_sets(1, 1, 2), {"--set", "model.sequence_parallel=true"})},
+      {"pipeline", layout_sets(1, 2, 1)},
+  };
+  for (const auto& [name, sets] : layouts) {
+    SCOPED_TRACE(name);
+    auto run = run_launched(2, recipe, dir / name, sets);
+    ASSERT_EQ(run.exit_code, 0) << describe(run);
+    expect_matches(dir / "single", dir / name);
+  }
+  auto fsdp = run_launched(2, recipe, dir / "fsdp",
+                           {"--set", "strategy.plugin=fsdp", "--set", "loader.batch_size=8"});
+  EXPECT_NE(fsdp.exit_code, 0);
+  EXPECT_HAS(fsdp.err, "is frozen (requires no gradient); fsdp shards trainable parameters only");
 }
 
 // A llama checkpoint of dp 2 x pp 2 x tp 2 exported as a Hugging Face directory (several
@@ -253,34 +301,35 @@ TEST(TensorParallelCheckpoint, ThreeDimensionalLlamaExportsToTransformers) {
                            "high_freq_factor": 4.0, "original_max_position_embeddings": 8}})";
   const fs::path recipe = dir.write(
       "recipe.toml",
-      llama_recipe(3, "{ vocab_size = 64, hidden_size = 32, intermediate_size = 64, "
-                      "num_hidden_layers = 2, num_attention_heads = 4, num_key_value_heads = 2, "
-                      "tie_word_embeddings = false, rms_norm_eps = 1e-5, rope_theta = 500000.0, "
-                      "max_position_embeddings = 64, rope_scaling = { rope_type = \"llama3\", "
-                      "factor = 8.0, low_freq_factor = 1.0, high_freq_factor = 4.0, "
-                      "original_max_position_embeddings = 8 } }") +
+      llama_recipe(3,
+                   "{ vocab_size = 64, hidden_size = 32, intermediate_size = 64, "
+                   "num_hidden_layers = 2, num_attention_heads = 4, num_key_value_heads = 2, "
+                   "tie_word_embeddings = false, rms_norm_eps = 1e-5, rope_theta = 500000.0, "
+                   "max_position_embeddings = 64, rope_scaling = { rope_type = \"llama3\", "
+                   "factor = 8.0, low_freq_factor = 1.0, high_freq_factor = 4.0, "
+                   "original_max_position_embeddings = 8 } }") +
           "\n[checkpoint]\nplugin = \"torch\"\nkeep = 0\n");
-  auto run = run_launched(
-      8, recipe, dir / "3d",
-      joined(layout_sets(2, 2, 2),
-             {"--set", "run.final_model_file=" + (dir / "final3.pt").string()}));
+  auto run =
+      run_launched(8, recipe, dir / "3d",
+                   joined(layout_sets(2, 2, 2),
+                          {"--set", "run.final_model_file=" + (dir / "final3.pt").string()}));
   ASSERT_EQ(run.exit_code, 0) << describe(run);
   EXPECT_HAS(run.err, "mesh pp 2 x dp_replicate 1 x dp_shard 2 x tp 2");
   const fs::path checkpoint = dir / "3d" / "checkpoints" / "step-000000003";
   const fs::path exported = dir / "hf";
-  auto export_run = run_command({host_binary().string(), "checkpoint", "export",
-                                 checkpoint.string(), "--format", "hf", "--out",
-                                 exported.string(), "--max-shard-size", "40KB"},
-                                source_dir(), 120);
+  auto export_run =
+      run_command({host_binary().string(), "checkpoint", "export", checkpoint.string(), "--format",
+                   "hf", "--out", exported.string(), "--max-shard-size", "40KB"},
+                  source_dir(), 120);
   ASSERT_EQ(export_run.exit_code, 0) << describe(export_run);
   EXPECT_TRUE(fs::exists(exported / "config.json"));
   EXPECT_TRUE(fs::exists(exported / "model.safetensors.index.json"));
   EXPECT_TRUE(fs::exists(exported / "model-00002-of-00003.safetensors"));
   const fs::path python = source_dir() / ".venv" / "bin" / "python";
-  auto check = run_command({python.string(),
-                            (source_dir() / "tests/e2e/hf_export/check_export.py").string(),
-                            exported.string(), (dir / "final3.pt").string(), settings},
-                           source_dir(), 300);
+  auto check =
+      run_command({python.string(), (source_dir() / "tests/e2e/hf_export/check_export.py").string(),
+                   exported.string(), (dir / "final3.pt").string(), settings},
+                  source_dir(), 300);
   EXPECT_EQ(check.exit_code, 0) << describe(check);
   EXPECT_HAS(check.out, "ok: ");
 

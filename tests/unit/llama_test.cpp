@@ -250,6 +250,51 @@ TEST_F(LlamaReferences, RefusesConfigsItDoesNotBuild) {
   }
 }
 
+// LoRA options PEFT would take differently, or not at all, are refused by name.
+TEST(LlamaLora, RefusesWhatItDoesNotBuild) {
+  const std::map<std::string, std::string> refusals = {
+      {"lora = { rank = 0 }", "rank must be an integer of at least 1"},
+      {"lora = { alpha = 8 }", "rank is required"},
+      {"lora = { rank = 4, targets = [\"lm_head\"] }",
+       "target \"lm_head\" is not a projection of a layer"},
+      {"lora = { rank = 4, dropout = 0.1 }", "dropout other than 0 is not built"},
+      {"lora = { rank = 4, use_dora = true }", "unknown key 'use_dora'"},
+  };
+  for (const auto& [options, expected] : refusals) {
+    const std::string error = error_of([&] { build_llama(options + "\n", language_context()); });
+    EXPECT_NE(error.find("model.lora: " + expected), std::string::npos) << error;
+  }
+}
+
+// With adapters, only lora_A and lora_B take gradients, and since lora_B starts at zero the
+// model starts as the one without them, logit for logit.
+TEST(LlamaLora, TrainsTheAdaptersAloneAndStartsAsTheBaseModel) {
+  const std::string base =
+      "config = { hidden_size = 32, intermediate_size = 48, "
+      "num_hidden_layers = 2, num_attention_heads = 4 }\n";
+  auto plain = build_llama(base, language_context());
+  auto adapted = build_llama(base + "lora = { rank = 2, targets = [\"q_proj\", \"down_proj\"] }\n",
+                             language_context());
+  std::size_t trainable = 0;
+  for (const auto& item : adapted->module().named_parameters()) {
+    const bool adapter = item.key().find(".lora_") != std::string::npos;
+    EXPECT_EQ(item.value().requires_grad(), adapter) << item.key();
+    trainable += adapter;
+  }
+  EXPECT_EQ(trainable, 2u * 2u * 2u);
+  at::Generator generator = at::detail::createCPUGenerator(5);
+  const Batch batch = batch_of(at::randint(kVocab, {2, kLength}, generator, at::kLong));
+  const at::Tensor expected = run_blocks(*plain, plain->blocks(), batch);
+  const at::Tensor actual = run_blocks(*adapted, adapted->blocks(), batch);
+  EXPECT_TRUE(at::equal(actual, expected));
+  adapted->loss(actual, batch).backward();
+  for (const auto& item : adapted->module().named_parameters()) {
+    // lora_A's gradient is zero while lora_B is; lora_B's is not.
+    if (item.key().find(".lora_B.") != std::string::npos)
+      EXPECT_GT(item.value().grad().abs().sum().item<double>(), 0.0) << item.key();
+  }
+}
+
 // A small model from scratch: [model.config] keys without a config file.
 const std::string kScratch =
     "config = { hidden_size = 32, intermediate_size = 48, num_hidden_layers = 2, "

@@ -279,7 +279,18 @@ def llama(section, recipe_dir):
 
     config = LlamaConfig.from_dict(settings)
     config._attn_implementation = "sdpa"
-    return Llama(config).float()
+    model = Llama(config).float()
+    lora = section.get("lora") or {}
+    if lora:
+        # PEFT's own LoRA layers, injected in place (the base frozen, the adapters trainable).
+        from peft import LoraConfig, inject_adapter_in_model
+
+        inject_adapter_in_model(
+            LoraConfig(r=lora["rank"], lora_alpha=lora.get("alpha", 8),
+                       target_modules=lora.get("targets", ["q_proj", "v_proj"]),
+                       lora_dropout=0.0),
+            model)
+    return model
 
 
 def build_model(recipe, recipe_dir="."):
@@ -305,6 +316,19 @@ def load_tensors(path):
         return torch.load(path, weights_only=True)
 
 
+def python_name(name, own):
+    """The Python model's name for trainyard's `name`: the same, under `blocks.`, or PEFT's
+    (a LoRA-wrapped projection's weight is its base_layer's, its adapters are the `default`
+    adapter's)."""
+    candidates = [name, "blocks." + name]
+    for suffix, peft in ((".lora_A.weight", ".lora_A.default.weight"),
+                         (".lora_B.weight", ".lora_B.default.weight"),
+                         (".weight", ".base_layer.weight")):
+        if name.endswith(suffix):
+            candidates.append(name[: -len(suffix)] + peft)
+    return next((key for key in candidates if key in own), None)
+
+
 def load_initial(model, path):
     """The run's initial state by trainyard's names, into the Python modules (strict: every
     name on both sides)."""
@@ -312,16 +336,16 @@ def load_initial(model, path):
     own = model.state_dict()
     renamed = {}
     for name, tensor in state.items():
-        key = name if name in own else "blocks." + name
-        if key not in own:
+        key = python_name(name, own)
+        if key is None:
             raise SystemExit(f"replay: the run's '{name}' has no counterpart in the Python model")
         renamed[key] = tensor
     if getattr(model, "published", None):
         from transformers import LlamaForCausalLM
 
         published = LlamaForCausalLM.from_pretrained(model.published).float().state_dict()
-        for name, tensor in renamed.items():
-            if not torch.equal(published[name], tensor):
+        for name, tensor in state.items():
+            if name in published and not torch.equal(published[name], tensor):
                 raise SystemExit(f"replay: the run's initial '{name}' is not the published weight")
     # A tied head is the embedding's tensor, which the run saves once.
     if getattr(getattr(model, "config", None), "tie_word_embeddings", False):
@@ -330,8 +354,7 @@ def load_initial(model, path):
     if missing:
         raise SystemExit(f"replay: the run's state lacks {missing}")
     model.load_state_dict(renamed, strict=True)
-    return {key: name for name, key in ((n, n if n in own else "blocks." + n) for n in state)
-            if key in own}
+    return {python_name(name, own): name for name in state}
 
 
 # ----------------------------------------------------------------------- schedule, optimizer

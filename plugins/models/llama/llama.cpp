@@ -202,7 +202,9 @@ class Llama final : public Model {
     block_names_.push_back("head");
     selection_.emplace(context.blocks, static_cast<std::int64_t>(block_names_.size()), "llama");
 
-    ParameterSource source(config_, split_, weights ? &*weights : nullptr, context.seed);
+    lora_ =
+        llama::read_lora_settings(toml_to_json(options.value("lora")), options.qualified("lora"));
+    ParameterSource source(config_, split_, weights ? &*weights : nullptr, context.seed, lora_);
     // torch::nn modules built here draw nothing, but the guard keeps the contract obvious.
     GlobalGeneratorGuard keep_global_stream;
     at::NoGradGuard no_grad;
@@ -211,6 +213,7 @@ class Llama final : public Model {
     build_embed(source, *body);
     build_layers(source, *body);
     build_head(source, *body);
+    if (lora_.enabled()) freeze_all_but_adapters();
   }
 
   torch::nn::Module& module() override { return *root_; }
@@ -292,7 +295,9 @@ class Llama final : public Model {
 
   // The parameter names are transformers' already; its config.json is the rest of a model
   // directory that from_pretrained loads.
+  // With LoRA, what trains and is saved is the adapters alone: PEFT's adapter_config.json.
   std::map<std::string, std::string> export_files() const override {
+    if (lora_.enabled()) return {{"peft/adapter_config.json", lora_.peft_config().dump(2) + "\n"}};
     return {{"hf/config.json", config_.to_json().dump(2) + "\n"}};
   }
 
@@ -309,6 +314,17 @@ class Llama final : public Model {
   std::map<std::string, HeldLayout> layouts_;
   // The embedding's weight when this build holds it: the tied head's weight.
   torch::Tensor embed_weight_;
+  llama::LoraSettings lora_;
+
+  // PEFT's LoRA trains the adapters alone: every other parameter takes no gradient.
+  void freeze_all_but_adapters() {
+    for (auto& item : root_->named_parameters(true)) {
+      const std::string& name = item.key();
+      const bool adapter =
+          name.find(".lora_A.") != std::string::npos || name.find(".lora_B.") != std::string::npos;
+      if (!adapter) item.value().requires_grad_(false);
+    }
+  }
 
   void configure_split(const Config& options, const BuildContext& context) {
     split_.group = TensorParallelGroup::of(context.mesh.get());
@@ -394,6 +410,18 @@ class Llama final : public Model {
   }
 };
 
+OptionSpec lora_table_option() {
+  OptionSpec spec;
+  spec.name = "lora";
+  spec.type = OptionType::kTable;
+  spec.default_value = Value(std::make_shared<const Table>());
+  spec.help =
+      "LoRA adapters, as PEFT's LoraConfig: { rank = r, alpha = 8, targets = [\"q_proj\", "
+      "\"v_proj\"] }; the base model is frozen and only the adapters train and are saved "
+      "(empty: full training)";
+  return spec;
+}
+
 OptionSpec config_table_option() {
   OptionSpec spec;
   spec.name = "config";
@@ -412,7 +440,7 @@ void register_components(Registry& registry) {
       "llama",
       {option("config_file", "",
               "a transformers config.json (default: the weights folder's config.json, if any)"),
-       config_table_option(),
+       config_table_option(), lora_table_option(),
        option("weights", "",
               "a Hugging Face model folder (model.safetensors or model.safetensors.index.json) "
               "or one .safetensors file to start from; each rank reads only its pieces"),

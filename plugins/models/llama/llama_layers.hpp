@@ -19,6 +19,7 @@
 #include <vector>
 
 #include "llama_config.hpp"
+#include "lora.hpp"
 #include "trainyard/api/error.hpp"
 #include "trainyard/api/parameter_pieces.hpp"
 #include "trainyard/models/parameter_init.hpp"
@@ -73,8 +74,22 @@ enum class Initial { kNormal, kOnes };
 class ParameterSource {
  public:
   ParameterSource(const LlamaConfig& config, const TensorSplit& split,
-                  const PretrainedWeights* weights, std::uint64_t seed)
-      : config_(config), split_(split), weights_(weights), init_(seed) {}
+                  const PretrainedWeights* weights, std::uint64_t seed,
+                  const llama::LoraSettings& lora)
+      : config_(config), split_(split), weights_(weights), init_(seed), lora_(lora) {}
+
+  const llama::LoraSettings& lora() const { return lora_; }
+  const TensorSplit& split() const { return split_; }
+
+  // This rank's part of adapter matrix `name`, drawn whatever the base weights came from:
+  // lora_A kaiming-uniform (a = sqrt(5)), lora_B zeros, as PEFT initialises them.
+  torch::Tensor make_adapter(const std::string& name, const Holding& holding, bool is_a) {
+    torch::Tensor held = at::zeros(holding.whole);
+    if (is_a) init_.kaiming_uniform(held, name, std::sqrt(5.0));
+    if (holding.split_dim >= 0 && split_.group.size > 1)
+      held = split_.group.shard_of(held, holding.split_dim);
+    return held;
+  }
 
   // A new parameter tensor holding this rank's part of whole parameter `name`.
   torch::Tensor make(const std::string& name, const Holding& holding, Initial initial) {
@@ -111,6 +126,7 @@ class ParameterSource {
   TensorSplit split_;
   const PretrainedWeights* weights_;
   ParameterInit init_;
+  llama::LoraSettings lora_;
 };
 
 // Every parameter of the whole model, by its transformers name, with its whole shape: what a
@@ -143,7 +159,39 @@ class ProjectionImpl : public torch::nn::Module {
  public:
   explicit ProjectionImpl(torch::Tensor initial)
       : weight(register_parameter("weight", std::move(initial))) {}
+
+  // Adds LoRA adapters (lora.hpp) as the submodules lora_A and lora_B. An adapter held whole
+  // while the layer runs split over tp ranks serves only this rank's share of the computation:
+  // its gradient is summed across the group, as for key/value weights held whole.
+  void add_adapters(torch::Tensor a, bool a_whole, torch::Tensor b, bool b_whole, double scale,
+                    const TensorSplit& split) {
+    lora_A = register_module("lora_A", std::make_shared<ProjectionImpl>(std::move(a)));
+    lora_B = register_module("lora_B", std::make_shared<ProjectionImpl>(std::move(b)));
+    sum_a_ = a_whole && split.split();
+    sum_b_ = b_whole && split.split();
+    group_ = split.group;
+    scale_ = scale;
+  }
+
+  // x base_weight^T, plus the adapters' ((x A^T) B^T) * alpha / r when there are any, in PEFT's
+  // order. `base_weight` is this projection's weight as the layer uses it.
+  torch::Tensor apply(const torch::Tensor& x, const torch::Tensor& base_weight) const {
+    torch::Tensor y = at::linear(x, base_weight);
+    if (!lora_A) return y;
+    const torch::Tensor a =
+        sum_a_ ? copy_to_tensor_parallel_region(lora_A->weight, group_) : lora_A->weight;
+    const torch::Tensor b =
+        sum_b_ ? copy_to_tensor_parallel_region(lora_B->weight, group_) : lora_B->weight;
+    return y + at::linear(at::linear(x, a), b) * scale_;
+  }
+
   torch::Tensor weight;
+  std::shared_ptr<ProjectionImpl> lora_A, lora_B;
+
+ private:
+  bool sum_a_ = false, sum_b_ = false;
+  TensorParallelGroup group_;
+  double scale_ = 1.0;
 };
 TORCH_MODULE(Projection);
 
@@ -203,7 +251,23 @@ inline Projection add_projection(torch::nn::Module& owner, const std::string& na
                                  std::map<std::string, HeldLayout>& layouts) {
   const std::string whole = prefix + name + ".weight";
   layouts[whole] = source.layout(whole, holding);
-  return owner.register_module(name, Projection(source.make(whole, holding, Initial::kNormal)));
+  Projection projection =
+      owner.register_module(name, Projection(source.make(whole, holding, Initial::kNormal)));
+  const llama::LoraSettings& lora = source.lora();
+  if (!lora.targets_projection(name)) return projection;
+  // A [r, in] is split like W's columns (row-parallel W), B [out, r] like W's rows
+  // (column-parallel W); otherwise each is held whole.
+  const std::int64_t out = holding.whole[0], in = holding.whole[1];
+  const Holding a{{lora.rank, in}, holding.split_dim == 1 ? 1 : -1};
+  const Holding b{{out, lora.rank}, holding.split_dim == 0 ? 0 : -1};
+  const std::string a_name = prefix + name + ".lora_A.weight";
+  const std::string b_name = prefix + name + ".lora_B.weight";
+  layouts[a_name] = source.layout(a_name, a);
+  layouts[b_name] = source.layout(b_name, b);
+  projection->add_adapters(source.make_adapter(a_name, a, true), a.split_dim < 0,
+                           source.make_adapter(b_name, b, false), b.split_dim < 0, lora.scale(),
+                           source.split());
+  return projection;
 }
 
 class AttentionImpl : public torch::nn::Module {
@@ -241,9 +305,9 @@ class AttentionImpl : public torch::nn::Module {
     const auto heads_of = [&](const torch::Tensor& projected) {
       return projected.view({batch, length, -1, head_dim_}).transpose(1, 2);
     };
-    torch::Tensor q = heads_of(at::linear(input, q_proj->weight));
-    torch::Tensor k = heads_of(at::linear(input, kv_weight(k_proj->weight)));
-    torch::Tensor v = heads_of(at::linear(input, kv_weight(v_proj->weight)));
+    torch::Tensor q = heads_of(q_proj->apply(input, q_proj->weight));
+    torch::Tensor k = heads_of(k_proj->apply(input, kv_weight(k_proj->weight)));
+    torch::Tensor v = heads_of(v_proj->apply(input, kv_weight(v_proj->weight)));
     q = apply_rotary(q, cos, sin);
     k = apply_rotary(k, cos, sin);
     bool grouped = false;
@@ -260,7 +324,7 @@ class AttentionImpl : public torch::nn::Module {
         q, k, v, /*attn_mask=*/{}, /*dropout_p=*/0.0, /*is_causal=*/true,
         /*scale=*/std::pow(static_cast<double>(head_dim_), -0.5), /*enable_gqa=*/grouped);
     attended = attended.transpose(1, 2).reshape({batch, length, local_heads_ * head_dim_});
-    return leave_row_parallel(at::linear(attended, o_proj->weight), split_);
+    return leave_row_parallel(o_proj->apply(attended, o_proj->weight), split_);
   }
 
   Projection q_proj{nullptr}, k_proj{nullptr}, v_proj{nullptr}, o_proj{nullptr};
@@ -299,9 +363,9 @@ class FeedForwardImpl : public torch::nn::Module {
 
   torch::Tensor forward(const torch::Tensor& x) {
     const torch::Tensor input = enter_column_parallel(x, split_);
-    const torch::Tensor hidden =
-        at::silu(at::linear(input, gate_proj->weight)) * at::linear(input, up_proj->weight);
-    return leave_row_parallel(at::linear(hidden, down_proj->weight), split_);
+    const torch::Tensor hidden = at::silu(gate_proj->apply(input, gate_proj->weight)) *
+                                 up_proj->apply(input, up_proj->weight);
+    return leave_row_parallel(down_proj->apply(hidden, down_proj->weight), split_);
   }
 
   Projection gate_proj{nullptr}, up_proj{nullptr}, down_proj{nullptr};

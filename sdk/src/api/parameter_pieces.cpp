@@ -222,7 +222,10 @@ void save_module_pieces(const torch::nn::Module& module, const std::vector<HeldL
                         StateDict& out, const std::string& replicas) {
   std::size_t index = 0;
   for (const auto& item : module.named_parameters(true)) {
-    put_held_pieces(out, kModelPrefix, item.value().detach(), layouts.at(index++), replicas);
+    const HeldLayout& layout = layouts.at(index++);
+    // Frozen: rebuilt by the model (from its weights or its seed), never trained.
+    if (!item.value().requires_grad()) continue;
+    put_held_pieces(out, kModelPrefix, item.value().detach(), layout, replicas);
   }
   for (const auto& item : module.named_buffers(true)) {
     TensorPlacement placement = TensorPlacement::whole(item.value().sizes().vec());
@@ -237,7 +240,9 @@ void load_module_pieces(torch::nn::Module& module, const std::vector<HeldLayout>
                         const PlacedState& state) {
   std::size_t index = 0;
   for (const auto& item : module.named_parameters(true)) {
-    read_held_pieces(state, kModelPrefix, layouts.at(index++), item.value());
+    const HeldLayout& layout = layouts.at(index++);
+    if (!item.value().requires_grad()) continue;  // frozen: as the model built it
+    read_held_pieces(state, kModelPrefix, layout, item.value());
   }
   for (const auto& item : module.named_buffers(true)) {
     read_held_pieces(state, kModelPrefix,

@@ -99,6 +99,8 @@ bool holds_whole(const HeldLayout& layout);
 // A module whose i-th parameter (named_parameters order) is held as `layouts[i]` (a model's
 // parameter_layout: whole, or tensor-parallel boxes), `optimizer` (when given) stepping its
 // parameters in order: parameters, optimizer state and (whole) buffers as pieces in `out`.
+// Frozen parameters (requires_grad false, such as a base model under LoRA adapters) are neither
+// saved nor loaded: they are what the model builds (its weights or its seed), never trained.
 void save_module_pieces(const torch::nn::Module& module, const std::vector<HeldLayout>& layouts,
                         const Optimizer& plugin, const torch::optim::Optimizer* optimizer,
                         StateDict& out, const std::string& replicas = {});

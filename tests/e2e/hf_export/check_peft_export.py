@@ -1,0 +1,98 @@
+"""Loads the adapters `trainyard checkpoint export --format peft` wrote with
+peft.PeftModel.from_pretrained on their base model, and checks that they are the adapters
+trainyard trained.
+
+usage: check_peft_export.py ADAPTER_DIR FINAL_MODEL BASE_DIR
+
+FINAL_MODEL is the run's final model file (trainyard's module state by name: the frozen base and
+the adapters); BASE_DIR the Hugging Face directory the run started from. Loading must log no
+warning (but peft's own deprecation notices); every adapter must equal trainyard's exactly and the base must be untouched; the number
+of tensors' elements in adapter_model.safetensors must equal the trainable-parameter count peft
+gives the same LoraConfig. Prints what it found and exits 1 on the first difference.
+"""
+
+import logging
+import os
+import sys
+import warnings
+
+import torch
+import torch.jit._pickle  # restore_type_tag, for LibTorch's pickles
+import transformers
+from peft import LoraConfig, PeftModel, get_peft_model
+from safetensors.torch import load_file
+from transformers import LlamaForCausalLM
+
+
+def fail(message):
+    print("FAIL: " + message)
+    sys.exit(1)
+
+
+class Collect(logging.Handler):
+    def __init__(self):
+        super().__init__(level=logging.WARNING)
+        self.messages = []
+
+    def emit(self, record):
+        self.messages.append(record.getMessage())
+
+
+def peft_name(name, state):
+    """PEFT's name for trainyard's `name` in a PeftModel: under base_model.model, an adapter as
+    the `default` adapter's, a wrapped projection's weight as its base_layer's."""
+    candidates = ["base_model.model." + name]
+    for suffix, replacement in ((".lora_A.weight", ".lora_A.default.weight"),
+                                (".lora_B.weight", ".lora_B.default.weight"),
+                                (".weight", ".base_layer.weight")):
+        if name.endswith(suffix):
+            candidates.append("base_model.model." + name[: -len(suffix)] + replacement)
+    return next((key for key in candidates if key in state), None)
+
+
+def main(adapters, final_model, base_dir):
+    base = LlamaForCausalLM.from_pretrained(base_dir)
+    collected = Collect()
+    for name in ("peft", "transformers"):
+        logging.getLogger(name).addHandler(collected)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        model = PeftModel.from_pretrained(base, adapters)
+    # peft reading transformers' deprecated attributes (FutureWarning, DeprecationWarning) says
+    # nothing about these files.
+    messages = collected.messages + [
+        str(w.message) for w in caught
+        if not issubclass(w.category, (FutureWarning, DeprecationWarning))
+    ]
+    if messages:
+        fail("PeftModel.from_pretrained warned: " + " | ".join(messages))
+
+    with torch.serialization.safe_globals([torch.jit._pickle.restore_type_tag]):
+        trained = torch.load(final_model, weights_only=True)
+    state = model.state_dict()
+    adapter_count = 0
+    for name, tensor in trained.items():
+        key = peft_name(name, state)
+        if key is None:
+            fail(f"trainyard's {name} is not in the PEFT model")
+        if not torch.equal(state[key], tensor):
+            fail(f"{name} differs from trainyard's by {(state[key] - tensor).abs().max()}")
+        adapter_count += ".lora_" in name
+    if adapter_count == 0:
+        fail("the run's final model holds no adapters")
+
+    saved = load_file(os.path.join(adapters, "adapter_model.safetensors"))
+    saved_elements = sum(t.numel() for t in saved.values())
+    config = LoraConfig.from_pretrained(adapters)
+    config.inference_mode = False  # saved for inference; counted as trained
+    fresh = get_peft_model(LlamaForCausalLM(base.config), config)
+    trainable, total = fresh.get_nb_trainable_parameters()
+    if trainable != saved_elements:
+        fail(f"peft trains {trainable} parameters, the adapters hold {saved_elements}")
+    print(f"ok: {adapter_count} adapters equal, {len(trained) - adapter_count} base tensors "
+          f"untouched, trainable {trainable} of {total} as peft counts")
+
+
+if __name__ == "__main__":
+    transformers.logging.set_verbosity_warning()
+    main(sys.argv[1], sys.argv[2], sys.argv[3])
