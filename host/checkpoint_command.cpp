@@ -29,6 +29,7 @@ namespace {
 constexpr const char* kCheckpointUsage = R"(usage: trainyard checkpoint inspect PATH [options]
        trainyard checkpoint export PATH --format safetensors --out FILE [options]
        trainyard checkpoint export PATH --format hf --out DIR [--max-shard-size 5GB]
+                                   [--base HF_DIR]
        trainyard checkpoint export PATH --format peft --out DIR
 
 inspect   the checkpoint's step, backend, files with sizes and checksum status, and every
@@ -38,7 +39,8 @@ export    the model's weights (entries 'model.*', prefix removed) as one file, e
           wrote it; --all exports every entry (optimizer state included) under its full name;
           --format hf writes a Hugging Face model directory (config.json, safetensors files of
           at most --max-shard-size, their index) that transformers' from_pretrained loads;
-          --format peft writes a LoRA checkpoint's adapters as PEFT saves them)";
+          --format peft writes a LoRA checkpoint's adapters as PEFT saves them, and
+          --format hf --base HF_DIR merges them into the model they were trained on)";
 
 // The formats that are not checkpoint backends: a Hugging Face model directory and a PEFT
 // adapter directory.
@@ -148,7 +150,7 @@ CheckpointState placed_entries(const fs::path& checkpoint, const CheckpointManif
 }
 
 int export_hf(const fs::path& checkpoint, const std::string& format, const fs::path& out,
-              const std::string& max_shard_size, Registry& registry) {
+              const std::string& max_shard_size, const fs::path& base, Registry& registry) {
   HfExport request{checkpoint, out, parse_shard_size(max_shard_size)};
   CheckpointManifest manifest = read_manifest(checkpoint);
   verify_checkpoint(checkpoint, manifest);
@@ -156,9 +158,14 @@ int export_hf(const fs::path& checkpoint, const std::string& format, const fs::p
   auto writer = backend_named(default_plugins::kHuggingFaceWeights, registry, checkpoint);
   StateDict shared;
   const PlacedState placed(placed_entries(checkpoint, manifest, *reader, shared));
-  const std::size_t written = format == kPeftFormat
-                                  ? write_peft_directory(request, placed, shared, *writer)
-                                  : write_hf_directory(request, placed, shared, *writer);
+  std::size_t written = 0;
+  if (format == kPeftFormat) {
+    written = write_peft_directory(request, placed, shared, *writer);
+  } else if (!base.empty()) {
+    written = write_merged_hf_directory(request, placed, shared, base, *writer);
+  } else {
+    written = write_hf_directory(request, placed, shared, *writer);
+  }
   std::cout << "wrote " << written << " tensors and their config to " << out.string() << "\n";
   return 0;
 }
@@ -214,6 +221,7 @@ int command_checkpoint(const std::vector<std::string>& args, Registry& registry)
   std::string out;
   bool everything = false;
   std::string max_shard_size = "5GB";
+  std::string base;
   po::options_description options("checkpoint options");
   options.add_options()("action", po::value(&action)->required(), "inspect or export")(
       "path", po::value(&path)->required(), "a checkpoint folder (step-NNNNNNNNN)")(
@@ -222,7 +230,10 @@ int command_checkpoint(const std::vector<std::string>& args, Registry& registry)
                                                       "export: the file to write")(
       "all", po::bool_switch(&everything), "export every shared entry, not only the model")(
       "max-shard-size", po::value(&max_shard_size)->default_value(max_shard_size),
-      "export --format hf: the largest safetensors file (5GB, 500MB, 2GiB)");
+      "export --format hf: the largest safetensors file (5GB, 500MB, 2GiB)")(
+      "base", po::value(&base),
+      "export --format hf of a LoRA checkpoint: the Hugging Face folder its adapters are merged "
+      "into");
   add_common(options, common);
   po::positional_options_description positional;
   positional.add("action", 1).add("path", 1);
@@ -236,7 +247,8 @@ int command_checkpoint(const std::vector<std::string>& args, Registry& registry)
     if (format == kHfFormat || format == kPeftFormat) {
       if (everything)
         throw po::error("--all exports checkpoint entries, which --format " + format + " does not");
-      return export_hf(path, format, out, max_shard_size, registry);
+      if (!base.empty() && format != kHfFormat) throw po::error("--base goes with --format hf");
+      return export_hf(path, format, out, max_shard_size, base, registry);
     }
     return export_weights(path, format, out, everything, registry);
   }

@@ -6,11 +6,14 @@
 #include <fstream>
 #include <map>
 #include <nlohmann/json.hpp>
+#include <sstream>
 #include <vector>
 
 #include "trainyard/api/error.hpp"
+#include "trainyard/models/pretrained_weights.hpp"
 #include "trainyard/runtime/checkpoint_store.hpp"
 #include "trainyard/support/files.hpp"
+#include "trainyard/support/safetensors_dtype.hpp"
 
 namespace fs = std::filesystem;
 
@@ -133,15 +136,14 @@ std::uint64_t parse_shard_size(const std::string& text) {
   return std::stoull(text.substr(0, digits)) * scale->second;
 }
 
-std::size_t write_hf_directory(const HfExport& request, const PlacedState& placed,
-                               const StateDict& shared, const CheckpointBackend& safetensors) {
-  const auto files =
-      described_files(shared, request.checkpoint, kFormat, "config.json", "Hugging Face");
-  refuse_existing(request.out);
-  const std::map<std::string, at::Tensor> tensors = model_weights(placed, request.checkpoint);
+namespace {
+
+// `files` and `tensors` as a Hugging Face model directory at request.out (checked not to exist).
+void write_model_directory(const HfExport& request, const std::map<std::string, std::string>& files,
+                           const std::map<std::string, at::Tensor>& tensors,
+                           const CheckpointBackend& safetensors) {
   std::vector<std::string> names;
   for (const auto& entry : tensors) names.push_back(entry.first);
-
   const fs::path staging = start_staging(request.out);
   for (const auto& [name, text] : files) write_text(staging / name, text);
   const auto shards = shard_names(names, tensors, request.max_shard_bytes);
@@ -163,7 +165,72 @@ std::size_t write_hf_directory(const HfExport& request, const PlacedState& place
     write_text(staging / kIndexFile, index.dump(2) + "\n");
   }
   finish_staging(staging, request.out);
-  return names.size();
+}
+
+std::string read_text(const fs::path& file) {
+  std::ifstream in(file, std::ios::binary);
+  if (!in) throw Error("cannot read " + file.string());
+  std::ostringstream text;
+  text << in.rdbuf();
+  return text.str();
+}
+
+}  // namespace
+
+std::size_t write_hf_directory(const HfExport& request, const PlacedState& placed,
+                               const StateDict& shared, const CheckpointBackend& safetensors) {
+  if (shared.metadata.count(std::string(kExportFilePrefix) + "peft/adapter_config.json")) {
+    throw Error("checkpoint " + request.checkpoint.string() +
+                " holds LoRA adapters alone: --base HF_DIR merges them into the model they were "
+                "trained on (--format peft writes them as PEFT saves them)");
+  }
+  const auto files =
+      described_files(shared, request.checkpoint, kFormat, "config.json", "Hugging Face");
+  refuse_existing(request.out);
+  const auto tensors = model_weights(placed, request.checkpoint);
+  write_model_directory(request, files, tensors, safetensors);
+  return tensors.size();
+}
+
+std::size_t write_merged_hf_directory(const HfExport& request, const PlacedState& placed,
+                                      const StateDict& shared, const fs::path& base_dir,
+                                      const CheckpointBackend& safetensors) {
+  const auto peft =
+      described_files(shared, request.checkpoint, "peft/", "adapter_config.json", "PEFT");
+  const auto adapter_config =
+      nlohmann::json::parse(peft.at("adapter_config.json"), nullptr, /*allow_exceptions=*/false);
+  if (!adapter_config.is_object() || !adapter_config.contains("r") ||
+      !adapter_config.contains("lora_alpha")) {
+    throw Error("checkpoint " + request.checkpoint.string() +
+                ": its adapter_config.json gives no r and lora_alpha");
+  }
+  const double scale =
+      adapter_config["lora_alpha"].get<double>() / adapter_config["r"].get<double>();
+  refuse_existing(request.out);
+  const auto adapters = model_weights(placed, request.checkpoint);
+  const PretrainedWeights base(base_dir);
+  std::map<std::string, at::Tensor> merged;
+  std::size_t used = 0;
+  for (const auto& [name, info] : base.tensors()) {
+    at::Tensor weight = base.read(name, at::kFloat);
+    const std::string stem = name.substr(0, name.size() - std::string(".weight").size());
+    const auto a = adapters.find(stem + ".lora_A.weight");
+    const auto b = adapters.find(stem + ".lora_B.weight");
+    if (name.ends_with(".weight") && a != adapters.end() && b != adapters.end()) {
+      // PEFT's merge: W + (alpha / r) B A, in fp32.
+      weight = weight + at::mm(b->second.to(at::kFloat), a->second.to(at::kFloat)) * scale;
+      used += 2;
+    }
+    merged[name] = weight.to(safetensors::scalar_type(info.dtype)).contiguous();
+  }
+  if (used != adapters.size()) {
+    throw Error("checkpoint " + request.checkpoint.string() + " holds " +
+                std::to_string(adapters.size()) + " adapter tensors, of which " +
+                std::to_string(used) + " belong to a weight of " + base_dir.string());
+  }
+  write_model_directory(request, {{"config.json", read_text(base_dir / "config.json")}}, merged,
+                        safetensors);
+  return merged.size();
 }
 
 std::size_t write_peft_directory(const HfExport& request, const PlacedState& placed,

@@ -31,6 +31,16 @@ std::uint64_t parse_shard_size(const std::string& text);
 std::size_t write_hf_directory(const HfExport& request, const PlacedState& placed,
                                const StateDict& shared, const CheckpointBackend& safetensors);
 
+// A checkpoint of adapters (as write_peft_directory reads it) merged into the Hugging Face model
+// directory they were trained on (`base_dir`): every targeted weight W becomes
+// W + (lora_alpha / r) B A as PEFT's merge_and_unload computes it, in fp32 and stored in the
+// base's dtype, beside the base's config.json. Throws Error when an adapter has no weight in
+// the base. Returns the number of tensors written.
+std::size_t write_merged_hf_directory(const HfExport& request, const PlacedState& placed,
+                                      const StateDict& shared,
+                                      const std::filesystem::path& base_dir,
+                                      const CheckpointBackend& safetensors);
+
 // The adapters of a checkpoint whose model trained adapters alone (LoRA: its "model.*" entries
 // are the adapters) as PEFT saves them: adapter_config.json from the model and
 // adapter_model.safetensors with PEFT's names ("base_model.model." + the model's), which

@@ -70,15 +70,18 @@ TensorMap exported_checkpoint(const fs::path& checkpoint, const fs::path& out) {
 }
 
 CommandResult validate_and_launch_bundled_recipe(const std::string& file, int ranks, int steps,
-                                                 int log_every, const fs::path& out) {
+                                                 int log_every, const fs::path& out,
+                                                 const std::vector<std::string>& extra) {
   const fs::path recipe = source_dir() / "recipes" / file;
   auto validated =
       run_command({host_binary().string(), "validate", recipe.string()}, source_dir(), 120);
   EXPECT_EQ(validated.exit_code, 0) << describe(validated);
-  return run_launched(ranks, recipe, out,
-                      {"--set", "run.max_steps=" + std::to_string(steps), "--set",
-                       "run.log_every=" + std::to_string(log_every), "--set", "run.eval=false",
-                       "--set", "dataset.cache=" + (out / "cache").string()});
+  std::vector<std::string> settings = {"--set", "run.max_steps=" + std::to_string(steps),
+                                       "--set", "run.log_every=" + std::to_string(log_every),
+                                       "--set", "run.eval=false",
+                                       "--set", "dataset.cache=" + (out / "cache").string()};
+  settings.insert(settings.end(), extra.begin(), extra.end());
+  return run_launched(ranks, recipe, out, settings);
 }
 
 std::vector<double> logged_train_losses(const fs::path& out) {

@@ -36,9 +36,10 @@ TensorMap exported_checkpoint(const std::filesystem::path& checkpoint,
 
 // A recipe of the repository (`recipes/<file>`) validates, then trains for `steps` steps logged
 // every `log_every` under `trainyard launch` on `ranks` processes into `out` (evaluation off,
-// its dataset cache there too): the run's result.
+// its dataset cache there too, `extra` arguments after those): the run's result.
 CommandResult validate_and_launch_bundled_recipe(const std::string& file, int ranks, int steps,
-                                                 int log_every, const std::filesystem::path& out);
+                                                 int log_every, const std::filesystem::path& out,
+                                                 const std::vector<std::string>& extra = {});
 
 // The logged training losses of the run in `out` (metrics.jsonl, or rank 0's metrics file).
 std::vector<double> logged_train_losses(const std::filesystem::path& out);

@@ -215,7 +215,8 @@ TEST(PythonParity, LlamaFromHuggingFaceWeightsAdamWFor50Steps) {
 // (peft.inject_adapter_in_model) and trains them with torch.optim.AdamW; adapters and the frozen
 // base agree at every step and at the end. The checkpoint holds the adapters alone with their
 // optimizer state, and exported with --format peft they load into PeftModel.from_pretrained
-// without a warning, equal to the run's, with the trainable-parameter count peft gives
+// without a warning, equal to the run's, with the trainable-parameter count peft gives; merged
+// into the published weights (--format hf --base) they equal peft's merge_and_unload
 // (tests/e2e/hf_export/check_peft_export.py).
 TEST(PythonParity, LlamaLoraMatchesPeftFor20Steps) {
   TempDir dir;
@@ -254,10 +255,19 @@ TEST(PythonParity, LlamaLoraMatchesPeftFor20Steps) {
   auto exported = run_host({"checkpoint", "export", checkpoint.string(), "--format", "peft",
                             "--out", adapters.string()});
   ASSERT_EQ(exported.exit_code, 0) << describe(exported);
-  auto check = run_command({(source_dir() / ".venv/bin/python").string(),
-                            (source_dir() / "tests/e2e/hf_export/check_peft_export.py").string(),
-                            adapters.string(), (dir / "final.pt").string(), weights.string()},
-                           {}, 300);
+  const fs::path merged = dir / "merged";
+  auto merging = run_host({"checkpoint", "export", checkpoint.string(), "--format", "hf", "--base",
+                           weights.string(), "--out", merged.string()});
+  ASSERT_EQ(merging.exit_code, 0) << describe(merging);
+  auto unmerged = run_host({"checkpoint", "export", checkpoint.string(), "--format", "hf", "--out",
+                            (dir / "unmerged").string()});
+  EXPECT_EQ(unmerged.exit_code, 1);
+  EXPECT_TRUE(contains(unmerged.err, "holds LoRA adapters alone: --base HF_DIR merges them"));
+  auto check = run_command(
+      {(source_dir() / ".venv/bin/python").string(),
+       (source_dir() / "tests/e2e/hf_export/check_peft_export.py").string(), adapters.string(),
+       (dir / "final.pt").string(), weights.string(), merged.string()},
+      {}, 300);
   EXPECT_EQ(check.exit_code, 0) << describe(check);
   EXPECT_TRUE(contains(check.out, "ok: 16 adapters equal"));
   EXPECT_TRUE(contains(check.out, "trainable 2176 of"));

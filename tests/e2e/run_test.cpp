@@ -71,7 +71,8 @@ TEST(RunTest, PrintConfigShowsEveryDefault) {
 TEST(RunTest, ValidateAcceptsEveryShippedRecipe) {
   for (const char* recipe :
        {"recipes/fashion_mnist_cnn.toml", "recipes/fashion_mnist_mlp.toml", "recipes/gpt_text.toml",
-        "recipes/gpt_pipeline.toml", "recipes/gpt_3d.toml"}) {
+        "recipes/gpt_pipeline.toml", "recipes/gpt_3d.toml", "recipes/llama_text.toml",
+        "recipes/llama_finetune.toml"}) {
     auto result = run_host({"validate", recipe}, {}, 300);
     EXPECT_EQ(result.exit_code, 0) << recipe << "\n" << describe(result);
     EXPECT_EQ(result.out, "");

@@ -2,13 +2,15 @@
 peft.PeftModel.from_pretrained on their base model, and checks that they are the adapters
 trainyard trained.
 
-usage: check_peft_export.py ADAPTER_DIR FINAL_MODEL BASE_DIR
+usage: check_peft_export.py ADAPTER_DIR FINAL_MODEL BASE_DIR MERGED_DIR
 
 FINAL_MODEL is the run's final model file (trainyard's module state by name: the frozen base and
 the adapters); BASE_DIR the Hugging Face directory the run started from. Loading must log no
 warning (but peft's own deprecation notices); every adapter must equal trainyard's exactly and the base must be untouched; the number
 of tensors' elements in adapter_model.safetensors must equal the trainable-parameter count peft
-gives the same LoraConfig. Prints what it found and exits 1 on the first difference.
+gives the same LoraConfig. MERGED_DIR (`export --format hf --base BASE_DIR`) must load with
+from_pretrained and equal peft's merge_and_unload, tensor for tensor, and its logits the adapted
+model's, within fp32 tolerance. Prints what it found and exits 1 on the first difference.
 """
 
 import logging
@@ -21,7 +23,7 @@ import torch.jit._pickle  # restore_type_tag, for LibTorch's pickles
 import transformers
 from peft import LoraConfig, PeftModel, get_peft_model
 from safetensors.torch import load_file
-from transformers import LlamaForCausalLM
+from transformers import AutoModelForCausalLM, LlamaForCausalLM
 
 
 def fail(message):
@@ -50,7 +52,25 @@ def peft_name(name, state):
     return next((key for key in candidates if key in state), None)
 
 
-def main(adapters, final_model, base_dir):
+def check_merged(model, merged_dir):
+    """The merged folder against peft's own merge of the same adapters."""
+    merged = AutoModelForCausalLM.from_pretrained(merged_dir)
+    tokens = torch.randint(0, merged.config.vocab_size, (2, 16),
+                           generator=torch.Generator().manual_seed(3))
+    model.eval()
+    merged.eval()
+    with torch.no_grad():
+        adapted = model(input_ids=tokens).logits
+        logits = merged(input_ids=tokens).logits
+    torch.testing.assert_close(logits, adapted, rtol=1.3e-6, atol=1e-5)
+    reference = model.merge_and_unload().state_dict()
+    loaded = merged.state_dict()
+    for name, tensor in reference.items():
+        torch.testing.assert_close(loaded[name], tensor, rtol=1.3e-6, atol=1e-5)
+    return (logits - adapted).abs().max().item()
+
+
+def main(adapters, final_model, base_dir, merged_dir):
     base = LlamaForCausalLM.from_pretrained(base_dir)
     collected = Collect()
     for name in ("peft", "transformers"):
@@ -89,10 +109,12 @@ def main(adapters, final_model, base_dir):
     trainable, total = fresh.get_nb_trainable_parameters()
     if trainable != saved_elements:
         fail(f"peft trains {trainable} parameters, the adapters hold {saved_elements}")
+    difference = check_merged(model, merged_dir)
     print(f"ok: {adapter_count} adapters equal, {len(trained) - adapter_count} base tensors "
-          f"untouched, trainable {trainable} of {total} as peft counts")
+          f"untouched, trainable {trainable} of {total} as peft counts, merged as "
+          f"merge_and_unload (logits within {difference:.3g})")
 
 
 if __name__ == "__main__":
     transformers.logging.set_verbosity_warning()
-    main(sys.argv[1], sys.argv[2], sys.argv[3])
+    main(sys.argv[1], sys.argv[2], sys.argv[3], sys.argv[4])
