@@ -213,10 +213,12 @@ std::size_t write_merged_hf_directory(const HfExport& request, const PlacedState
   std::size_t used = 0;
   for (const auto& [name, info] : base.tensors()) {
     at::Tensor weight = base.read(name, at::kFloat);
-    const std::string stem = name.substr(0, name.size() - std::string(".weight").size());
+    const std::string suffix = ".weight";
+    const std::string stem =
+        name.ends_with(suffix) ? name.substr(0, name.size() - suffix.size()) : name;
     const auto a = adapters.find(stem + ".lora_A.weight");
     const auto b = adapters.find(stem + ".lora_B.weight");
-    if (name.ends_with(".weight") && a != adapters.end() && b != adapters.end()) {
+    if (a != adapters.end() && b != adapters.end()) {
       // PEFT's merge: W + (alpha / r) B A, in fp32.
       weight = weight + at::mm(b->second.to(at::kFloat), a->second.to(at::kFloat)) * scale;
       used += 2;

@@ -122,6 +122,23 @@ std::string llama_recipe(int steps, const std::string& config,
   return recipe;
 }
 
+// fsdp on 2 processes, each with half the one-process batch.
+const std::vector<std::string> kFsdpSets = {"--set", "strategy.plugin=fsdp", "--set",
+                                            "loader.batch_size=8"};
+
+// Each named layout of `recipe` on 2 processes (its --set arguments) ends where the one-process
+// run in dir / "single" ends.
+void expect_layouts_match_one_process(
+    const fs::path& recipe, const TempDir& dir,
+    const std::vector<std::pair<std::string, std::vector<std::string>>>& layouts) {
+  for (const auto& [name, sets] : layouts) {
+    SCOPED_TRACE(name);
+    auto run = run_launched(2, recipe, dir / name, sets);
+    ASSERT_EQ(run.exit_code, 0) << describe(run);
+    expect_matches(dir / "single", dir / name);
+  }
+}
+
 // The llama (grouped-query attention, tied embeddings, llama3 rotary scaling, built from
 // [model.config] keys) trained by ddp, fsdp, tp 2 with sequence parallelism and a two-stage
 // pipeline on 2 processes ends where one process ends.
@@ -138,16 +155,11 @@ TEST(TensorParallelParity, LlamaOnEveryStrategyMatchesOneProcess) {
   ASSERT_EQ(single.exit_code, 0) << describe(single);
   const std::vector<std::pair<std::string, std::vector<std::string>>> layouts = {
       {"ddp", layout_sets(2, 1, 1)},
-      {"fsdp", {"--set", "strategy.plugin=fsdp", "--set", "loader.batch_size=8"}},
+      {"fsdp", kFsdpSets},
       {"tp_sp", joined(layout_sets(1, 1, 2), {"--set", "model.sequence_parallel=true"})},
       {"pipeline", layout_sets(1, 2, 1)},
   };
-  for (const auto& [name, sets] : layouts) {
-    SCOPED_TRACE(name);
-    auto run = run_launched(2, recipe, dir / name, sets);
-    ASSERT_EQ(run.exit_code, 0) << describe(run);
-    expect_matches(dir / "single", dir / name);
-  }
+  expect_layouts_match_one_process(recipe, dir, layouts);
 }
 
 // dp 2 x pp 2 x tp 2 on 8 processes: the first step's loss is one process's, and 5 steps end
@@ -272,14 +284,8 @@ TEST(TensorParallelParity, LlamaLoraOnEveryStrategyMatchesOneProcess) {
       {"tp_sp", joined(layout_sets(1, 1, 2), {"--set", "model.sequence_parallel=true"})},
       {"pipeline", layout_sets(1, 2, 1)},
   };
-  for (const auto& [name, sets] : layouts) {
-    SCOPED_TRACE(name);
-    auto run = run_launched(2, recipe, dir / name, sets);
-    ASSERT_EQ(run.exit_code, 0) << describe(run);
-    expect_matches(dir / "single", dir / name);
-  }
-  auto fsdp = run_launched(2, recipe, dir / "fsdp",
-                           {"--set", "strategy.plugin=fsdp", "--set", "loader.batch_size=8"});
+  expect_layouts_match_one_process(recipe, dir, layouts);
+  auto fsdp = run_launched(2, recipe, dir / "fsdp", kFsdpSets);
   EXPECT_NE(fsdp.exit_code, 0);
   EXPECT_HAS(fsdp.err, "is frozen (requires no gradient); fsdp shards trainable parameters only");
 }

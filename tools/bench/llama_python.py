@@ -13,13 +13,14 @@ prints one JSON line: {"way", "threads", "step_ms": [mean step time of each logg
 """
 
 import json
-import math
 import sys
 import time
 
 import torch
 from torch import nn
 from torch.nn import functional as F
+
+from peers_python import warmup_cosine  # the same schedule as the peers benchmark's recipes
 
 # recipes/llama_text.toml
 VOCAB, SEQ_LEN, BATCH = 2048, 128, 16
@@ -114,13 +115,6 @@ def token_loss(logits, target):
     return F.cross_entropy(logits.reshape(-1, logits.shape[-1]).float(), target.reshape(-1))
 
 
-def rate(step):
-    if step < WARMUP:
-        return LR * (step + 1) / WARMUP
-    progress = min(max((step - WARMUP) / max(1, TOTAL_STEPS - WARMUP), 0.0), 1.0)
-    return LR * (MIN_RATIO + (1 - MIN_RATIO) * 0.5 * (1 + math.cos(math.pi * progress)))
-
-
 def main():
     way, steps, log_every = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
     torch.manual_seed(0)
@@ -132,11 +126,12 @@ def main():
     data = torch.utils.data.TensorDataset(windows[:, :-1].contiguous(), windows[:, 1:].contiguous())
     loader = torch.utils.data.DataLoader(data, batch_size=BATCH, shuffle=True, drop_last=True,
                                          num_workers=0)
+    rate = warmup_cosine(WARMUP, MIN_RATIO)
     intervals, step = [], 0
     started = time.perf_counter()
     for x, y in loader:
         for group in optimizer.param_groups:
-            group["lr"] = rate(step)
+            group["lr"] = rate(step, TOTAL_STEPS, LR)
         optimizer.zero_grad(set_to_none=True)
         loss = token_loss(model(x), y)
         loss.backward()

@@ -410,28 +410,13 @@ class Llama final : public Model {
   }
 };
 
-OptionSpec lora_table_option() {
+// An option holding a TOML table, empty unless the recipe gives one.
+OptionSpec table_option(std::string name, std::string help) {
   OptionSpec spec;
-  spec.name = "lora";
+  spec.name = std::move(name);
   spec.type = OptionType::kTable;
   spec.default_value = Value(std::make_shared<const Table>());
-  spec.help =
-      "LoRA adapters, as PEFT's LoraConfig: { rank = r, alpha = 8, targets = [\"q_proj\", "
-      "\"v_proj\"] }; the base model is frozen and only the adapters train and are saved "
-      "(empty: full training)";
-  return spec;
-}
-
-OptionSpec config_table_option() {
-  OptionSpec spec;
-  spec.name = "config";
-  spec.type = OptionType::kTable;
-  spec.default_value = Value(std::make_shared<const Table>());
-  spec.help =
-      "transformers LlamaConfig keys (hidden_size, num_hidden_layers, num_key_value_heads, "
-      "rope_theta, rope_scaling, tie_word_embeddings, ...), laid over config_file's; without a "
-      "config file the keys not given describe a small model (hidden_size 128, 4 layers of 4 "
-      "heads, intermediate_size 352)";
+  spec.help = std::move(help);
   return spec;
 }
 
@@ -440,7 +425,15 @@ void register_components(Registry& registry) {
       "llama",
       {option("config_file", "",
               "a transformers config.json (default: the weights folder's config.json, if any)"),
-       config_table_option(), lora_table_option(),
+       table_option("config",
+                    "transformers LlamaConfig keys (hidden_size, num_hidden_layers, "
+                    "num_key_value_heads, rope_theta, rope_scaling, tie_word_embeddings, ...), "
+                    "laid over config_file's; without a config file the keys not given describe "
+                    "a small model (hidden_size 128, 4 layers of 4 heads, intermediate_size 352)"),
+       table_option("lora",
+                    "LoRA adapters, as PEFT's LoraConfig: { rank = r, alpha = 8, targets = "
+                    "[\"q_proj\", \"v_proj\"] }; the base model is frozen and only the "
+                    "adapters train and are saved (empty: full training)"),
        option("weights", "",
               "a Hugging Face model folder (model.safetensors or model.safetensors.index.json) "
               "or one .safetensors file to start from; each rank reads only its pieces"),

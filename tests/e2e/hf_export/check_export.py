@@ -14,7 +14,6 @@ Prints what it found and exits 1 on the first difference.
 """
 
 import json
-import logging
 import sys
 import warnings
 
@@ -22,19 +21,7 @@ import torch
 import transformers
 from transformers import AutoModelForCausalLM, LlamaConfig, LlamaForCausalLM
 
-
-def fail(message):
-    print("FAIL: " + message)
-    sys.exit(1)
-
-
-class Collect(logging.Handler):
-    def __init__(self):
-        super().__init__(level=logging.WARNING)
-        self.messages = []
-
-    def emit(self, record):
-        self.messages.append(record.getMessage())
+from loading import Collect, fail
 
 
 def main(directory, final_model, settings):

@@ -25,19 +25,7 @@ from peft import LoraConfig, PeftModel, get_peft_model
 from safetensors.torch import load_file
 from transformers import AutoModelForCausalLM, LlamaForCausalLM
 
-
-def fail(message):
-    print("FAIL: " + message)
-    sys.exit(1)
-
-
-class Collect(logging.Handler):
-    def __init__(self):
-        super().__init__(level=logging.WARNING)
-        self.messages = []
-
-    def emit(self, record):
-        self.messages.append(record.getMessage())
+from loading import Collect, fail
 
 
 def peft_name(name, state):
