@@ -14,6 +14,7 @@
 #include <string>
 #include <vector>
 
+#include "python_fork_server.hpp"
 #include "test_support.hpp"
 #include "trainyard/api/build_context.hpp"
 #include "trainyard/api/checkpoint.hpp"
@@ -33,6 +34,13 @@ struct Replay {
 // order with another thread count, and the automatic loader would change the count mid-run.
 const std::vector<std::string> kDeterministic = {"run.threads=1", "loader.workers=0",
                                                  "run.log_every=1"};
+
+// replay.py, its imports (torch) made once per test process: each replay runs in a fresh fork.
+PythonForkServer& replayer() {
+  static PythonForkServer server(source_dir() / ".venv" / "bin" / "python",
+                                 source_dir() / "tools" / "parity" / "replay.py");
+  return server;
+}
 
 // Trains `recipe` with `settings` (plus `trainyard_only`, which the replay does not see) and
 // replays it with replay.py and `replay_args`.
@@ -61,15 +69,12 @@ Replay train_and_replay(const TempDir& dir, const std::string& recipe,
   result.run = run_host(run);
   if (result.run.exit_code != 0) return result;
 
-  const fs::path python = source_dir() / ".venv" / "bin" / "python";
-  std::vector<std::string> replay = {
-      python.string(), (source_dir() / "tools" / "parity" / "replay.py").string(),
-      "--recipe",      resolved.string(),
-      "--initial",     (dir / "initial.pt").string(),
-      "--record",      (dir / "steps.jsonl").string(),
-      "--final",       (dir / "final.pt").string()};
+  std::vector<std::string> replay = {"--recipe",  resolved.string(),
+                                     "--initial", (dir / "initial.pt").string(),
+                                     "--record",  (dir / "steps.jsonl").string(),
+                                     "--final",   (dir / "final.pt").string()};
   replay.insert(replay.end(), replay_args.begin(), replay_args.end());
-  result.replay = run_command(replay, {}, 300);
+  result.replay = replayer().run(replay, 300);
   return result;
 }
 

@@ -8,13 +8,21 @@ Trains, on Debian's fortunes (the `text` dataset's default corpus: /usr/share/ga
 less *.dat and *.u8), one tokenizer of each layout the C++ reader supports, writes each to
 OUT/<name>.json (OUT/spm.model for SentencePiece), and unless --tokenizers-only, the ids and
 decoded texts of every corpus file and every distinct line, and of the stress file, to
-OUT/<name>.reference.json. OUT/manifest.json lists the texts (in order) and the tokenizers."""
+OUT/<name>.reference.json. OUT/manifest.json lists the texts (in order) and the tokenizers.
+
+What it makes depends only on this script, the texts and the versions of the three packages, so
+it is kept under $XDG_CACHE_HOME/trainyard/hf-tokenizer-references/<a hash of them> (default
+~/.cache) and copied from there when the same inputs come again; --no-cache makes it afresh."""
 
 import argparse
 import glob
+import hashlib
+import importlib.metadata
 import json
 import os
+import shutil
 import sys
+import tempfile
 
 MISSING = 77  # the exit status that tells the test the environment lacks something
 
@@ -218,12 +226,52 @@ def spm_reference(sp, texts, lines, stress_lines):
     }
 
 
+def cache_folder(args, files):
+    """Where the output of these inputs is kept: a hash of this script, every text (name and
+    bytes, in order), the options and the package versions."""
+    key = hashlib.sha256()
+    for path in [os.path.abspath(__file__), args.stress] + files:
+        with open(path, "rb") as f:
+            key.update(os.path.basename(path).encode() + b"\0" + f.read() + b"\0")
+    key.update(b"tokenizers-only" if args.tokenizers_only else b"all")
+    for package in ("tokenizers", "sentencepiece", "transformers"):
+        key.update(f"{package}={importlib.metadata.version(package)}".encode())
+    root = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return os.path.join(root, "trainyard", "hf-tokenizer-references", key.hexdigest()[:32])
+
+
+def copy_from_cache(cached, out, paths):
+    """The kept output into OUT, the manifest naming this checkout's texts."""
+    for name in os.listdir(cached):
+        if name != "manifest.json":
+            shutil.copy2(os.path.join(cached, name), os.path.join(out, name))
+    with open(os.path.join(cached, "manifest.json"), encoding="utf-8") as f:
+        manifest = json.load(f)
+    manifest["texts"] = paths
+    with open(os.path.join(out, "manifest.json"), "w", encoding="utf-8") as f:
+        json.dump(manifest, f, ensure_ascii=False)
+
+
+def keep_in_cache(out, cached):
+    """OUT's files under `cached`, whole or not at all (a rename of a complete copy)."""
+    parent = os.path.dirname(cached)
+    os.makedirs(parent, exist_ok=True)
+    staging = tempfile.mkdtemp(dir=parent)
+    for name in os.listdir(out):
+        shutil.copy2(os.path.join(out, name), os.path.join(staging, name))
+    try:
+        os.rename(staging, cached)
+    except OSError:  # another process kept the same output first
+        shutil.rmtree(staging, ignore_errors=True)
+
+
 def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("out")
     parser.add_argument("stress")
     parser.add_argument("--corpus", default="/usr/share/games/fortunes/*")
     parser.add_argument("--tokenizers-only", action="store_true")
+    parser.add_argument("--no-cache", action="store_true")
     args = parser.parse_args()
     os.makedirs(args.out, exist_ok=True)
     files = corpus_files(args.corpus)
@@ -231,6 +279,16 @@ def main():
         print(f"make_references: no corpus files match {args.corpus} (tools/setup installs "
               "Debian's fortunes)", file=sys.stderr)
         sys.exit(MISSING)
+    cached = None if args.no_cache else cache_folder(args, files)
+    if cached and os.path.exists(os.path.join(cached, "manifest.json")):
+        copy_from_cache(cached, args.out, files + [args.stress])
+        return
+    make(args, files)
+    if cached:
+        keep_in_cache(args.out, cached)
+
+
+def make(args, files):
     corpus = [read_text(p) for p in files]
     corpus_lines = lines_of(corpus)
     corpus_txt = os.path.join(args.out, "corpus.txt")
