@@ -1,9 +1,9 @@
 #include "compare.hpp"
 
-#include <boost/program_options.hpp>
 #include <fcntl.h>
 #include <sys/wait.h>
 #include <unistd.h>
+#include <boost/program_options.hpp>
 
 #include <algorithm>
 #include <cerrno>
@@ -14,6 +14,7 @@
 #include <filesystem>
 #include <fstream>
 #include <iostream>
+#include <map>
 #include <optional>
 #include <sstream>
 #include <string>
@@ -21,10 +22,13 @@
 #include <vector>
 
 #include "cli.hpp"
+#include "compare_baseline.hpp"
 #include "compare_metrics.hpp"
 #include "compare_report.hpp"
-#include "trainyard/parallel/declared_schedule.hpp"
+#include "compare_statistics.hpp"
+#include "compare_variants.hpp"
 #include "trainyard/api/error.hpp"
+#include "trainyard/parallel/declared_schedule.hpp"
 #include "trainyard/parallel/pipeline_timeline.hpp"
 #include "trainyard/runtime/default_plugins.hpp"
 #include "trainyard/runtime/recipe.hpp"
@@ -45,125 +49,18 @@ phases, throughput, peak memory, final loss, eval metric, largest loss differenc
 variant) and writes DIR/table.txt and DIR/report.html (loss curves, step time, throughput and
 memory bars, pipeline schedules; self-contained). A variant that fails, or runs past --timeout,
 is reported with its error; the others still run. Exit status 1 only when every variant failed.
+
+--repeat K runs every variant K times, interleaved (A B C A B C ...), and gives each step time as
+the median with its 95% interval, and each variant a verdict against the first ("1.08x faster
+[1.05, 1.11]" or "no significant difference"). --vary 'parallel=dp_shard=4 | pp=2,tp=2' sweeps
+whole layouts ('|' between layouts, ',' between a layout's keys; a key without a section is a
+[parallel] key), each on the processes it needs. --save-baseline FILE keeps the results;
+--against FILE exits 1 when a variant is significantly slower than there, or its losses differ.
 )";
 
 // Seconds a variant stopped at its --timeout gets between SIGTERM and SIGKILL: longer than the
 // launcher's own grace period, so that it stops its ranks first.
 constexpr int kStopGraceSeconds = 10;
-
-struct VaryAxis {
-  std::string key;
-  std::vector<std::string> values;
-};
-
-struct Variant {
-  fs::path recipe;
-  std::vector<std::string> assignments;  // the --vary choices, "key=value"
-  std::string label;
-  std::string folder;
-};
-
-// "key=v1,v2": the values split at commas outside brackets and quotes, so that lists and
-// quoted strings ("model.channels=[16,32],[32,64]") stay whole.
-VaryAxis parse_vary(const std::string& text) {
-  const std::string origin = "compare: --vary '" + text + "'";
-  const auto equals = text.find('=');
-  if (equals == std::string::npos || equals == 0) {
-    throw Error(origin + ": expected section.key=value1,value2,...");
-  }
-  VaryAxis axis;
-  axis.key = text.substr(0, equals);
-  std::stringstream keys(axis.key);
-  std::size_t parts = 0;
-  for (std::string part; std::getline(keys, part, '.'); ++parts) {
-    const bool word = !part.empty() && std::all_of(part.begin(), part.end(), [](char c) {
-      return std::isalnum(static_cast<unsigned char>(c)) || c == '_' || c == '-';
-    });
-    if (!word) throw Error(origin + ": bad key '" + axis.key + "' (expected section.key)");
-  }
-  if (parts == 0 || axis.key.back() == '.') {
-    throw Error(origin + ": bad key '" + axis.key + "' (expected section.key)");
-  }
-  const std::string list = text.substr(equals + 1);
-  std::string current;
-  int depth = 0;
-  char quote = 0;
-  auto finish = [&] {
-    if (current.empty()) {
-      throw Error(origin + ": empty value in the list (expected value1,value2,...)");
-    }
-    axis.values.push_back(current);
-    current.clear();
-  };
-  for (char c : list) {
-    if (quote) {
-      if (c == quote) quote = 0;
-    } else if (c == '"' || c == '\'') {
-      quote = c;
-    } else if (c == '[' || c == '{') {
-      ++depth;
-    } else if (c == ']' || c == '}') {
-      if (--depth < 0) throw Error(origin + ": unbalanced '" + std::string(1, c) + "'");
-    } else if (c == ',' && depth == 0) {
-      finish();
-      continue;
-    }
-    current += c;
-  }
-  if (quote) throw Error(origin + ": unterminated quote");
-  if (depth != 0) throw Error(origin + ": unbalanced brackets");
-  finish();
-  return axis;
-}
-
-// A folder name from a label: letters, digits, '.', '_' and '-' only, bounded in length.
-std::string folder_name(std::size_t index, const std::string& text) {
-  std::string out = std::to_string(index + 1);
-  if (!text.empty()) out += "-";
-  for (char c : text) {
-    const bool keep =
-        std::isalnum(static_cast<unsigned char>(c)) || c == '.' || c == '_' || c == '-';
-    if (out.size() >= 80) break;
-    out += keep ? c : '_';
-  }
-  return out;
-}
-
-std::vector<Variant> make_variants(const std::vector<fs::path>& recipes,
-                                   const std::vector<VaryAxis>& axes) {
-  std::vector<std::vector<std::string>> combinations = {{}};
-  for (const auto& axis : axes) {
-    std::vector<std::vector<std::string>> next;
-    for (const auto& prefix : combinations) {
-      for (const auto& value : axis.values) {
-        auto choice = prefix;
-        choice.push_back(axis.key + "=" + value);
-        next.push_back(std::move(choice));
-      }
-    }
-    combinations = std::move(next);
-  }
-  std::vector<Variant> variants;
-  for (const auto& recipe : recipes) {
-    for (const auto& assignments : combinations) {
-      Variant v;
-      v.recipe = recipe;
-      v.assignments = assignments;
-      std::string values;
-      for (const auto& a : assignments) {
-        v.label += (v.label.empty() ? "" : " ") + a;
-        values += (values.empty() ? "" : "-") + a.substr(a.find('=') + 1);
-      }
-      if (recipes.size() > 1 || v.label.empty()) {
-        v.label = recipe.filename().string() + (v.label.empty() ? "" : " " + v.label);
-        values = recipe.stem().string() + (values.empty() ? "" : "-" + values);
-      }
-      v.folder = folder_name(variants.size(), values);
-      variants.push_back(std::move(v));
-    }
-  }
-  return variants;
-}
 
 // Whether the recipe (with the variant's overrides) already has an enabled sink of compare's
 // metrics plugin (default_plugins::kMetricsSink) writing its default file into the run's folder:
@@ -320,7 +217,12 @@ struct CompareOptions {
   std::int64_t seed = 0;
   std::int64_t timeout_s = 0;  // 0: no limit
   int nproc = 1;
-  std::string title;  // the recipes' names, joined by "_vs_"
+  bool nproc_given = false;
+  int repeat = 1;  // runs of every variant, interleaved
+  BootstrapSettings statistics;
+  fs::path save_baseline;  // empty: none
+  fs::path against;        // empty: none
+  std::string title;       // the recipes' names, joined by "_vs_"
   fs::path report_dir;
 };
 
@@ -340,7 +242,15 @@ std::optional<CompareOptions> parse_compare_options(const std::vector<std::strin
       "seed", po::value(&out.seed), "seed of every variant (default: the first recipe's run.seed)")(
       "timeout", po::value(&out.timeout_s),
       "stop a variant still running after S seconds and report it as failed (default: none)")(
-      "output", po::value(&output), "report folder (default: runs/compare/<recipe name>)");
+      "output", po::value(&output), "report folder (default: runs/compare/<recipe name>)")(
+      "repeat", po::value(&out.repeat),
+      "run every variant K times, interleaved; step times as medians with 95% intervals")(
+      "noise-threshold", po::value(&out.statistics.noise_threshold),
+      "a step-time difference under this share is never called one (default 0.02)")(
+      "save-baseline", po::value(&out.save_baseline), "write the results to FILE (JSON)")(
+      "against", po::value(&out.against),
+      "check the results against a baseline FILE: exit 1 when a variant is significantly slower "
+      "or its losses differ");
   add_common(options, out.common);
   po::positional_options_description positional;
   positional.add("recipe", -1);
@@ -350,6 +260,11 @@ std::optional<CompareOptions> parse_compare_options(const std::vector<std::strin
   if (recipe_names.empty()) throw Error("compare: no recipe given (see --help)");
   if (values->count("steps") && out.steps < 1) throw Error("compare: --steps must be >= 1");
   if (out.nproc < 1) throw Error("compare: --nproc must be >= 1");
+  out.nproc_given = values->count("nproc") != 0;
+  if (out.repeat < 1) throw Error("compare: --repeat must be >= 1");
+  if (!(out.statistics.noise_threshold >= 0 && out.statistics.noise_threshold < 1)) {
+    throw Error("compare: --noise-threshold must be in [0, 1)");
+  }
   if (out.timeout_s < 0) throw Error("compare: --timeout must be >= 0 seconds");
   for (const auto& text : varies) {
     VaryAxis axis = parse_vary(text);
@@ -368,6 +283,18 @@ std::optional<CompareOptions> parse_compare_options(const std::vector<std::strin
   out.report_dir =
       fs::absolute(output.empty() ? fs::path("runs") / "compare" / out.title : fs::path(output));
   return out;
+}
+
+// The dtype the run computed in, as its run_info.toml says ("float32" when it does not).
+std::string compute_dtype(const fs::path& dir, int nproc) {
+  std::ifstream info(dir / (nproc > 1 ? "run_info.rank0.toml" : "run_info.toml"));
+  const std::string key = "compute_dtype = \"";
+  for (std::string line; std::getline(info, line);) {
+    if (line.rfind(key, 0) == 0 && line.size() > key.size() && line.back() == '"') {
+      return line.substr(key.size(), line.size() - key.size() - 1);
+    }
+  }
+  return "float32";
 }
 
 // The --set values of a variant's run. Later ones win: the logging interval for --steps, the
@@ -395,8 +322,8 @@ std::vector<std::string> variant_sets(const CompareOptions& options, const Varia
 std::vector<std::string> child_args(const CompareOptions& options, const Variant& variant,
                                     const std::vector<std::string>& sets) {
   std::vector<std::string> child;
-  if (options.nproc > 1)
-    child = {"launch", "--nproc-per-node", std::to_string(options.nproc)};
+  if (variant.nproc > 1)
+    child = {"launch", "--nproc-per-node", std::to_string(variant.nproc)};
   else
     child = {"run"};
   child.push_back(variant.recipe.string());
@@ -442,13 +369,15 @@ VariantResult collect_result(const Variant& variant, const ChildOutcome& outcome
   return result;
 }
 
-// Runs variant `index` (0-based, of `count`) in its own folder and reads what it measured,
-// reporting progress on stdout as it goes.
+// Runs variant `index` (0-based, of `count`) for the `round`-th time (0-based) in its own folder
+// and reads what it measured, reporting progress on stdout as it goes.
 VariantResult run_variant(const CompareOptions& options, const Variant& variant, std::size_t index,
-                          std::size_t count) {
-  const fs::path dir = options.report_dir / variant.folder;
+                          std::size_t count, int round) {
+  const std::string folder =
+      options.repeat > 1 ? variant.folder + "/run-" + std::to_string(round + 1) : variant.folder;
+  const fs::path dir = options.report_dir / folder;
   fs::create_directories(dir);
-  const fs::path metrics = dir / (options.nproc > 1 ? "metrics.rank0.jsonl" : "metrics.jsonl");
+  const fs::path metrics = dir / (variant.nproc > 1 ? "metrics.rank0.jsonl" : "metrics.jsonl");
   // A file from an earlier compare must not pass for this run's.
   std::error_code ignored;
   fs::remove(metrics, ignored);
@@ -457,11 +386,16 @@ VariantResult run_variant(const CompareOptions& options, const Variant& variant,
 
   const std::vector<std::string> child =
       child_args(options, variant, variant_sets(options, variant, dir));
-  std::cout << "compare: [" << index + 1 << "/" << count << "] " << variant.label << std::flush;
+  std::cout << "compare: [" << index + 1 << "/" << count << "] " << variant.label;
+  if (options.repeat > 1) std::cout << " (run " << round + 1 << " of " << options.repeat << ")";
+  if (variant.layout) std::cout << " on " << variant.nproc << " processes";
+  std::cout << std::flush;
   const fs::path log = dir / "output.log";
   const ChildOutcome outcome = run_child(child, log, options.timeout_s);
 
   VariantResult result = collect_result(variant, outcome, metrics, log, options.timeout_s);
+  result.folder = folder;
+  result.compute_dtype = compute_dtype(dir, variant.nproc);
   result.pipeline = pipeline_variant(dir);
   char seconds[32];
   std::snprintf(seconds, sizeof seconds, "%.1f", result.wall_s);
@@ -471,8 +405,48 @@ VariantResult run_variant(const CompareOptions& options, const Variant& variant,
   return result;
 }
 
-// Writes table.txt and report.html into the report folder and prints the table, the pipeline
-// idle shares and where the files are.
+// One variant's runs as one result: the first run's curves and folder, every run's interval
+// step times, the median over the runs of each steady figure, and the first failure.
+VariantResult merge_runs(std::vector<VariantResult> runs) {
+  VariantResult merged = runs.front();
+  merged.step_times.clear();
+  std::map<std::string, std::vector<double>> figures;
+  for (std::size_t k = 0; k < runs.size(); ++k) {
+    const VariantResult& run = runs[k];
+    merged.step_times.push_back(run.step_times.empty() ? std::vector<double>{}
+                                                       : run.step_times.front());
+    for (const auto& [key, value] : run.steady) figures[key].push_back(value);
+    if (!run.succeeded && merged.succeeded) {
+      merged.succeeded = false;
+      merged.error =
+          run.error + " (run " + std::to_string(k + 1) + " of " + std::to_string(runs.size()) + ")";
+    }
+  }
+  if (runs.size() > 1) {
+    for (const auto& [key, values] : figures) merged.steady[key] = median(values);
+  }
+  return merged;
+}
+
+// Every variant options.repeat times, in rounds (A B C, A B C, ...), so that a drift of the
+// machine's speed falls on every variant alike.
+std::vector<VariantResult> run_rounds(const CompareOptions& options,
+                                      const std::vector<Variant>& variants) {
+  std::vector<std::vector<VariantResult>> runs(variants.size());
+  const std::size_t count = variants.size() * static_cast<std::size_t>(options.repeat);
+  std::size_t started = 0;
+  for (int round = 0; round < options.repeat; ++round) {
+    for (std::size_t i = 0; i < variants.size(); ++i) {
+      runs[i].push_back(run_variant(options, variants[i], started++, count, round));
+    }
+  }
+  std::vector<VariantResult> results;
+  for (auto& variant_runs : runs) results.push_back(merge_runs(std::move(variant_runs)));
+  return results;
+}
+
+// Writes table.txt and report.html (and the baseline, when asked) into place and prints the
+// table, the pipeline idle shares and where the files are.
 void write_outputs(const CompareOptions& options, const std::vector<std::string>& args,
                    const std::vector<VariantResult>& results) {
   const std::string table = format_table(results);
@@ -488,6 +462,10 @@ void write_outputs(const CompareOptions& options, const std::vector<std::string>
             << table << format_pipeline_idle_shares(results)
             << "\ntable: " << (report_dir / "table.txt").string()
             << "\nreport: " << (report_dir / "report.html").string() << std::endl;
+  if (!options.save_baseline.empty()) {
+    save_baseline(options.save_baseline, report);
+    std::cout << "baseline: " << options.save_baseline.string() << std::endl;
+  }
 }
 
 }  // namespace
@@ -497,17 +475,33 @@ int command_compare(const std::vector<std::string>& args) {
   if (!options) return 0;
   fs::create_directories(options->report_dir);
 
-  // One variant at a time, so that their step times are not skewed by sharing the machine.
-  const std::vector<Variant> variants = make_variants(options->recipes, options->axes);
-  std::vector<VariantResult> results;
-  for (std::size_t i = 0; i < variants.size(); ++i) {
-    results.push_back(run_variant(*options, variants[i], i, variants.size()));
+  std::vector<Variant> variants = make_variants(options->recipes, options->axes);
+  assign_process_counts(variants, options->overrides, {options->nproc, options->nproc_given});
+  std::optional<Baseline> baseline;
+  if (!options->against.empty()) {
+    baseline = load_baseline(options->against);
+    std::vector<std::string> labels;
+    for (const auto& variant : variants) labels.push_back(variant.label);
+    check_baseline_fits(*baseline, options->against, options->title, labels);
   }
+
+  // One variant at a time, so that their step times are not skewed by sharing the machine.
+  std::vector<VariantResult> results = run_rounds(*options, variants);
   compute_divergences(results);
+  compute_speeds(results, options->statistics);
   write_outputs(*options, args, results);
 
   const bool any_succeeded = std::any_of(results.begin(), results.end(),
                                          [](const VariantResult& v) { return v.succeeded; });
+  if (baseline) {
+    const BaselineCheck check = check_against_baseline(*baseline, results, options->statistics);
+    std::cout << "against " << options->against.string() << ":\n" << check.text << std::flush;
+    if (check.regressed) {
+      std::cerr << "trainyard: error: compare: a variant regressed against "
+                << options->against.string() << " (see above)" << std::endl;
+      return 1;
+    }
+  }
   return any_succeeded ? 0 : 1;
 }
 

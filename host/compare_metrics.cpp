@@ -91,6 +91,12 @@ void summarize(const std::vector<MetricsRecord>& records, VariantResult& v) {
   // The first interval holds the warm-up (allocations, first-touch of the data); it is left out
   // when later intervals exist. Per-step times average over steps, rates over time.
   const std::size_t first = train.size() > 1 ? 1 : 0;
+  std::vector<double> interval_ms;
+  for (std::size_t i = first; i < train.size(); ++i) {
+    auto value = value_of(*train[i], "step_time_ms");
+    if (value && std::isfinite(*value)) interval_ms.push_back(*value);
+  }
+  v.step_times = {interval_ms};
   std::vector<std::string> per_step = {"step_time_ms"};
   for (const auto& key : compare_phase_keys()) per_step.push_back(key);
   for (const auto& key : per_step) {

@@ -12,6 +12,7 @@
 #include <utility>
 #include <vector>
 
+#include "compare_statistics.hpp"
 #include "trainyard/parallel/declared_schedule.hpp"
 #include "trainyard/parallel/pipeline_timeline.hpp"
 
@@ -46,8 +47,8 @@ struct VariantResult {
   std::string label;   // what distinguishes it: "precision.plugin=bf16 strategy.plugin=ddp"
   std::string folder;  // its output folder, relative to the report's folder
   bool succeeded = false;
-  std::string error;   // the child's one-line "trainyard: error: ..." when it failed
-  double wall_s = 0;   // the child process' wall time
+  std::string error;  // the child's one-line "trainyard: error: ..." when it failed
+  double wall_s = 0;  // the child process' wall time
 
   std::vector<LossPoint> train_loss;  // one point per logged interval, in step order
   std::vector<LossPoint> eval_loss;
@@ -65,6 +66,18 @@ struct VariantResult {
   std::optional<double> divergence;
   std::int64_t divergence_step = 0;
   bool reference = false;
+  // The dtype the run computed in, from its run_info.toml ("float32", "bfloat16", "float16"):
+  // the tolerance of its losses.
+  std::string compute_dtype = "float32";
+  // Whether every shared step's loss equals the reference's within the looser precision's
+  // tolerance (numerically the same run); empty for the reference or when no step is shared.
+  std::optional<bool> same_numerics;
+
+  // Per run of the variant (--repeat), the step time of each logging interval after the first;
+  // the statistics below are drawn from them.
+  RunStepTimes step_times;
+  std::optional<StepTimeEstimate> step_time;  // median and 95% interval over every run
+  std::optional<SpeedComparison> speed;       // against the reference; empty for it
 
   std::optional<PipelineVariant> pipeline;  // set when its run declared a pipeline schedule
 };
@@ -75,8 +88,19 @@ struct CompareReport {
   std::vector<VariantResult> variants;
 };
 
-// Fills each successful variant's divergence from the first successful one (the reference).
+// Fills each successful variant's divergence from the first successful one (the reference),
+// and whether it is numerically the same run.
 void compute_divergences(std::vector<VariantResult>& variants);
+
+// Whether two losses of runs computing in these dtypes are the same within the looser dtype's
+// tolerance (PyTorch's assert_close defaults: float32 rtol 1.3e-6, bfloat16 1.6e-2, float16
+// 1e-3; atol 1e-5). Other dtypes count as float32.
+bool losses_match(double reference, double loss, const std::string& reference_dtype,
+                  const std::string& dtype);
+
+// Each successful variant's step-time estimate and, but for the reference, its speed against
+// the reference's.
+void compute_speeds(std::vector<VariantResult>& variants, const BootstrapSettings& settings);
 
 // The side-by-side table, one row per variant, columns only for values some variant has.
 std::string format_table(const std::vector<VariantResult>& variants);

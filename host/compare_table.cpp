@@ -1,6 +1,7 @@
 #include "compare_table.hpp"
 
 #include <algorithm>
+#include <cmath>
 #include <map>
 #include <set>
 #include <sstream>
@@ -13,14 +14,45 @@ namespace {
 struct Column {
   std::string key;    // a key of VariantResult::steady
   std::string title;  // its heading
-  int decimals = 2;   // kBytes: shown as bytes with a unit
+  int decimals = 2;   // kBytes: shown as bytes with a unit; kCount: as a count
 };
 constexpr int kBytes = -1;
+constexpr int kCount = -2;
 
 std::string divergence_text(const VariantResult& v) {
   if (v.reference) return "ref";
   if (!v.divergence) return "-";
   return significant(*v.divergence, 3) + " @" + std::to_string(v.divergence_step);
+}
+
+std::string numerics_text(const VariantResult& v) {
+  if (v.reference) return "ref";
+  if (!v.same_numerics) return "-";
+  return *v.same_numerics ? "same" : "differs";
+}
+
+// The step time: the steady mean of one run, or over repeats the median and its 95% interval.
+std::string step_time_text(const VariantResult& v, double steady_ms) {
+  if (v.step_times.size() < 2 || !v.step_time) return fixed(steady_ms, 2);
+  return fixed(v.step_time->median_ms, 2) + " [" + fixed(v.step_time->low_ms, 2) + ", " +
+         fixed(v.step_time->high_ms, 2) + "]";
+}
+
+std::string speed_text(const VariantResult& v) {
+  if (v.reference) return "ref";
+  return v.speed ? describe_verdict(*v.speed) : "-";
+}
+
+// A mean count per step: a whole number without decimals ("2", not "2.0"), also when it is whole
+// but for rounding; else with up to two decimals ("0.5", "2.33") or, below 0.005, two significant
+// digits ("0.004"); "nan" when not finite.
+std::string count_text(double value) {
+  const double whole = std::round(value);
+  if (!std::isfinite(value) || std::abs(value - whole) < 1e-6) return fixed(whole + 0.0, 0);
+  std::string text = fixed(value, 2);
+  while (text.back() == '0') text.pop_back();
+  if (text.back() == '.') text.pop_back();
+  return text == "0" ? significant(value, 2) : text;  // 0.004, not 0
 }
 
 std::string eval_metric_text(const VariantResult& v) {
@@ -47,7 +79,7 @@ std::vector<Column> present_columns(const std::vector<VariantResult>& variants) 
     }
   }
   for (const auto& group : groups) {
-    all.push_back({"comm_" + group + "_calls", group + " calls", 1});
+    all.push_back({"comm_" + group + "_calls", group + " calls", kCount});
     all.push_back({"comm_" + group + "_bytes", group + " bytes", kBytes});
   }
   std::vector<Column> out;
@@ -77,6 +109,10 @@ std::vector<std::vector<std::string>> table_cells(const std::vector<VariantResul
   for (const char* title : {"final loss", "eval loss", "eval metric", "max |loss diff|"}) {
     heading.push_back(title);
   }
+  heading.push_back("numerics");
+  const bool speeds = std::any_of(variants.begin(), variants.end(),
+                                  [](const VariantResult& v) { return v.speed.has_value(); });
+  if (speeds) heading.push_back("speed vs ref");
   std::vector<std::vector<std::string>> rows = {heading};
   for (std::size_t i = 0; i < variants.size(); ++i) {
     const VariantResult& v = variants[i];
@@ -92,9 +128,14 @@ std::vector<std::vector<std::string>> table_cells(const std::vector<VariantResul
       auto it = v.steady.find(column.key);
       if (it == v.steady.end()) {
         row.push_back("-");
+      } else if (column.key == "step_time_ms") {
+        row.push_back(step_time_text(v, it->second));
+      } else if (column.decimals == kBytes) {
+        row.push_back(bytes_text(it->second));
+      } else if (column.decimals == kCount) {
+        row.push_back(count_text(it->second));
       } else {
-        row.push_back(column.decimals == kBytes ? bytes_text(it->second)
-                                                : fixed(it->second, column.decimals));
+        row.push_back(fixed(it->second, column.decimals));
       }
     }
     if (memory) row.push_back(v.peak_memory_bytes ? bytes_text(*v.peak_memory_bytes) : "-");
@@ -102,6 +143,8 @@ std::vector<std::vector<std::string>> table_cells(const std::vector<VariantResul
     row.push_back(v.eval_loss_final ? fixed(*v.eval_loss_final, 4) : "-");
     row.push_back(eval_metric_text(v));
     row.push_back(divergence_text(v));
+    row.push_back(numerics_text(v));
+    if (speeds) row.push_back(speed_text(v));
     rows.push_back(row);
   }
   return rows;

@@ -147,7 +147,7 @@ TEST(CompareTest, TwoVariantsGiveTheTableAndAReportWithBothCurves) {
   EXPECT_NE(std::find(row2.begin(), row2.end(), fixed4(final2)), row2.end()) << table;
   const double accuracy2 = of_phase(second, "eval").back().at("accuracy");
   EXPECT_HAS(table, "accuracy " + fixed4(accuracy2));
-  EXPECT_EQ(row1.back(), "ref");
+  EXPECT_EQ(row1.back(), "ref");  // the speed verdict's reference
   double largest = 0;
   std::int64_t at_step = 0;
   for (std::size_t i = 0; i < first_train.size(); ++i) {
@@ -160,9 +160,14 @@ TEST(CompareTest, TwoVariantsGiveTheTableAndAReportWithBothCurves) {
   }
   char expected[64];
   std::snprintf(expected, sizeof expected, "%.3g", largest);
-  ASSERT_GE(row2.size(), 2u);
-  EXPECT_EQ(row2[row2.size() - 2], expected) << table;
-  EXPECT_EQ(row2.back(), "@" + std::to_string(at_step)) << table;
+  // "<largest> @<step>", then the numerics and the speed verdict.
+  const auto at = std::find_if(row2.begin(), row2.end(),
+                               [](const std::string& cell) { return cell.starts_with("@"); });
+  ASSERT_TRUE(at != row2.end() && at != row2.begin()) << table;
+  EXPECT_EQ(*(at - 1), expected) << table;
+  EXPECT_EQ(*at, "@" + std::to_string(at_step)) << table;
+  ASSERT_NE(at + 1, row2.end()) << table;
+  EXPECT_EQ(*(at + 1), "differs") << table;  // another learning rate: another run
 
   // The report: one polyline per variant with a point per logged interval, drawn so that a
   // lower loss is lower on the page, and nothing fetched from elsewhere.
@@ -655,9 +660,9 @@ record_step = 2
 )");
   const fs::path output = dir / "cmp";
   const auto started = std::chrono::steady_clock::now();
-  auto result = run_host({"compare", recipe.string(), "--vary", "strategy.schedule=1f1b,zero_bubble",
-                          "--nproc", "2", "--steps", "4", "--set", "run.log_every=2", "--output",
-                          output.string()});
+  auto result = run_host({"compare", recipe.string(), "--vary",
+                          "strategy.schedule=1f1b,zero_bubble", "--nproc", "2", "--steps", "4",
+                          "--set", "run.log_every=2", "--output", output.string()});
   const double seconds =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
   ASSERT_EQ(result.exit_code, 0) << describe(result);
@@ -668,7 +673,7 @@ record_step = 2
 
   const std::string html = read_text(output / "report.html");
   const std::vector<std::pair<std::string, std::size_t>> variants = {{"1f1b", 8u},
-                                                                      {"zero_bubble", 12u}};
+                                                                     {"zero_bubble", 12u}};
   for (std::size_t i = 0; i < variants.size(); ++i) {
     const auto& [schedule, compute_per_rank] = variants[i];
     const int number = static_cast<int>(i) + 1;
@@ -685,10 +690,9 @@ record_step = 2
     ASSERT_EQ(shares.size(), 2u);
     for (int rank : {0, 1}) {
       const auto& actions = measured->rank_actions[static_cast<std::size_t>(rank)];
-      const auto compute = static_cast<std::size_t>(std::count_if(
-          actions.begin(), actions.end(), [](const MeasuredAction& m) {
-            return is_compute(m.action.kind);
-          }));
+      const auto compute = static_cast<std::size_t>(
+          std::count_if(actions.begin(), actions.end(),
+                        [](const MeasuredAction& m) { return is_compute(m.action.kind); }));
       EXPECT_EQ(compute, compute_per_rank) << schedule << " rank " << rank;
       EXPECT_EQ(boxes_on(drawn, rank), compute) << schedule << " rank " << rank;
       const std::string idle = percent1(shares[static_cast<std::size_t>(rank)]);
@@ -782,7 +786,8 @@ Image decode_png(const fs::path& file) {
 
 TEST(CompareTest, ChromiumRendersTheReportsCurves) {
   const fs::path chromium = "/usr/bin/chromium";
-  if (!fs::exists(chromium)) TRAINYARD_SKIP_MISSING() << "chromium is not installed (tools/setup installs it)";
+  if (!fs::exists(chromium))
+    TRAINYARD_SKIP_MISSING() << "chromium is not installed (tools/setup installs it)";
   TempDir dir;
   const fs::path output = dir / "cmp";
   auto result = run_host(tiny_compare(output, {"optimizer.lr=1e-3,4e-3"}, 40));

@@ -11,10 +11,10 @@
 #include "trainyard/api/device.hpp"
 #include "trainyard/api/error.hpp"
 #include "trainyard/api/precision.hpp"
-#include "trainyard/runtime/dtype_name.hpp"
-#include "trainyard/runtime/loader.hpp"
 #include "trainyard/api/scheduler.hpp"
 #include "trainyard/api/strategy.hpp"
+#include "trainyard/runtime/dtype_name.hpp"
+#include "trainyard/runtime/loader.hpp"
 
 namespace trainyard {
 
@@ -68,6 +68,11 @@ void MetricsReporter::write_run_info(const RunInfo& info) const {
   text << "# What this run's figures depend on, written at its start.\n[device]\nkind = "
        << toml_string(run_.placement.device.str())
        << "\nname = " << toml_string(backend.device_name(run_.placement.index)) << "\n";
+  // The dtype the precision computes in ("float32" without autocast): what a comparison of two
+  // runs' losses takes its tolerance from.
+  const std::optional<c10::ScalarType> compute = run_.precision->autocast_dtype();
+  text << "\n[precision]\ncompute_dtype = "
+       << toml_string(dtype_name(compute.value_or(c10::ScalarType::Float))) << "\n";
   if (peak_) {
     text << "\n[peak_flops]\ntflops = " << std::setprecision(17) << peak_->flops_per_s / 1e12
          << "\nsource = " << toml_string(peak_source_name(peak_->source)) << "\n";

@@ -1,0 +1,211 @@
+// `trainyard compare` with repeats, layouts and baselines, on real runs: identical variants get
+// no verdict and one slowed by a known share is called slower (the statistics themselves are
+// tested on a fake timing source in tests/unit/compare_statistics_test.cpp); layouts each run on
+// the processes they need; a baseline passes an unchanged run and fails a slower or numerically
+// different one; bad options are one-line refusals before anything runs.
+
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <filesystem>
+#include <regex>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "test_support.hpp"
+
+namespace trainyard::testing {
+namespace {
+
+namespace fs = std::filesystem;
+
+// The paced test model (tests/plugins/paced_mlp.cpp) on Fashion-MNIST: 150 steps of a few
+// milliseconds on one thread, each made `model.slowdown` longer on purpose. Runs of about a
+// second: the runs are what the verdicts draw on, and shorter ones vary too much from run to
+// run on a shared machine for 5 of them to tell 10% apart.
+std::vector<std::string> paced_compare(const fs::path& output,
+                                       const std::vector<std::string>& varies, int repeat,
+                                       const std::vector<std::string>& more = {}) {
+  std::vector<std::string> args = {
+      "compare",       "recipes/fashion_mnist_mlp.toml",
+      "--plugin-path", (test_plugin_folder() / "libpaced_mlp.so").string(),
+      "--steps",       "150",
+      "--repeat",      std::to_string(repeat),
+      "--output",      output.string()};
+  for (const auto& vary : varies) args.insert(args.end(), {"--vary", vary});
+  for (const char* set : {"model.plugin=paced_mlp", "model.hidden=512", "loader.batch_size=256",
+                          "run.eval=false", "run.threads=1", "loader.workers=0"}) {
+    args.insert(args.end(), {"--set", set});
+  }
+  args.insert(args.end(), more.begin(), more.end());
+  return args;
+}
+
+// The text after variant `number`'s label in the table: its figures and verdicts.
+std::string row_text(const std::string& table, const std::string& number) {
+  std::istringstream lines(table);
+  for (std::string line; std::getline(lines, line);) {
+    if (line.rfind(number + "  ", 0) == 0) return line;
+  }
+  return {};
+}
+
+// "1.12x slower [1.04, 1.19]" -> {1.04, 1.19}; empty when the row has no such verdict.
+std::vector<double> slower_interval(const std::string& row) {
+  static const std::regex verdict(R"(([0-9.]+)x slower \[([0-9.]+), ([0-9.]+)\])");
+  std::smatch match;
+  if (!std::regex_search(row, match, verdict)) return {};
+  return {std::stod(match[2]), std::stod(match[3])};
+}
+
+// Real runs on a shared machine: two identical variants get no verdict, and one slowed on
+// purpose is called slower. The slowed variant waits 30% of its work: on this 2-core machine a
+// core spinning for 10% of a step also slows the step's work by a few percent, so the measured
+// ratio of a 10% wait lands anywhere from 1.10 to 1.25; how close the interval comes to a known
+// ratio is the fake timing source's test (CompareStatistics.*).
+TEST(CompareVerdictRun, IdenticalVariantsAreTheSameAndOneSlowedOnPurposeIsCalledSlower) {
+  TempDir dir;
+  auto result = run_host(paced_compare(dir / "cmp", {"model.slowdown=0,0,0.3"}, 5));
+  ASSERT_EQ(result.exit_code, 0) << describe(result);
+  const std::string table = read_text(dir / "cmp" / "table.txt");
+  EXPECT_HAS(table, "speed vs ref");
+  // Five runs each, interleaved: run-1 .. run-5 under every variant's folder.
+  for (const char* folder : {"1-0", "2-0", "3-0.3"}) {
+    for (int run = 1; run <= 5; ++run) {
+      EXPECT_TRUE(
+          fs::exists(dir / "cmp" / folder / ("run-" + std::to_string(run)) / "metrics.jsonl"))
+          << folder << " run " << run;
+    }
+  }
+  EXPECT_HAS(row_text(table, "2"), "no significant difference") << table;
+  EXPECT_HAS(row_text(table, "2"), "same") << table;  // numerically the same run
+  const std::vector<double> interval = slower_interval(row_text(table, "3"));
+  ASSERT_EQ(interval.size(), 2u) << table;
+  EXPECT_GT(interval[0], 1.0) << table;
+  EXPECT_LE(interval[0], 1.3 * 1.3) << table;
+  // The step time is a median with its interval.
+  EXPECT_TRUE(
+      std::regex_search(row_text(table, "1"), std::regex(R"([0-9.]+ \[[0-9.]+, [0-9.]+\])")))
+      << table;
+}
+
+TEST(CompareBaseline, PassesAnUnchangedRunAndFailsASlowerOrNumericallyDifferentOne) {
+  TempDir dir;
+  const fs::path baseline = dir / "baseline.json";
+  // One variant, the recipe itself: later commands change it with --set under the same label.
+  auto saved =
+      run_host(paced_compare(dir / "saved", {}, 3, {"--save-baseline", baseline.string()}));
+  ASSERT_EQ(saved.exit_code, 0) << describe(saved);
+  ASSERT_TRUE(fs::exists(baseline));
+  // A 5% threshold leaves the machine's drift between two commands out of the verdict; the
+  // seeded regression (a 30% wait, see CompareVerdictRun) is well beyond it.
+  const std::vector<std::string> against = {"--against", baseline.string(), "--noise-threshold",
+                                            "0.05"};
+  auto again = run_host(paced_compare(dir / "again", {}, 3, against));
+  EXPECT_EQ(again.exit_code, 0) << describe(again);
+  EXPECT_HAS(again.out, "fashion_mnist_mlp.toml: ");
+  EXPECT_HAS(again.out, "losses the same");
+  EXPECT_EQ(again.out.find("REGRESSION"), std::string::npos) << again.out;
+
+  std::vector<std::string> slowed_args = against;
+  slowed_args.insert(slowed_args.end(), {"--set", "model.slowdown=0.3"});
+  auto slowed = run_host(paced_compare(dir / "slowed", {}, 3, slowed_args));
+  EXPECT_EQ(slowed.exit_code, 1) << describe(slowed);
+  EXPECT_HAS(slowed.out, "x slower [");
+  EXPECT_HAS(slowed.out, "REGRESSION");
+  EXPECT_HAS(slowed.err, "trainyard: error: compare: a variant regressed against");
+
+  std::vector<std::string> other_args = against;
+  other_args.insert(other_args.end(), {"--set", "optimizer.lr=0.01"});
+  auto other = run_host(paced_compare(dir / "other", {}, 1, other_args));
+  EXPECT_EQ(other.exit_code, 1) << describe(other);
+  EXPECT_HAS(other.out, "losses differ: loss ");
+}
+
+// A layout sweep on 4 processes: fsdp over all four, ddp over all four, pipeline 2 x dp 2 and
+// tp 2 x dp 2, each launched on what it needs, losses and step times side by side. The same
+// global batch (4 data-parallel ranks x 4, or 2 x 8) makes the first two and the last two
+// numerically the same runs.
+TEST(CompareLayouts, ASweepRunsEveryLayoutOnItsProcessesSideBySide) {
+  TempDir dir;
+  std::vector<std::string> args = {
+      "compare",
+      "recipes/gpt_text.toml",
+      "--nproc",
+      "4",
+      "--steps",
+      "6",
+      "--output",
+      (dir / "cmp").string(),
+      "--vary",
+      "parallel=strategy.plugin=fsdp | strategy.plugin=ddp | "
+      "strategy.plugin=pipeline,pp=2,loader.batch_size=8 | strategy.plugin=ddp,tp=2,"
+      "loader.batch_size=8"};
+  for (const std::string& set : std::vector<std::string>{
+           "model.n_layers=2", "model.d_model=32", "model.n_heads=2", "dataset.seq_len=32",
+           "loader.batch_size=4", "run.eval=false", "run.threads=1", "run.log_every=2",
+           "dataset.path=" + (source_dir() / "docs" / "multi-process.md").string(),
+           "dataset.cache=" + (dir / "cache").string()}) {
+    args.insert(args.end(), {"--set", set});
+  }
+  auto result = run_host(args);
+  ASSERT_EQ(result.exit_code, 0) << describe(result);
+  const std::string table = read_text(dir / "cmp" / "table.txt");
+  for (const char* number : {"1", "2", "3", "4"}) {
+    EXPECT_HAS(row_text(table, number), " ok ") << table;
+  }
+  EXPECT_HAS(result.out,
+             "parallel=strategy.plugin=pipeline,pp=2,loader.batch_size=8 on 4 processes");
+  EXPECT_TRUE(fs::exists(dir / "cmp" / "3-strategy.plugin_pipeline_pp_2_loader.batch_size_8" /
+                         "metrics.rank3.jsonl"))
+      << "four ranks' metrics";
+  EXPECT_HAS(row_text(table, "2"), "same") << table;  // ddp 4 is fsdp 4's run
+  EXPECT_HAS(table, "numerics");
+  EXPECT_HAS(table, "speed vs ref");
+
+  // Its report, with the columns of three groups' collectives, fits a window of 1000 and of
+  // 1600 pixels in Chromium: no column clipped, no cell's text spilling out, no sideways scroll.
+  auto layout = run_command(
+      {"python3", (source_dir() / "tools" / "compare" / "check_report_layout.py").string(),
+       (dir / "cmp" / "report.html").string(), "--widths", "1000,1600"});
+  EXPECT_EQ(layout.exit_code, 0) << describe(layout);
+  EXPECT_HAS(layout.out, "1000 px: ok");
+  EXPECT_HAS(layout.out, "1600 px: ok");
+}
+
+TEST(CompareTest, BadRepeatsLayoutsAndBaselinesAreOneLineRefusals) {
+  TempDir dir;
+  const std::vector<std::string> base = {"compare", "recipes/fashion_mnist_mlp.toml", "--output",
+                                         (dir / "cmp").string()};
+  const auto refused = [&](std::vector<std::string> more, const std::string& message) {
+    std::vector<std::string> args = base;
+    args.insert(args.end(), more.begin(), more.end());
+    auto result = run_host(args);
+    EXPECT_NE(result.exit_code, 0) << describe(result);
+    EXPECT_HAS(result.err, message);
+    EXPECT_EQ(std::count(result.err.begin(), result.err.end(), '\n'), 1) << result.err;
+    EXPECT_FALSE(fs::exists(dir / "cmp" / "table.txt"));
+  };
+  refused({"--repeat", "0"}, "trainyard: error: compare: --repeat must be >= 1");
+  refused({"--noise-threshold", "1.5"}, "compare: --noise-threshold must be in [0, 1)");
+  refused({"--nproc", "3", "--vary", "parallel=pp=2"},
+          "compare: layout 'parallel=pp=2' needs a multiple of 2 processes (pp x dp_replicate x "
+          "tp), but --nproc is 3");
+  refused({"--nproc", "2", "--vary", "parallel=dp_shard=2,tp=2"},
+          "compare: layout 'parallel=dp_shard=2,tp=2' runs 4 processes, but --nproc is 2");
+  refused({"--vary", "parallel=tp"}, "layout 'tp': expected key=value pairs separated by ','");
+  const fs::path other = dir.write("other.json", R"({"format": "trainyard-compare-baseline",
+    "version": 1, "title": "gpt_text", "variants": []})");
+  refused({"--against", other.string()},
+          "compare: --against " + other.string() +
+              ": the baseline compares 'gpt_text', this compare runs 'fashion_mnist_mlp'");
+  const fs::path broken = dir.write("broken.json", R"({"format": "trainyard-compare-baseline",)");
+  refused({"--against", broken.string()},
+          "compare: baseline " + broken.string() + ": invalid JSON");
+  const fs::path foreign = dir.write("foreign.json", R"({"variants": []})");
+  refused({"--against", foreign.string()}, "not a compare baseline");
+}
+
+}  // namespace
+}  // namespace trainyard::testing
