@@ -13,6 +13,7 @@
 #include <string>
 #include <vector>
 
+#include "metrics_file.hpp"
 #include "test_support.hpp"
 
 namespace trainyard::testing {
@@ -172,6 +173,51 @@ TEST(CompareLayouts, ASweepRunsEveryLayoutOnItsProcessesSideBySide) {
   EXPECT_EQ(layout.exit_code, 0) << describe(layout);
   EXPECT_HAS(layout.out, "1000 px: ok");
   EXPECT_HAS(layout.out, "1600 px: ok");
+}
+
+// Utilisation is the FLOPs of the whole step over the time and every rank's peak, whatever the
+// strategy: the pipeline on pp 1 (every rank one stage of the whole model) and ddp, on the same 2
+// ranks, report the same mfu for the same throughput, interval by interval. (Counted from the
+// first model a rank built, the pipeline's was the empty stage it builds to learn the block
+// names: a quarter of ddp's.) Its report draws the simulated and the measured schedule at the
+// same micro-batch count.
+TEST(CompareReportFigures, PipelineMfuEqualsDdpsAtEqualThroughput) {
+  TempDir dir;
+  std::vector<std::string> args = {"compare",  "recipes/fashion_mnist_mlp.toml",
+                                   "--nproc",  "2",
+                                   "--steps",  "20",
+                                   "--output", (dir / "cmp").string(),
+                                   "--vary",   "strategy.plugin=ddp,pipeline"};
+  for (const char* set : {"parallel.pp=1", "run.eval=false", "run.threads=1", "run.log_every=5",
+                          "run.peak_tflops=1"}) {
+    args.insert(args.end(), {"--set", set});
+  }
+  auto result = run_host(args);
+  ASSERT_EQ(result.exit_code, 0) << describe(result);
+  // mfu / samples_per_s per interval: the FLOPs per sample over the peak, equal for both.
+  const auto flops_share = [&](const std::string& folder) {
+    std::vector<double> shares;
+    for (const auto& line :
+         of_phase(read_metrics(dir / "cmp" / folder / "metrics.rank0.jsonl"), "train")) {
+      shares.push_back(line.at("mfu") / line.at("samples_per_s"));
+    }
+    return shares;
+  };
+  const std::vector<double> ddp = flops_share("1-ddp");
+  const std::vector<double> pipeline = flops_share("2-pipeline");
+  ASSERT_EQ(ddp.size(), 4u);
+  ASSERT_EQ(pipeline.size(), ddp.size());
+  for (std::size_t i = 0; i < ddp.size(); ++i) {
+    EXPECT_NEAR(pipeline[i] / ddp[i], 1.0, 0.02) << "interval " << i;
+  }
+  // The report simulates the pipeline variant's schedule at the micro-batch count it measured.
+  const std::string html = read_text(dir / "cmp" / "report.html");
+  std::smatch simulated, measured;
+  ASSERT_TRUE(std::regex_search(html, simulated,
+                                std::regex(R"(Simulated: 1f1b, 1 rank, (\d+) micro-batch)")));
+  ASSERT_TRUE(std::regex_search(
+      html, measured, std::regex(R"(Measured: step \d+, 1f1b, 1 rank, (\d+) micro-batch)")));
+  EXPECT_EQ(simulated[1].str(), measured[1].str());
 }
 
 TEST(CompareTest, BadRepeatsLayoutsAndBaselinesAreOneLineRefusals) {

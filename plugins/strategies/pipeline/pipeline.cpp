@@ -14,8 +14,8 @@
 #include <ATen/ATen.h>
 #include <ATen/core/grad_mode.h>
 #include <torch/csrc/autograd/autograd.h>
-#include <torch/csrc/distributed/c10d/Backend.hpp>
 #include <torch/optim/optimizer.h>
+#include <torch/csrc/distributed/c10d/Backend.hpp>
 
 #include <cmath>
 #include <iostream>
@@ -31,23 +31,23 @@
 #include "stage_parameters.hpp"
 #include "tied_weights.hpp"
 #include "trainyard/api/activation_checkpoint.hpp"
-#include "trainyard/parallel/declared_schedule.hpp"
-#include "trainyard/parallel/distributed.hpp"
 #include "trainyard/api/error.hpp"
-#include "trainyard/parallel/gradient_reducer.hpp"
-#include "trainyard/parallel/gradients.hpp"
-#include "trainyard/parallel/held_blocks.hpp"
 #include "trainyard/api/model.hpp"
 #include "trainyard/api/optimizer.hpp"
 #include "trainyard/api/parameter_pieces.hpp"
+#include "trainyard/api/plugin.hpp"
+#include "trainyard/api/precision.hpp"
+#include "trainyard/api/step_phases.hpp"
+#include "trainyard/api/strategy.hpp"
+#include "trainyard/parallel/declared_schedule.hpp"
+#include "trainyard/parallel/distributed.hpp"
+#include "trainyard/parallel/gradient_reducer.hpp"
+#include "trainyard/parallel/gradients.hpp"
+#include "trainyard/parallel/held_blocks.hpp"
 #include "trainyard/parallel/pipeline_schedule.hpp"
 #include "trainyard/parallel/pipeline_stages.hpp"
 #include "trainyard/parallel/pipeline_timeline.hpp"
-#include "trainyard/api/plugin.hpp"
-#include "trainyard/api/precision.hpp"
 #include "trainyard/parallel/process_mesh.hpp"
-#include "trainyard/api/step_phases.hpp"
-#include "trainyard/api/strategy.hpp"
 #include "trainyard/parallel/tensor_parallel_step.hpp"
 
 namespace trainyard {
@@ -123,6 +123,7 @@ class Pipeline final : public Strategy {
     std::vector<at::Tensor> all;
     for (const auto& stage : stages_) {
       for (const auto& tensor : stage.held->optimized()) all.push_back(tensor);
+      local_flops_per_sample_ += stage.model->flops_per_sample();
     }
     optimizer_ = context.optimizer->create(all);
     find_last_weight_actions();
@@ -147,6 +148,7 @@ class Pipeline final : public Strategy {
     for (std::int64_t round = 0; round < rounds; ++round) {
       const Batch& batch = micro_batches[static_cast<std::size_t>(round)];
       result.samples += batch.size;
+      result.flops += static_cast<double>(batch.size) * local_flops_per_sample_;
       executor_->run(split_batch(batch, shape_.micro_batches), round == rounds - 1,
                      static_cast<double>(rounds), loss_sum);
     }
@@ -518,6 +520,7 @@ class Pipeline final : public Strategy {
   std::vector<double> block_costs_;  // empty when the stages are named
   std::vector<BlockRange> cut_;
   std::vector<LocalStage> stages_;
+  double local_flops_per_sample_ = 0;  // of this rank's stages: what StepResult::flops counts
   TiedWeights tied_;
   std::unique_ptr<StageChannel> channel_;
   std::unique_ptr<torch::optim::Optimizer> optimizer_;

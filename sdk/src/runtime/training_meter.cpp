@@ -19,6 +19,8 @@ void TrainingMeter::add_step(const StepResult& result) {
   if (result.grad_norm.defined()) last_grad_norm_ = result.grad_norm;
   ++steps_;
   samples_ += result.samples;
+  flops_ += result.flops > 0 ? result.flops
+                             : static_cast<double>(result.samples) * setup_.flops_per_sample;
   if (result.skipped) ++skipped_;
   for (const auto& [name, value] : result.metrics) metric_sums_[name] += value;
 }
@@ -32,7 +34,7 @@ IntervalFigures TrainingMeter::close_interval() {
   const auto steps = static_cast<double>(steps_);
   // The only device sync of the interval: the loss, then the phase events.
   std::vector<double> held = {loss_sum_.defined() ? loss_sum_.item<double>() : 0.0,
-                              static_cast<double>(loss_steps_)};
+                              static_cast<double>(loss_steps_), flops_, 1.0};
   if (setup_.sum_over_ranks) held = setup_.sum_over_ranks(std::move(held));
   PhaseRollup rollup = phases_.rollup();
   const double samples_per_s = seconds > 0 ? static_cast<double>(samples_) / seconds : 0;
@@ -46,8 +48,10 @@ IntervalFigures TrainingMeter::close_interval() {
     values.emplace_back("tokens_per_s",
                         samples_per_s * static_cast<double>(setup_.tokens_per_sample));
   }
-  if (setup_.flops_per_sample > 0 && setup_.peak_flops > 0) {
-    values.emplace_back("mfu", samples_per_s * setup_.flops_per_sample / setup_.peak_flops);
+  // The FLOPs of the whole step over the time and every rank's peak: the same measure for every
+  // strategy, whatever piece of the model and of the batch each rank holds.
+  if (held[2] > 0 && setup_.peak_flops > 0 && seconds > 0) {
+    values.emplace_back("mfu", held[2] / (seconds * held[3] * setup_.peak_flops));
   }
   values.emplace_back("step_time_ms", 1000.0 * seconds / steps);
   const double measured_steps = static_cast<double>(std::max<std::int64_t>(1, rollup.steps));
@@ -71,6 +75,7 @@ IntervalFigures TrainingMeter::close_interval() {
   loss_steps_ = 0;
   steps_ = 0;
   samples_ = 0;
+  flops_ = 0;
   skipped_ = 0;
   metric_sums_.clear();
   interval_start_ = Clock::now();

@@ -23,10 +23,11 @@ struct StepResult;
 
 struct MeterSetup {
   std::int64_t tokens_per_sample = 0;  // 0: not a token model
-  double flops_per_sample = 0;         // forward + backward; 0: unknown
+  double flops_per_sample = 0;         // forward + backward, of the first model built; 0: unknown
   double peak_flops = 0;               // per rank, per second; 0: unknown
   // Adds up numbers over the ranks (null in a single process). The logged loss is the mean over
-  // the steps of every rank that holds a loss, so each interval sums [held losses, steps held].
+  // the steps of every rank that holds a loss, so each interval sums [held losses, steps held];
+  // utilisation is every rank's FLOPs over every rank's peak, so it sums [FLOPs, ranks] too.
   std::function<std::vector<double>(std::vector<double>)> sum_over_ranks;
 };
 
@@ -68,6 +69,7 @@ class TrainingMeter {
   at::Tensor last_grad_norm_;
   std::int64_t steps_ = 0;
   std::int64_t samples_ = 0;
+  double flops_ = 0;  // this rank's, over the interval
   std::int64_t skipped_ = 0;
   std::map<std::string, double> metric_sums_;
   Clock::time_point interval_start_;

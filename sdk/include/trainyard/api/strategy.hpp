@@ -73,6 +73,11 @@ struct StepResult {
   torch::Tensor loss;
   torch::Tensor grad_norm;  // before clipping; undefined when not computed
   std::int64_t samples = 0;
+  // Forward + backward FLOPs this rank ran in the step, for utilisation. 0: the engine reckons
+  // samples x the model's flops_per_sample(), right for a strategy that holds one model built
+  // for all its samples (data and tensor parallel); a strategy that holds other pieces (pipeline
+  // stages) says what they did.
+  double flops = 0;
   bool skipped = false;     // the optimizer step was skipped (non-finite gradients)
   // Host-side figures of this step (such as comm_wait_ms); the engine logs their interval mean.
   std::vector<std::pair<std::string, double>> metrics;
