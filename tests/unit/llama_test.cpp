@@ -290,8 +290,9 @@ TEST(LlamaLora, TrainsTheAdaptersAloneAndStartsAsTheBaseModel) {
   adapted->loss(actual, batch).backward();
   for (const auto& item : adapted->module().named_parameters()) {
     // lora_A's gradient is zero while lora_B is; lora_B's is not.
-    if (item.key().find(".lora_B.") != std::string::npos)
+    if (item.key().find(".lora_B.") != std::string::npos) {
       EXPECT_GT(item.value().grad().abs().sum().item<double>(), 0.0) << item.key();
+    }
   }
 }
 
