@@ -30,7 +30,7 @@ td,th{border:1px solid #ccc;padding:3px 7px;white-space:nowrap}td.error{white-sp
 #compare-table td.words{white-space:normal}#compare-table td.words span{white-space:nowrap}
 td.num{text-align:right;font-variant-numeric:tabular-nums}tr.failed td{background:#fdecea}
 td.error{color:#b00020}h3{font-size:14px;margin:16px 0 4px}p.error{color:#b00020}
-@media (max-width:1100px){body{margin:12px}#compare-table{font-size:11px}#compare-table th{font-size:10px}})";
+@media (max-width:1100px){body{margin:12px}#compare-table{font-size:10px}#compare-table th{font-size:9.5px}})";
 
 // `text` escaped for HTML, with a line-break opportunity (<wbr>) after each character that is in
 // `after`: on a narrow page "dp/dp_shard calls" may wrap after its '/' and '_'.
