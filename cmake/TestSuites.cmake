@@ -13,9 +13,9 @@
 #                  starts the costliest first, so a long test does not start last and run alone
 #   suite_processors  ctest's PROCESSORS of each test: the cores its process keeps busy (0: one)
 #
-# A suite instantiated as "Full/<Suite>" (INSTANTIATE_TEST_SUITE_P(Full, ...)) is a whole grid
-# whose fast core runs under another prefix: it gets the label "full", which CI leaves out
-# (tools/test) and `ctest -L full` runs.
+# A suite named "Full..." (FullPipelineParity, or a grid instantiated as "Full/<Suite>") is the
+# rest of a grid whose fast core runs under another name: it gets the label "full", which CI
+# leaves out (tools/test) and `ctest -L full` runs.
 #
 # One process per suite instead of one per test: every process loads LibTorch (about half a
 # second here), so a binary of 40 tests spends 20 s starting up when run test by test.
@@ -77,7 +77,7 @@ foreach(entry IN LISTS entries)
     endif()
     add_test("${name}" "${suite_binary}" "--gtest_filter=${suite}.*" "--gtest_output=xml:${xml}")
     set(labels "${suite_labels}")
-    if(suite MATCHES "^Full/")
+    if(suite MATCHES "^Full")
       list(APPEND labels full)
     endif()
     set_tests_properties("${name}" PROPERTIES LABELS "${labels}" TIMEOUT "${timeout}"
