@@ -64,7 +64,10 @@ def main():
             if breaks:
                 breaks(copy)
             command = [sys.executable, os.path.join(here, "pipeline_bench.py"), copy, trainyard, "16"]
-            result = subprocess.run(command, capture_output=True, text=True, timeout=300)
+            # Pictures only for the intact copy: a broken one is refused before they matter.
+            environment = dict(os.environ, PIPELINE_BENCH_PICTURES="1" if breaks is None else "0")
+            result = subprocess.run(command, capture_output=True, text=True, timeout=300,
+                                    env=environment)
             output = result.stdout + result.stderr
             want = 0 if breaks is None else 1
             ok = result.returncode == want and all(re.search(e, output) for e in expected)
