@@ -10,6 +10,7 @@
 #include <string>
 #include <vector>
 
+#include "mesh_recipes.hpp"
 #include "metrics_file.hpp"
 #include "parity_runs.hpp"
 #include "test_support.hpp"
@@ -19,78 +20,6 @@ namespace trainyard::testing {
 namespace {
 
 namespace fs = std::filesystem;
-
-constexpr double kLossRtol = 1.3e-6;
-constexpr double kLossAtol = 1e-5;
-constexpr double kParameterRtol = 1e-5;
-constexpr double kParameterAtol = 4e-5;
-
-// A 4-head gpt on synthetic token sequences (a map-style dataset, so runs can reshard
-// mid-epoch), trained with SGD: the attention's key bias has a gradient that is zero but for
-// rounding (softmax ignores a shift shared by every key), and Adam would scale that rounding,
-// which differs with the summation order of every split, up to full-size updates. Dropout is off:
-// with sequence parallelism each rank draws the masks of its own slice of the sequence, which
-// cannot equal one process's masks over the whole sequence.
-std::string gpt_recipe(int steps) {
-  return R"(
-[run]
-seed = 7
-max_steps = )" +
-         std::to_string(steps) +
-         R"(
-eval = false
-log_every = 1
-
-[loader]
-workers = 0
-batch_size = 16
-
-[dataset]
-plugin = "synthetic"
-samples = 512
-eval_samples = 0
-input_shape = [16]
-vocab_size = 64
-
-[model]
-plugin = "gpt"
-n_layers = 4
-n_heads = 4
-d_model = 32
-dropout = 0.0
-
-[optimizer]
-plugin = "sgd"
-lr = 0.1
-momentum = 0.9
-
-[sinks.console]
-[sinks.jsonl]
-)";
-}
-
-std::vector<std::string> joined(std::vector<std::string> a, const std::vector<std::string>& b) {
-  a.insert(a.end(), b.begin(), b.end());
-  return a;
-}
-
-// dp x pp x tp: the strategy (ddp without a pipeline), the mesh and the per-rank batch that
-// keeps the global batch at 16.
-std::vector<std::string> layout_sets(int dp, int pp, int tp) {
-  std::vector<std::string> sets = {"--set", "parallel.pp=" + std::to_string(pp),
-                                   "--set", "parallel.tp=" + std::to_string(tp),
-                                   "--set", "loader.batch_size=" + std::to_string(16 / dp)};
-  if (pp > 1) {
-    return joined(sets, {"--set", "strategy.plugin=pipeline", "--set",
-                         "strategy.micro_batches=" + std::to_string(pp > 2 ? pp : 4)});
-  }
-  return joined(sets, {"--set", "strategy.plugin=ddp"});
-}
-
-void expect_matches(const fs::path& single, const fs::path& run) {
-  expect_same_losses_within(single, run, kLossRtol, kLossAtol);
-  expect_same_model_within(single / "final.pt", run / "final.pt", kParameterRtol, kParameterAtol);
-}
 
 TEST(TensorParallelParity, GptOnTwoAndFourRanksMatchesOneProcessWithAndWithoutSequenceParallel) {
   TempDir dir;
@@ -108,18 +37,6 @@ TEST(TensorParallelParity, GptOnTwoAndFourRanksMatchesOneProcessWithAndWithoutSe
       expect_matches(dir / "single", out);
     }
   }
-}
-
-// gpt_recipe with the llama in the gpt's place, configured by `config` (a TOML inline table of
-// LlamaConfig keys) and `model_lines` (more of its options).
-std::string llama_recipe(int steps, const std::string& config,
-                         const std::string& model_lines = "") {
-  std::string recipe = gpt_recipe(steps);
-  const std::string gpt_model =
-      "plugin = \"gpt\"\nn_layers = 4\nn_heads = 4\nd_model = 32\ndropout = 0.0\n";
-  recipe.replace(recipe.find(gpt_model), gpt_model.size(),
-                 "plugin = \"llama\"\nconfig = " + config + "\n" + model_lines);
-  return recipe;
 }
 
 // fsdp on 2 processes, each with half the one-process batch.
@@ -373,11 +290,6 @@ TEST(TensorParallelRun, SizesThatDoNotDivideAreOneLineErrors) {
                    joined(layout_sets(1, 1, 2), {"--set", "strategy.zero1=true"}), {}, 120);
   EXPECT_NE(zero1.exit_code, 0);
   EXPECT_HAS(zero1.err, "zero1");
-  auto fsdp =
-      run_launched(2, recipe, dir / "fsdp",
-                   joined(layout_sets(1, 1, 2), {"--set", "strategy.plugin=fsdp"}), {}, 120);
-  EXPECT_NE(fsdp.exit_code, 0);
-  EXPECT_HAS(fsdp.err, "tensor-parallel shard");
 }
 
 }  // namespace

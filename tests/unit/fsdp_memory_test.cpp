@@ -10,7 +10,9 @@
 
 #include <chrono>
 #include <iostream>
+#include <optional>
 #include <thread>
+#include <tuple>
 
 #include "step_harness.hpp"
 #include "trainyard/runtime/allocation_tracker.hpp"
@@ -122,6 +124,69 @@ TEST(FsdpMemory, FullShardHoldsAQuarterOfDdpOnFourRanks) {
         EXPECT_LE(ratio, 0.25 + 0.05) << sharding << " rank " << r;
         EXPECT_GE(ratio, 0.25 - 0.05) << sharding << " rank " << r;  // it does hold its shard
       }
+    }
+  }
+}
+
+// One rank of a 4-layer gpt with AdamW under `strategy` on `mesh` (data-parallel over the ranks
+// when unset): two steps of random tokens, then what it holds.
+Held run_gpt_rank(int rank, int ranks, int port, const std::string& strategy,
+                  const std::optional<MeshRequest>& mesh) {
+  HarnessOptions options;
+  options.strategy = strategy;
+  options.model = "gpt";
+  options.model_options = "n_layers = 4\nn_heads = 4\nd_model = 32\ndropout = 0.0";
+  options.optimizer = "adamw";
+  options.optimizer_options = "lr = 0.01";
+  options.input_shape = {16};
+  options.vocab_size = 64;
+  options.seed = 11;
+  options.mesh = mesh;
+  options.as_rank(rank, ranks, port);
+  AllocationTracker tracker;
+  StepHarness harness(options);
+  Held held;
+  for (std::uint64_t step = 0; step < 2; ++step) {
+    at::Generator generator = at::detail::createCPUGenerator(100 * step + 7);
+    Batch batch;
+    batch.size = 4;
+    batch.tensors["input"] = at::randint(64, {4, 16}, generator, at::kLong);
+    batch.tensors["target"] = batch.tensors["input"].roll(-1, 1);
+    held.loss = harness.strategy->train_step(std::span<const Batch>(&batch, 1)).loss.item<double>();
+  }
+  if (harness.context.communicator) harness.context.communicator->barrier();
+  held.tracked = settled_bytes(tracker);
+  held.bytes = harness.strategy->held_bytes();
+  if (harness.context.communicator) harness.context.communicator->barrier();
+  return held;
+}
+
+// fsdp on four ranks over 2-D and hybrid meshes against one process holding the whole model:
+// dp_shard 2 x tp 2 holds a quarter of single's parameters, gradients and AdamW state (each
+// rank a shard of its tp piece), dp_replicate 2 x dp_shard 2 a half (each replicate group
+// shards the model over its 2 ranks). The allocator's figure, and the strategy's own within 1%.
+TEST(FsdpMemory, TwoDimensionalAndHybridShardingHoldTheirShareOfOneProcess) {
+  at::set_num_threads(1);
+  const auto single = run_threaded_ranks<Held>(
+      1, [&](int rank, int port) { return run_gpt_rank(rank, 1, port, "single", {}); });
+  const double reference = static_cast<double>(single[0].tracked);
+  ASSERT_GT(reference, 0);
+  const std::vector<std::tuple<std::string, MeshRequest, double>> layouts = {
+      {"fsdp dp_shard 2 x tp 2", MeshRequest{.dp_replicate = 1, .dp_shard = 2, .tp = 2}, 0.25},
+      {"hsdp dp_replicate 2 x dp_shard 2", MeshRequest{.dp_replicate = 2, .dp_shard = 2}, 0.5}};
+  for (const auto& [name, mesh, share] : layouts) {
+    const auto held = run_threaded_ranks<Held>(kRanks, [&](int rank, int port) {
+      return run_gpt_rank(rank, kRanks, port, "fsdp", mesh);
+    });
+    for (std::size_t r = 0; r < held.size(); ++r) {
+      const double tracked = static_cast<double>(held[r].tracked);
+      const double ratio = tracked / reference;
+      if (r == 0) std::cout << name << ": rank 0 holds " << ratio << " of one process" << std::endl;
+      EXPECT_LE(ratio, share + 0.02) << name << " rank " << r;
+      EXPECT_GE(ratio, share - 0.02) << name << " rank " << r;  // it does hold its shard
+      EXPECT_NEAR(static_cast<double>(held[r].bytes.total()), tracked, 0.01 * tracked)
+          << name << " rank " << r;
+      EXPECT_NEAR(held[r].loss, single[0].loss, 1e-4) << name << " rank " << r;
     }
   }
 }

@@ -2,6 +2,7 @@
 // replicas) and loaded under another continue training exactly.
 
 #include <ATen/ATen.h>
+#include <c10/util/accumulate.h>
 #include <gtest/gtest.h>
 #include <torch/nn/modules/linear.h>
 #include <torch/optim/adamw.h>
@@ -184,6 +185,68 @@ TEST(ParameterPieces, BoxesOfAParameterReassembleAcrossLayouts) {
   at::Tensor other_shape = at::zeros({5, 6});
   EXPECT_THROW(read_held_pieces(placed, "model.", whole_parameter_layout("w", {5, 6}), other_shape),
                Error);
+}
+
+// fsdp over tensor-parallel pieces: each tp rank holds a column box of a 4 x 6 weight (row
+// parallel) and the whole 5-element bias; the two held tensors are flattened together and cut
+// into 4 shards whose edges fall inside box rows. Every shard's pieces fit in the whole, the
+// shards of both tp ranks assemble the whole tensors, and each shard reads back its own values.
+TEST(ParameterPieces, FlatShardsOfTensorParallelBoxesAssembleTheWholeParameters) {
+  const at::Tensor weight = at::arange(24, at::kFloat).view({4, 6});
+  const at::Tensor bias = at::arange(100, 105, at::kFloat);
+  CheckpointState state;
+  int saved_rank = 0;
+  std::vector<std::pair<HeldLayout, at::Tensor>> shards;
+  for (int tp = 0; tp < 2; ++tp) {
+    const std::vector<HeldLayout> layouts = {
+        parameter_box_layout("w", {4, 6}, {0, 3 * tp}, {4, 3}),
+        whole_parameter_layout("b", {5})};
+    const at::Tensor flat = at::cat({weight.narrow(1, 3 * tp, 3).flatten(), bias,
+                                     at::zeros({3})});  // 17 elements padded to 20
+    for (int shard = 0; shard < 4; ++shard) {
+      const HeldLayout layout = flat_shard_layout(layouts, {12, 5}, 5 * shard, 5);
+      for (const ParameterPiece& piece : layout) {
+        EXPECT_EQ(piece.length, c10::multiply_integers(piece.shape)) << piece.name;
+      }
+      StateDict own;
+      const at::Tensor held = flat.narrow(0, 5 * shard, 5).clone();
+      put_held_pieces(own, "model.", held, layout);
+      add_saved_rank(state, saved_rank++, own);
+      shards.emplace_back(layout, held);
+    }
+  }
+  // Shard 0 of tp rank 1: row 0 of its box and the first two columns of row 1.
+  const HeldLayout first = shards[4].first;
+  ASSERT_EQ(first.size(), 2u);
+  EXPECT_EQ(first[0].placement.encode(), "global=4,6;box=0,3");
+  EXPECT_EQ(first[0].shape, (std::vector<std::int64_t>{1, 3}));
+  EXPECT_EQ(first[1].placement.encode(), "global=4,6;box=1,3");
+  EXPECT_EQ(first[1].shape, (std::vector<std::int64_t>{1, 2}));
+  const PlacedState placed(state);
+  EXPECT_TRUE(at::equal(placed.whole("model.w"), weight));
+  EXPECT_TRUE(at::equal(placed.whole("model.b"), bias));
+  for (const auto& [layout, held] : shards) {
+    at::Tensor read = at::full({5}, -1.0f);
+    read_held_pieces(placed, "model.", layout, read);
+    EXPECT_TRUE(at::equal(read, held));
+  }
+}
+
+// A run that starts and ends inside rows of a 3-D box is covered by boxes, outermost first.
+TEST(ParameterPieces, FlatRunOfABoxIsCoveredByFewContiguousBoxes) {
+  const HeldLayout box = parameter_box_layout("t", {2, 4, 6}, {0, 0, 2}, {2, 4, 3});
+  const HeldLayout layout = flat_shard_layout({box}, {24}, 2, 20);  // box elements [2, 22)
+  std::vector<std::string> placements;
+  std::int64_t covered = 0;
+  for (const ParameterPiece& piece : layout) {
+    placements.push_back(piece.placement.encode());
+    EXPECT_EQ(piece.offset, covered);
+    covered += piece.length;
+  }
+  EXPECT_EQ(covered, 20);
+  EXPECT_EQ(placements, (std::vector<std::string>{
+                            "global=2,4,6;box=0,0,4", "global=2,4,6;box=0,1,2",
+                            "global=2,4,6;box=1,0,2", "global=2,4,6;box=1,3,2"}));
 }
 
 // A module held whole on every data-parallel rank: each entry records its replica group, and

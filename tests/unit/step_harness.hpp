@@ -54,6 +54,8 @@ struct HarnessOptions {
   StepOptions step;
   std::vector<std::int64_t> input_shape = {6};
   std::int64_t classes = 4;
+  // A language model's vocabulary (input_shape then holds the sequence length); 0: none.
+  std::int64_t vocab_size = 0;
   std::uint64_t seed = 5;
   // Builds the model instead of the `model` plugin when set (a model made for one test).
   std::function<std::shared_ptr<Model>(const BuildContext&)> model_factory;
@@ -87,6 +89,10 @@ struct StepHarness {
     build.world_size = options.world_size;
     build.data.input_shape = options.input_shape;
     build.data.num_classes = options.classes;
+    if (options.vocab_size > 0) {
+      build.data.vocab_size = options.vocab_size;
+      build.data.sequence_length = options.input_shape.at(0);
+    }
     precision = registry.create<Precision>(
         options.precision, options_section("precision", options.precision_options), build);
     context.optimizer = registry.create<Optimizer>(

@@ -4,6 +4,13 @@
 // parameters exist in full only while it runs. The unit machinery (flattening, gathering before
 // forward and backward, freeing, reduce-scattering gradients from hooks, prefetch) is the SDK's
 // ShardedUnits; this plugin adds the step, the options and the checkpoint format.
+//
+// Two more mesh dimensions compose with it. With tp > 1 (2-D, FSDP x TP) the units flatten this
+// rank's tensor-parallel pieces, so each dp_shard rank holds a shard of its tp rank's piece; the
+// model's own collectives run on the gathered pieces, and the step takes the gradient norm and
+// the skip decision over the tp group too. With dp_replicate > 1 (hybrid sharding, HSDP) each
+// replicate group shards the model over its dp_shard ranks, and after the reduce-scatter inside
+// it the shards' gradients are averaged across the groups, whose ranks hold the same shard.
 
 #include <ATen/ATen.h>
 #include <ATen/core/grad_mode.h>
@@ -12,6 +19,7 @@
 
 #include <iostream>
 #include <map>
+#include <set>
 #include <utility>
 #include <vector>
 
@@ -30,6 +38,7 @@
 #include "trainyard/parallel/process_mesh.hpp"
 #include "trainyard/parallel/replicated_step.hpp"
 #include "trainyard/parallel/sharded_units.hpp"
+#include "trainyard/parallel/tensor_parallel_step.hpp"
 #include "trainyard/api/step_phases.hpp"
 #include "trainyard/api/strategy.hpp"
 
@@ -97,15 +106,12 @@ class Fsdp final : public Strategy {
 
   void setup(StrategyContext& context) override {
     context_ = context;
-    // Units are sharded over the dp_shard ranks; a replicate dimension would need hybrid
-    // sharding (shard within a group, all-reduce across groups), which is not built.
+    // Units are sharded over the dp_shard ranks, replicated over dp_replicate (hybrid sharding);
+    // a tp rank's units hold its tensor-parallel pieces.
     mesh_ = mesh_of(context.build);
-    if (mesh_->size(MeshGroup::kDataReplicate) > 1) {
-      throw Error("fsdp: dp_replicate = " + std::to_string(mesh_->size(MeshGroup::kDataReplicate)) +
-                  " needs hybrid sharding, which fsdp does not implement; set [parallel] "
-                  "dp_replicate = 1 (fsdp shards over dp_shard)");
-    }
     group_ = mesh_->group(MeshGroup::kDataShard);
+    replicate_group_ = mesh_->group(MeshGroup::kDataReplicate);
+    tp_group_ = mesh_->group(MeshGroup::kTensor);
     place_ = {mesh_->rank(MeshGroup::kData), mesh_->size(MeshGroup::kData)};
     model_ = context.make_model(context.build);
     model_->module().to(context.build.device);
@@ -121,11 +127,8 @@ class Fsdp final : public Strategy {
         dtype_named(options_.reduce_dtype,
                     options_.sharding == UnitSharding::kNone ? at::kFloat : units.gather_dtype);
     for (const auto& item : model_->module().named_parameters(true)) {
-      if (!holds_whole(model_->parameter_layout(item.key(), item.value()))) {
-        throw Error("fsdp: parameter '" + item.key() +
-                    "' is a tensor-parallel shard, and fsdp flattens whole parameters; use ddp "
-                    "or pipeline with tp > 1");
-      }
+      layouts_.push_back(model_->parameter_layout(item.key(), item.value()));
+      if (!holds_whole(layouts_.back())) split_names_.insert(item.key());
       if (!item.value().requires_grad()) {
         throw Error("fsdp: parameter '" + item.key() +
                     "' is frozen (requires no gradient); fsdp shards trainable parameters only");
@@ -137,11 +140,12 @@ class Fsdp final : public Strategy {
       buffers_.push_back(item.value());
       buffer_names_.push_back(item.key());
     }
-    if (group_) {
-      // Every rank starts from rank 0's parameters and buffers.
+    if (auto data_group = mesh_->group(MeshGroup::kData)) {
+      // Every data-parallel rank (each replicate group's too) starts from the parameters and
+      // buffers of the first one in its tp rank.
       std::vector<at::Tensor> state = parameters_;
       state.insert(state.end(), buffers_.begin(), buffers_.end());
-      broadcast_coalesced(state);
+      broadcast_coalesced(state, data_group);
     }
     try {
       units_ = std::make_unique<ShardedUnits>(parameters_, names_, held_blocks(*model_), group_, units);
@@ -168,6 +172,7 @@ class Fsdp final : public Strategy {
       torch::Tensor detached =
           forward_backward(*model_, blocks_, batch, count, context_, autocast_dtype_);
       units_->finish_backward();
+      if (i == count - 1) average_over_replicas();
       if (context_.phases) context_.phases->mark(StepPhase::CommWait);
       loss_sum = loss_sum.defined() ? loss_sum + detached : detached;
       result.samples += batch.size;
@@ -180,9 +185,10 @@ class Fsdp final : public Strategy {
     // Each rank holds other gradients: the decision to step and the norm are taken over all.
     torch::Tensor found_inf = context_.precision->unscale(gradients);
     units_->combine_found_inf(found_inf);
+    agree_on_found_inf(found_inf, tp_group_);
     if (context_.step.max_grad_norm > 0) {
       result.grad_norm =
-          clip_to_norm(gradients, units_->gradient_norm(gradients), context_.step.max_grad_norm);
+          clip_to_norm(gradients, gradient_norm(gradients), context_.step.max_grad_norm);
     }
     const bool step = Precision::should_step(found_inf);
     context_.before_optimizer_step();
@@ -239,8 +245,10 @@ class Fsdp final : public Strategy {
   // strategy on any layout.
   void save_state(CheckpointState& out) const override {
     mark_pieces_format(out.shared);
-    // Buffers and gathered state are the same on every rank of the shard group; rank 0 writes.
-    const std::string replicas = mesh_group_name(MeshGroup::kDataShard);
+    // Buffers and gathered state are the same on every data-parallel rank; rank 0 writes them,
+    // or, where tp ranks hold other pieces, each rank writes its own into its file.
+    const std::string replicas = mesh_group_name(MeshGroup::kData);
+    StateDict& gathered = tp_group_ ? out.local : out.shared;
     for (std::size_t i = 0; i < buffers_.size(); ++i) {
       TensorPlacement placement = TensorPlacement::whole(buffers_[i].sizes().vec());
       placement.replicas = replicas;
@@ -248,11 +256,15 @@ class Fsdp final : public Strategy {
     }
     out.shared.metadata["fsdp.state_dict"] = options_.full_state_dict ? "full" : "sharded";
     if (!options_.full_state_dict && units_->shard_ranks() > 1) {
+      // Every replicate group holds the same shards; each rank writes its own.
+      const std::string shard_replicas =
+          replicate_group_ ? mesh_group_name(MeshGroup::kDataReplicate) : "";
       const std::vector<HeldLayout> layouts = shard_layouts();
       for (std::size_t u = 0; u < units_->unit_count(); ++u) {
-        put_held_pieces(out.local, "model.", units_->shard(u), layouts[u]);
+        put_held_pieces(out.local, "model.", units_->shard(u), layouts[u], shard_replicas);
       }
-      save_optimizer_pieces(*context_.optimizer, *optimizer_, layouts, out.local, out.local);
+      save_optimizer_pieces(*context_.optimizer, *optimizer_, layouts, out.local, out.local,
+                            shard_replicas);
       return;
     }
     OptimizerFields fields = optimizer_fields(*context_.optimizer, *optimizer_);
@@ -262,14 +274,14 @@ class Fsdp final : public Strategy {
       const at::Tensor whole = units_->gather_copy(u);
       layouts.push_back(unit_layout(u, 0, whole.numel()));
       numels.push_back(whole.numel());
-      put_held_pieces(out.shared, "model.", whole, layouts.back(), replicas);
+      put_held_pieces(gathered, "model.", whole, layouts.back(), replicas);
       for (auto& [field, value] : fields[u]) {
         if (value.dim() > 0 && value.numel() == units_->layout(u).shard_numel) {
           value = units_->gather_copy(u, value);
         }
       }
     }
-    put_optimizer_pieces(fields, numels, layouts, out.shared, out.shared, replicas);
+    put_optimizer_pieces(fields, numels, layouts, gathered, gathered, replicas);
   }
 
   // Whatever layout wrote the checkpoint: this rank's shards are cut from the whole parameters'
@@ -299,24 +311,85 @@ class Fsdp final : public Strategy {
     return stepped_tensors(*optimizer_);
   }
 
-  // Collective when sharded: every rank calls it, each gets the full parameters.
-  TensorMap full_parameters() const override { return units_->full_parameters(); }
+  // Collective when sharded: every rank calls it, each gets the full parameters (assembled from
+  // the tp ranks' pieces with tensor parallelism).
+  TensorMap full_parameters() const override {
+    TensorMap pieces = units_->full_parameters();
+    if (!tp_group_) return pieces;
+    std::vector<at::Tensor> held;
+    for (const auto& name : names_) held.push_back(pieces.at(name));
+    return gather_whole_tensors(held, layouts_, tp_group_);
+  }
 
   HeldBytes held_bytes() const override {
     return units_->held_bytes(optimizer_.get(), *context_.optimizer);
   }
 
  private:
-  // Elements [begin, begin + count) of unit `u`'s flat buffer as pieces of its parameters.
+  // Elements [begin, begin + count) of unit `u`'s flat buffer as pieces of its parameters
+  // (boxes of them where this rank holds tensor-parallel pieces).
   HeldLayout unit_layout(std::size_t u, std::int64_t begin, std::int64_t count) const {
     const ShardedUnitLayout& unit = units_->layout(u);
-    std::vector<std::string> names;
-    std::vector<std::vector<std::int64_t>> shapes;
+    std::vector<HeldLayout> layouts;
+    std::vector<std::int64_t> numels;
     for (std::size_t i : unit.parameters) {
-      names.push_back(names_[i]);
-      shapes.push_back(parameters_[i].sizes().vec());
+      layouts.push_back(layouts_[i]);
+      numels.push_back(parameters_[i].numel());
     }
-    return flat_shard_layout(names, shapes, begin, count);
+    return flat_shard_layout(layouts, numels, begin, count);
+  }
+
+  // After the last micro-batch's reduce-scatter inside the replicate group: each shard's gradient
+  // averaged over the groups (hybrid sharding), one all-reduce for every unit, in reduce_dtype.
+  void average_over_replicas() {
+    if (!replicate_group_) return;
+    at::NoGradGuard no_grad;
+    std::vector<at::Tensor> gradients;
+    for (std::size_t u = 0; u < units_->unit_count(); ++u) {
+      gradients.push_back(units_->shard(u).grad().reshape({-1}));
+    }
+    const at::ScalarType reduce_dtype = dtype_named(options_.reduce_dtype, at::kFloat);
+    std::vector<at::Tensor> message{at::cat(gradients).to(reduce_dtype)};
+    {
+      CollectiveWait wait;
+      replicate_group_->allreduce(message)->wait();
+    }
+    message[0].div_(static_cast<double>(mesh_->size(MeshGroup::kDataReplicate)));
+    std::int64_t offset = 0;
+    for (auto& gradient : gradients) {
+      gradient.copy_(message[0].narrow(0, offset, gradient.numel()));
+      offset += gradient.numel();
+    }
+  }
+
+  // The norm of the shards' gradients over the shard group (replicated units each hold all); with
+  // tensor parallelism the squares of tensor-parallel pieces are summed over the tp group as
+  // well, and whole copies, which every tp rank holds alike, are counted once.
+  at::Tensor gradient_norm(const std::vector<at::Tensor>& gradients) const {
+    if (!tp_group_) return units_->gradient_norm(gradients);
+    const std::vector<HeldLayout> layouts = shard_layouts();
+    std::vector<at::Tensor> split;
+    std::vector<at::Tensor> whole;
+    for (std::size_t u = 0; u < gradients.size(); ++u) {
+      const at::Tensor flat = gradients[u].detach().reshape({-1});
+      for (const ParameterPiece& piece : layouts[u]) {
+        (split_names_.count(piece.name) ? split : whole)
+            .push_back(flat.narrow(0, piece.offset, piece.length));
+      }
+    }
+    // Each kind's squares summed over the shard group first, then the split ones over tp.
+    std::vector<at::Tensor> squares;
+    for (const auto* part : {&split, &whole}) {
+      at::Tensor sum = at::zeros({}, gradients.front().options().dtype(at::kFloat));
+      for (const auto& piece : *part) sum = sum + piece.to(at::kFloat).pow(2).sum();
+      squares.push_back(sum);
+    }
+    std::vector<at::Tensor> message{at::stack(squares)};
+    CollectiveWait wait;
+    if (units_->shard_ranks() > 1) group_->allreduce(message)->wait();  // replicas hold all
+    std::vector<at::Tensor> split_squares{message[0].narrow(0, 0, 1).clone()};
+    tp_group_->allreduce(split_squares)->wait();
+    return (split_squares[0][0] + message[0][1]).sqrt();
   }
 
   // This rank's shard of every unit.
@@ -329,7 +402,8 @@ class Fsdp final : public Strategy {
     return layouts;
   }
 
-  void broadcast_coalesced(const std::vector<at::Tensor>& tensors) {
+  void broadcast_coalesced(const std::vector<at::Tensor>& tensors,
+                           const c10::intrusive_ptr<c10d::Backend>& over) {
     at::NoGradGuard no_grad;
     std::map<at::ScalarType, std::vector<at::Tensor>> by_type;
     for (const auto& tensor : tensors) by_type[tensor.scalar_type()].push_back(tensor);
@@ -339,7 +413,7 @@ class Fsdp final : public Strategy {
       std::vector<at::Tensor> message{at::cat(flat_views)};
       {
         CollectiveWait wait;
-        group_->broadcast(message)->wait();
+        over->broadcast(message)->wait();
       }
       std::int64_t offset = 0;
       for (auto& tensor : group) {
@@ -353,6 +427,10 @@ class Fsdp final : public Strategy {
   StrategyContext context_;
   std::shared_ptr<ProcessMesh> mesh_;
   c10::intrusive_ptr<c10d::Backend> group_;  // dp_shard; null when this rank is the only one
+  c10::intrusive_ptr<c10d::Backend> replicate_group_;  // dp_replicate; null without hybrid
+  c10::intrusive_ptr<c10d::Backend> tp_group_;         // null without tensor parallelism
+  std::vector<HeldLayout> layouts_;    // how this rank holds each parameter (whole or a tp box)
+  std::set<std::string> split_names_;  // parameters held as tensor-parallel pieces
   DataParallelPlace place_;
   std::shared_ptr<Model> model_;
   std::vector<Block> blocks_;

@@ -3,6 +3,7 @@
 #include <ATen/ATen.h>
 #include <c10/util/accumulate.h>
 
+#include <algorithm>
 #include <map>
 #include <set>
 
@@ -44,6 +45,52 @@ std::pair<std::size_t, std::string> split_plugin_key(const std::string& key) {
   return {std::stoul(rest.substr(0, dot)), rest.substr(dot + 1)};
 }
 
+// Elements [from, to) of `piece`'s own row-major order as pieces of its parameter, appended to
+// `out` at buffer position `start` + (element - from). A piece that is whole (or flat) gives one
+// flat range; a box gives the boxes that cover the run, each contiguous in the box's order: at
+// every step the widest block that starts at `from` and ends by `to` (whole trailing dimensions
+// and a run along the dimension before them).
+void add_piece_run(const ParameterPiece& piece, std::int64_t from, std::int64_t to,
+                   std::int64_t start, HeldLayout& out) {
+  const TensorPlacement& placement = piece.placement;
+  if (from == 0 && to == piece.length) {
+    ParameterPiece whole = piece;
+    whole.offset = start;
+    out.push_back(std::move(whole));
+    return;
+  }
+  const bool box_of_whole =
+      placement.flat_offset < 0 && piece.shape != placement.global_shape;
+  if (!box_of_whole) {
+    const std::int64_t flat_start = placement.flat_offset < 0 ? 0 : placement.flat_offset;
+    out.push_back(ParameterPiece{piece.name, start, to - from,
+                                 TensorPlacement::flat(placement.global_shape, flat_start + from),
+                                 {to - from}});
+    return;
+  }
+  const std::vector<std::int64_t>& extent = piece.shape;
+  const auto dims = extent.size();
+  std::vector<std::int64_t> strides(dims, 1);
+  for (std::size_t k = dims - 1; k > 0; --k) strides[k - 1] = strides[k] * extent[k];
+  std::int64_t position = from;
+  while (position < to) {
+    std::size_t k = 0;  // the outermost dimension whose block fits
+    while (position % strides[k] != 0 || position + strides[k] > to) ++k;
+    const std::int64_t index = (position / strides[k]) % extent[k];
+    const std::int64_t blocks = std::min((to - position) / strides[k], extent[k] - index);
+    std::vector<std::int64_t> offsets = placement.offsets;
+    std::vector<std::int64_t> shape(dims, 1);
+    for (std::size_t d = 0; d < k; ++d) offsets[d] += (position / strides[d]) % extent[d];
+    offsets[k] += index;
+    shape[k] = blocks;
+    for (std::size_t d = k + 1; d < dims; ++d) shape[d] = extent[d];
+    const std::int64_t length = blocks * strides[k];
+    out.push_back(ParameterPiece{piece.name, start + (position - from), length,
+                                 TensorPlacement::box(placement.global_shape, offsets), shape});
+    position += length;
+  }
+}
+
 }  // namespace
 
 HeldLayout whole_parameter_layout(const std::string& name, const std::vector<std::int64_t>& shape) {
@@ -79,6 +126,27 @@ HeldLayout flat_shard_layout(const std::vector<std::string>& names,
                                       {to - from}});
     }
     start += size;
+  }
+  return layout;
+}
+
+HeldLayout flat_shard_layout(const std::vector<HeldLayout>& layouts,
+                             const std::vector<std::int64_t>& numels, std::int64_t begin,
+                             std::int64_t count) {
+  if (layouts.size() != numels.size()) {
+    throw Error("flat_shard_layout: " + std::to_string(layouts.size()) + " layouts for " +
+                std::to_string(numels.size()) + " held tensors");
+  }
+  HeldLayout layout;
+  std::int64_t start = 0;  // of the current held tensor in the flat buffer
+  for (std::size_t i = 0; i < layouts.size(); ++i) {
+    for (const ParameterPiece& piece : layouts[i]) {
+      const std::int64_t piece_start = start + piece.offset;
+      const std::int64_t from = std::max(begin, piece_start);
+      const std::int64_t to = std::min(begin + count, piece_start + piece.length);
+      if (from < to) add_piece_run(piece, from - piece_start, to - piece_start, from - begin, layout);
+    }
+    start += numels[i];
   }
   return layout;
 }

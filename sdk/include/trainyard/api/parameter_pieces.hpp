@@ -46,6 +46,13 @@ HeldLayout parameter_box_layout(const std::string& name,
 HeldLayout flat_shard_layout(const std::vector<std::string>& names,
                              const std::vector<std::vector<std::int64_t>>& shapes,
                              std::int64_t begin, std::int64_t count);
+// The same for a flat buffer that concatenates held tensors (of `numels` elements) that are
+// themselves laid out as `layouts` say: whole parameters, or tensor-parallel boxes (fsdp over
+// tensor-parallel pieces). A run of a box that is not a box of the whole is saved as the few
+// boxes (at most two per dimension) that cover it, each a contiguous run of the buffer.
+HeldLayout flat_shard_layout(const std::vector<HeldLayout>& layouts,
+                             const std::vector<std::int64_t>& numels, std::int64_t begin,
+                             std::int64_t count);
 
 // Puts `held`'s pieces into `out` under "<prefix><parameter>". Pieces are views of `held` (no
 // copy), as is every entry the functions below save: see Strategy::save_state.
