@@ -2,8 +2,8 @@
 // rank a shard of its tensor-parallel piece) and hybrid sharding (dp_replicate x dp_shard, each
 // replicate group sharding the model over its ranks), against one process on the same global
 // batch; checkpoints carried through every layout in turn; a rank killed mid-run and the run
-// resumed in another layout. The fast core runs everywhere; FullFsdpMeshParity (label full) every
-// sharding mode on every mesh for the gpt and the llama.
+// resumed in another layout; ddp's zero1 on dp x tp. The fast core runs everywhere;
+// FullFsdpMeshParity (label full) every sharding mode on every mesh for the gpt and the llama.
 
 #include <ATen/ATen.h>
 #include <gtest/gtest.h>
@@ -104,6 +104,32 @@ TEST(FullFsdpMeshParity, GptEveryShardingModeOnEveryMesh) {
 
 TEST(FullFsdpMeshParity, LlamaEveryShardingModeOnEveryMesh) {
   expect_cases_match_one_process(llama_text(6), every_case());
+}
+
+// ddp with zero1 on dp 2 x tp 2: each data-parallel rank steps a slice of its tp rank's pieces
+// (the norm over the tp group), and ends where one process ends; its checkpoint, slices of boxes,
+// resumes on one process and ends there too.
+TEST(Zero1MeshParity, DataParallelTwoByTensorParallelTwoMatchesOneProcessAndResumesOnOne) {
+  TempDir dir;
+  const fs::path recipe =
+      dir.write("recipe.toml", gpt_recipe(6) + "\n[checkpoint]\nplugin = \"torch\"\nkeep = 0\n");
+  auto single = run_one_process(recipe, dir / "single", kClipping);
+  ASSERT_EQ(single.exit_code, 0) << describe(single);
+  const std::vector<std::string> sets =
+      joined(joined(layout_sets(2, 1, 2), {"--set", "strategy.zero1=true"}), kClipping);
+  auto run = run_launched(4, recipe, dir / "zero1", sets);
+  ASSERT_EQ(run.exit_code, 0) << describe(run);
+  expect_matches(dir / "single", dir / "zero1");
+  auto first = run_launched(4, recipe, dir / "half", joined(sets, {"--set", "run.max_steps=3"}));
+  ASSERT_EQ(first.exit_code, 0) << describe(first);
+  auto resumed = run_one_process(
+      recipe, dir / "resumed",
+      joined(kClipping, {"--set", "checkpoint.dir=" + (dir / "resumed_checkpoints").string(),
+                         "--resume", (dir / "half" / "checkpoints" / "step-000000003").string()}));
+  ASSERT_EQ(resumed.exit_code, 0) << describe(resumed);
+  EXPECT_HAS(resumed.err, "resharded");
+  expect_same_model_within(dir / "single" / "final.pt", dir / "resumed" / "final.pt",
+                           kParameterRtol, kParameterAtol);
 }
 
 // A layout of the round trip: its --set arguments and process count.

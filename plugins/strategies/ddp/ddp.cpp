@@ -87,10 +87,6 @@ class Ddp final : public Strategy {
     tp_group_ = mesh_->group(MeshGroup::kTensor);
     layouts_ = parameter_layouts(*model_);
     for (const auto& layout : layouts_) holds_shards_ = holds_shards_ || !holds_whole(layout);
-    if (holds_shards_ && options_.zero1) {
-      throw Error("ddp: zero1 flattens whole parameters, and this model holds tensor-parallel "
-                  "shards; set strategy.zero1 = false");
-    }
     optimizer_ = context.optimizer->create(parameters_);
     autocast_dtype_ = context.precision->autocast_dtype();
     if (!group_) {  // the only data-parallel rank: plain training, nothing to synchronise
@@ -205,11 +201,11 @@ class Ddp final : public Strategy {
       // Each tensor-parallel rank holds other pieces: every rank writes its own.
       save_module_pieces(model_->module(), layouts_, *context_.optimizer, optimizer_.get(),
                          out.local, mesh_group_name(MeshGroup::kData));
-      return;
+    } else {
+      // Every data-parallel rank holds the same copy; rank 0 writes it.
+      save_whole_module_state(model_->module(), *context_.optimizer, optimizer_.get(), out.shared,
+                              mesh_group_name(MeshGroup::kData));
     }
-    // Every data-parallel rank holds the same copy; rank 0 writes it.
-    save_whole_module_state(model_->module(), *context_.optimizer, optimizer_.get(), out.shared,
-                            mesh_group_name(MeshGroup::kData));
     if (zero1_) {
       save_optimizer_pieces(*context_.optimizer, zero1_->optimizer(), {zero1_layout()}, out.local,
                             out.local);
@@ -269,13 +265,18 @@ class Ddp final : public Strategy {
 
  private:
   // zero1's master: this rank's slice of the trainable parameters flattened in order.
+  // Tensor-parallel pieces are flattened as this rank holds them: its slice is then boxes of the
+  // whole parameters.
   HeldLayout zero1_layout() const {
-    std::vector<std::vector<std::int64_t>> shapes;
-    for (const auto& parameter : parameters_) {
-      if (parameter.requires_grad()) shapes.push_back(parameter.sizes().vec());
+    std::vector<HeldLayout> layouts;
+    std::vector<std::int64_t> numels;
+    for (std::size_t i = 0; i < parameters_.size(); ++i) {
+      if (!parameters_[i].requires_grad()) continue;
+      layouts.push_back(layouts_[i]);
+      numels.push_back(parameters_[i].numel());
     }
     const std::int64_t slice = zero1_->master().numel();
-    return flat_shard_layout(trainable_names_, shapes, place_.rank * slice, slice);
+    return flat_shard_layout(layouts, numels, place_.rank * slice, slice);
   }
 
   // A broadcast from rank 0 in flight: the message and the tensors it lands in.
@@ -344,17 +345,29 @@ class Ddp final : public Strategy {
   }
 
   // finish_replicated_step with the optimizer step of zero1: the gradients are whole and equal
-  // on every rank, so checks and clipping are local; only the step is sharded.
+  // on every data-parallel rank, so checks and clipping are local (over the tp group with
+  // tensor parallelism); only the step is sharded.
   void finish_zero1_step(const torch::Tensor& loss_sum, std::int64_t count, StepResult& result) {
-    std::vector<torch::Tensor> gradients = gradients_of(parameters_);
-    const bool finite = context_.precision->unscale_and_check(gradients);
-    if (context_.step.max_grad_norm > 0) {
-      result.grad_norm =
-          clip_to_norm(gradients, global_norm(gradients), context_.step.max_grad_norm);
+    std::vector<torch::Tensor> gradients;
+    std::vector<at::Tensor> split;
+    std::vector<at::Tensor> whole;
+    for (std::size_t i = 0; i < parameters_.size(); ++i) {
+      const at::Tensor& grad = parameters_[i].grad();
+      if (!grad.defined()) continue;
+      gradients.push_back(grad);
+      (holds_whole(layouts_[i]) ? whole : split).push_back(grad);
     }
+    at::Tensor found_inf = context_.precision->unscale(gradients);
+    agree_on_found_inf(found_inf, tp_group_);
+    if (context_.step.max_grad_norm > 0) {
+      const at::Tensor norm = tp_group_ ? squares_over_group(split, whole, tp_group_).sqrt()
+                                        : global_norm(gradients);
+      result.grad_norm = clip_to_norm(gradients, norm, context_.step.max_grad_norm);
+    }
+    const bool finite = Precision::should_step(found_inf);
     context_.before_optimizer_step();
     if (finite) zero1_->step();
-    context_.precision->update(!finite);
+    context_.precision->update(found_inf);
     result.skipped = !finite;
     result.loss = count > 1 ? loss_sum / static_cast<double>(count) : loss_sum;
   }
