@@ -86,6 +86,35 @@ TEST(FsdpMeshParity, LlamaOnTwoDimensionsAndHybridShardingMatchesOneProcess) {
                                                  {"hsdp2x2_grad_op", 2, 2, 1, "grad_op"}});
 }
 
+// Pipeline stages sharded over their data-parallel ranks on 8 processes: 2 stages x dp_shard 2 x
+// tp 2 (the gpt's tied embedding split by vocabulary on both end stages, fully sharded) and 2
+// stages x dp_replicate 2 x dp_shard 2 (the llama, hybrid, grad_op), 1f1b, against one process.
+TEST(FsdpMeshParity, ShardedPipelineStagesOnTensorParallelAndHybridMeshesMatchOneProcess) {
+  for (const auto& [model, recipe_text, sets] :
+       {std::tuple{"gpt", gpt_recipe(6),
+                   std::vector<std::string>{"--set", "parallel.dp_shard=2", "--set",
+                                            "parallel.tp=2", "--set", "loader.batch_size=8",
+                                            "--set", "strategy.dp_sharding=full"}},
+        std::tuple{"llama", llama_text(6),
+                   std::vector<std::string>{"--set", "parallel.dp_replicate=2", "--set",
+                                            "parallel.dp_shard=2", "--set",
+                                            "loader.batch_size=4", "--set",
+                                            "strategy.dp_sharding=grad_op"}}}) {
+    SCOPED_TRACE(model);
+    TempDir dir;
+    const fs::path recipe = dir.write("recipe.toml", recipe_text);
+    auto single = run_one_process(recipe, dir / "single", kClipping);
+    ASSERT_EQ(single.exit_code, 0) << describe(single);
+    const std::vector<std::string> pipeline = {"--set", "strategy.plugin=pipeline", "--set",
+                                               "strategy.schedule=1f1b", "--set",
+                                               "strategy.micro_batches=4", "--set",
+                                               "parallel.pp=2"};
+    auto run = run_launched(8, recipe, dir / "run", joined(joined(pipeline, sets), kClipping));
+    ASSERT_EQ(run.exit_code, 0) << describe(run);
+    expect_matches(dir / "single", dir / "run");
+  }
+}
+
 // Every sharding mode on dp_shard 2 x tp 2 (with sequence parallelism), hybrid 2 x 2, and
 // hybrid replicas of tensor-parallel pairs (dp_replicate 2 x tp 2).
 std::vector<MeshCase> every_case() {

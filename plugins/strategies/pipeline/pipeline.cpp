@@ -209,7 +209,13 @@ class Pipeline final : public Strategy {
   // on the same layout reads one file per rank. A resume on another cut reads every rank's
   // files and takes what it holds.
   void save_state(CheckpointState& out) const override {
-    save_stages(stages_, *context_.optimizer, *optimizer_, options_.sharding.has_value(), out);
+    // Replicated stages hold the same on every data-parallel rank, sharded ones the same on every
+    // replicate group.
+    const std::string replicas =
+        !options_.sharding ? mesh_group_name(MeshGroup::kData)
+        : mesh_->size(MeshGroup::kDataReplicate) > 1 ? mesh_group_name(MeshGroup::kDataReplicate)
+                                                     : "";
+    save_stages(stages_, *context_.optimizer, *optimizer_, replicas, out);
   }
 
   std::vector<torch::Tensor> optimizer_stepped_tensors() const override {
@@ -225,8 +231,7 @@ class Pipeline final : public Strategy {
 
   TensorMap gather_whole(bool buffers) const {
     return gather_whole_model(
-        stages_, options_.sharding.has_value(), buffers,
-        {pp_group_, tp_group_, pp_rank_, shape_.ranks, context_.build.device});
+        stages_, buffers, {pp_group_, tp_group_, pp_rank_, shape_.ranks, context_.build.device});
   }
 
   // The cut, and whether the data-parallel ranks shard (then each holds other pieces).
@@ -350,21 +355,11 @@ class Pipeline final : public Strategy {
     }
   }
 
-  // Sharding over the data-parallel ranks shards over dp_shard (a replicate dimension would need
-  // hybrid sharding) and gathers a unit around each call, which a backward split in two halves
+  // Sharding over the data-parallel ranks (over dp_shard, replicated across dp_replicate, of each
+  // tp rank's pieces) gathers a unit around each call, which a backward split in two halves
   // (zero bubble) would run twice with nothing in between to free it.
   void check_sharding() const {
     if (!options_.sharding) return;
-    if (mesh_->size(MeshGroup::kDataReplicate) > 1) {
-      throw Error("pipeline: dp_sharding needs dp_replicate = 1 (it shards over dp_shard), got " +
-                  std::to_string(mesh_->size(MeshGroup::kDataReplicate)));
-    }
-    if (mesh_->size(MeshGroup::kTensor) > 1) {
-      throw Error("pipeline: dp_sharding with tensor parallelism (tp " +
-                  std::to_string(mesh_->size(MeshGroup::kTensor)) +
-                  ") would flatten tensor-parallel shards, which is not built; use dp_sharding "
-                  "= \"none\"");
-    }
     if (options_.schedule == "zero_bubble") {
       throw Error(
           "pipeline: zero_bubble splits each backward in two, which dp_sharding's "
@@ -382,7 +377,8 @@ class Pipeline final : public Strategy {
     units.gather_dtype = autocast_dtype_.value_or(at::kFloat);
     units.reduce_dtype = at::kFloat;
     return sharded_stage_parameters(stage.parameters, stage.names, held_blocks(*stage.model),
-                                    mesh_->group(MeshGroup::kDataShard), units);
+                                    stage.layouts, mesh_->group(MeshGroup::kDataShard),
+                                    mesh_->group(MeshGroup::kDataReplicate), units);
   }
 
   void find_last_weight_actions() {
@@ -413,14 +409,19 @@ class Pipeline final : public Strategy {
 
   // The sum of squares of this rank's stages' gradients over the data- and tensor-parallel
   // ranks, each parameter of the whole model counted once (tied copies left out).
-  at::Tensor stage_gradient_squares(const std::vector<std::vector<at::Tensor>>& stage_gradients) {
+  at::Tensor stage_gradient_squares() {
     if (options_.sharding) {
-      // Flat shards mix parameters: the copies' squares are taken out again.
-      at::Tensor squares = at::zeros({}, at::kFloat).to(context_.build.device);
-      for (std::size_t i = 0; i < stages_.size(); ++i) {
-        squares = squares + stages_[i].held->gradient_squares(stage_gradients[i]);
+      // Flat shards mix parameters: the copies' squares are taken out again. Tensor-parallel
+      // pieces' squares are then summed over the tp group; whole copies count once.
+      at::Tensor squares = at::zeros({2}, at::kFloat).to(context_.build.device);
+      for (const auto& stage : stages_) squares = squares + stage.held->gradient_squares();
+      squares = (squares - tied_copy_squares(stages_).to(squares.device())).clamp_min(0);
+      std::vector<at::Tensor> pieces{squares.narrow(0, 0, 1).clone()};
+      if (tp_group_) {
+        CollectiveWait wait;
+        tp_group_->allreduce(pieces)->wait();
       }
-      return (squares - tied_copy_squares(stages_).to(squares.device())).clamp_min(0);
+      return pieces[0][0] + squares[1];
     }
     std::vector<at::Tensor> split;
     std::vector<at::Tensor> whole;
@@ -454,7 +455,7 @@ class Pipeline final : public Strategy {
       }
     }
     if (context_.step.max_grad_norm > 0) {
-      at::Tensor squares = stage_gradient_squares(stage_gradients).reshape({1});
+      at::Tensor squares = stage_gradient_squares().reshape({1});
       if (pp_group_) {
         std::vector<at::Tensor> sum{squares};
         all_reduce(sum, c10d::ReduceOp::SUM);

@@ -65,10 +65,9 @@ TensorMap broadcast_map(const TensorMap& tensors, int source, const PipelinePlac
 // layout reads one file per rank; a resume on another cut reads every rank's files and takes
 // what it holds.
 void save_stages(const std::vector<LocalStage>& stages, const Optimizer& plugin,
-                 const torch::optim::Optimizer& optimizer, bool sharded, CheckpointState& out) {
+                 const torch::optim::Optimizer& optimizer, const std::string& replicas,
+                 CheckpointState& out) {
   mark_pieces_format(out.shared);
-  // Replicated stages hold the same pieces on every data-parallel rank; sharded ones their own.
-  const std::string replicas = sharded ? "" : mesh_group_name(MeshGroup::kData);
   std::vector<HeldLayout> layouts;
   for (const auto& stage : stages) {
     const std::vector<at::Tensor> held = stage.held->optimized();
@@ -112,7 +111,7 @@ void load_stages(std::vector<LocalStage>& stages, const Optimizer& plugin,
   for (auto& stage : stages) stage.held->release();
 }
 
-TensorMap gather_whole_model(const std::vector<LocalStage>& stages, bool sharded, bool buffers,
+TensorMap gather_whole_model(const std::vector<LocalStage>& stages, bool buffers,
                              const PipelinePlace& place) {
   TensorMap mine;
   for (const auto& stage : stages) {
@@ -121,10 +120,8 @@ TensorMap gather_whole_model(const std::vector<LocalStage>& stages, bool sharded
     std::vector<HeldLayout> layouts;
     for (std::size_t i = 0; i < whole.size(); ++i) {
       if (stage.tied_copy[i]) continue;
-      held.push_back(whole[i]);
-      layouts.push_back(sharded
-                            ? whole_parameter_layout(stage.whole_names[i], whole[i].sizes().vec())
-                            : stage.layouts[i]);
+      held.push_back(whole[i]);  // whole, or this tp rank's piece (gathered over dp if sharded)
+      layouts.push_back(stage.layouts[i]);
     }
     for (auto& [name, tensor] : gather_whole_tensors(held, layouts, place.tp_group)) {
       mine[name] = tensor;

@@ -22,9 +22,10 @@ class Optimizer;
 
 // Saves this rank's stages' parameters, buffers and optimizer state as pieces of the whole
 // model's (a stage's copy of a tied parameter as another piece of it, equal to the owner's).
-// `sharded`: the data-parallel ranks hold other pieces; else every one holds the same.
+// `replicas`: the mesh group whose ranks hold the same pieces (empty: none do).
 void save_stages(const std::vector<LocalStage>& stages, const Optimizer& plugin,
-                 const torch::optim::Optimizer& optimizer, bool sharded, CheckpointState& out);
+                 const torch::optim::Optimizer& optimizer, const std::string& replicas,
+                 CheckpointState& out);
 
 // The reverse, from the pieces of any layout that cover what this rank's stages hold. Throws
 // Error naming a buffer whose shape differs.
@@ -43,7 +44,7 @@ struct PipelinePlace {
 // The whole model's parameters (and buffers when `buffers`) on every rank: tensor-parallel shards
 // assembled over the tp group, then each pp rank in turn broadcasting its stages'. Tied copies
 // are left out (the owner's tensor is the parameter).
-TensorMap gather_whole_model(const std::vector<LocalStage>& stages, bool sharded, bool buffers,
+TensorMap gather_whole_model(const std::vector<LocalStage>& stages, bool buffers,
                              const PipelinePlace& place);
 
 }  // namespace trainyard

@@ -2,10 +2,13 @@
 
 #include <ATen/ATen.h>
 #include <ATen/core/grad_mode.h>
+#include <torch/csrc/distributed/c10d/Backend.hpp>
 
 #include <map>
+#include <set>
 
 #include "trainyard/api/error.hpp"
+#include "trainyard/parallel/distributed.hpp"
 #include "trainyard/parallel/gradients.hpp"
 
 namespace trainyard {
@@ -14,12 +17,18 @@ std::vector<at::Tensor> StageParameters::gradients() const { return gradients_of
 
 namespace {
 
-at::Tensor sum_of_squares(const std::vector<at::Tensor>& gradients) {
-  at::Tensor total = at::zeros({}, at::kFloat);
+at::Tensor sum_of_squares(const std::vector<at::Tensor>& gradients, at::Device device) {
+  at::Tensor total = at::zeros({}, at::TensorOptions(at::kFloat).device(device));
   for (const auto& gradient : gradients) {
-    total = total.to(gradient.device()) + gradient.detach().to(at::kFloat).square().sum();
+    total = total + gradient.detach().to(at::kFloat).square().sum();
   }
   return total;
+}
+
+// [squares of the tensor-parallel pieces, squares of the whole parameters].
+at::Tensor split_and_whole_squares(const std::vector<at::Tensor>& split,
+                                   const std::vector<at::Tensor>& whole, at::Device device) {
+  return at::stack({sum_of_squares(split, device), sum_of_squares(whole, device)});
 }
 
 class ReplicatedStageParameters final : public StageParameters {
@@ -80,8 +89,14 @@ class ReplicatedStageParameters final : public StageParameters {
       grad = gradient.clone();
     }
   }
-  at::Tensor gradient_squares(const std::vector<at::Tensor>& gradients) const override {
-    return sum_of_squares(gradients);
+  at::Tensor gradient_squares() const override {
+    std::vector<at::Tensor> split;
+    std::vector<at::Tensor> whole;
+    for (std::size_t i = 0; i < parameters_.size(); ++i) {
+      const at::Tensor& grad = parameters_[i].grad();
+      if (grad.defined()) (holds_whole(layouts_[i]) ? whole : split).push_back(grad);
+    }
+    return split_and_whole_squares(split, whole, parameters_.front().device());
   }
   void combine_found_inf(at::Tensor&) const override {}  // equal gradients on every rank
 
@@ -110,19 +125,25 @@ class ReplicatedStageParameters final : public StageParameters {
 class ShardedStageParameters final : public StageParameters {
  public:
   ShardedStageParameters(std::vector<at::Tensor> parameters, std::vector<std::string> names,
-                         const std::vector<Block>& blocks,
-                         const c10::intrusive_ptr<c10d::Backend>& group,
+                         const std::vector<Block>& blocks, std::vector<HeldLayout> layouts,
+                         const c10::intrusive_ptr<c10d::Backend>& shard_group,
+                         const c10::intrusive_ptr<c10d::Backend>& replicate_group,
                          const ShardedUnitsOptions& options)
-      : parameters_(parameters), names_(names) {
+      : parameters_(parameters),
+        names_(names),
+        layouts_(std::move(layouts)),
+        shard_group_(shard_group),
+        replicate_group_(replicate_group) {
     for (std::size_t i = 0; i < parameters_.size(); ++i) {
+      if (!holds_whole(layouts_[i])) split_names_.insert(layouts_[i].front().name);
       if (!parameters_[i].requires_grad()) {
         throw Error("pipeline: parameter '" + names_[i] +
                     "' is frozen (requires no gradient); dp_sharding shards trainable "
                     "parameters only");
       }
     }
-    units_ = std::make_unique<ShardedUnits>(std::move(parameters), std::move(names), blocks, group,
-                                            options);
+    units_ = std::make_unique<ShardedUnits>(std::move(parameters), std::move(names), blocks,
+                                            shard_group, options);
     for (std::size_t u = 0; u < units_->unit_count(); ++u) {
       const ShardedUnitLayout& layout = units_->layout(u);
       for (std::size_t k = 0; k < layout.parameters.size(); ++k) {
@@ -139,8 +160,14 @@ class ShardedStageParameters final : public StageParameters {
       units_->shard(u).mutable_grad() = at::Tensor();
     }
   }
-  void before_backward(bool synchronise) override { units_->prepare_backward(synchronise); }
-  void after_backward() override { units_->finish_backward(); }
+  void before_backward(bool synchronise) override {
+    synchronise_ = synchronise;
+    units_->prepare_backward(synchronise);
+  }
+  void after_backward() override {
+    units_->finish_backward();
+    if (synchronise_) average_over_replicas();
+  }
   void finish() override {}  // each synchronising backward waited for its reductions
 
   at::Tensor whole_gradient(std::size_t parameter) override {
@@ -166,24 +193,44 @@ class ShardedStageParameters final : public StageParameters {
     grad.narrow(0, begin - shard_begin, end - begin)
         .copy_(gradient.reshape({-1}).narrow(0, begin - offset, end - begin));
   }
-  at::Tensor gradient_squares(const std::vector<at::Tensor>& gradients) const override {
-    return units_->gradient_norm(gradients).square();
+  at::Tensor gradient_squares() const override {
+    const std::vector<HeldLayout> shard_layouts = layouts({});
+    std::vector<at::Tensor> split;
+    std::vector<at::Tensor> whole;
+    for (std::size_t u = 0; u < units_->unit_count(); ++u) {
+      const at::Tensor& grad = units_->shard(u).grad();
+      if (!grad.defined()) continue;
+      const at::Tensor flat = grad.detach().reshape({-1});
+      for (const ParameterPiece& piece : shard_layouts[u]) {
+        (split_names_.count(piece.name) ? split : whole)
+            .push_back(flat.narrow(0, piece.offset, piece.length));
+      }
+    }
+    std::vector<at::Tensor> squares{
+        split_and_whole_squares(split, whole, units_->shard(0).device())};
+    if (units_->shard_ranks() > 1) {  // replicated units each hold every gradient
+      CollectiveWait wait;
+      shard_group_->allreduce(squares)->wait();
+    }
+    return squares[0];
   }
   void combine_found_inf(at::Tensor& found_inf) const override {
     units_->combine_found_inf(found_inf);
   }
 
-  std::vector<HeldLayout> layouts(const std::vector<std::string>& whole_names) const override {
+  // The units' shards as pieces of the parameters as the stage holds them (named by the whole
+  // model's names already: the layouts given at construction).
+  std::vector<HeldLayout> layouts(const std::vector<std::string>&) const override {
     std::vector<HeldLayout> out;
     for (std::size_t u = 0; u < units_->unit_count(); ++u) {
       const ShardedUnitLayout& unit = units_->layout(u);
-      std::vector<std::string> names;
-      std::vector<std::vector<std::int64_t>> shapes;
+      std::vector<HeldLayout> held;
+      std::vector<std::int64_t> numels;
       for (std::size_t i : unit.parameters) {
-        names.push_back(whole_names[i]);
-        shapes.push_back(parameters_[i].sizes().vec());
+        held.push_back(layouts_[i]);
+        numels.push_back(parameters_[i].numel());
       }
-      out.push_back(flat_shard_layout(names, shapes, units_->shard_rank() * unit.shard_numel,
+      out.push_back(flat_shard_layout(held, numels, units_->shard_rank() * unit.shard_numel,
                                       unit.shard_numel));
     }
     return out;
@@ -201,8 +248,35 @@ class ShardedStageParameters final : public StageParameters {
   }
 
  private:
+  // Hybrid sharding: after the reduce-scatter inside the replicate group, each shard's gradient
+  // averaged over the groups (whose ranks at this dp_shard coordinate hold the same shard).
+  void average_over_replicas() {
+    if (!replicate_group_) return;
+    at::NoGradGuard no_grad;
+    std::vector<at::Tensor> gradients;
+    for (std::size_t u = 0; u < units_->unit_count(); ++u) {
+      gradients.push_back(units_->shard(u).grad().reshape({-1}));
+    }
+    std::vector<at::Tensor> message{at::cat(gradients)};
+    {
+      CollectiveWait wait;
+      replicate_group_->allreduce(message)->wait();
+    }
+    message[0].div_(static_cast<double>(replicate_group_->getSize()));
+    std::int64_t offset = 0;
+    for (auto& gradient : gradients) {
+      gradient.copy_(message[0].narrow(0, offset, gradient.numel()));
+      offset += gradient.numel();
+    }
+  }
+
   std::vector<at::Tensor> parameters_;
   std::vector<std::string> names_;
+  std::vector<HeldLayout> layouts_;    // whole, or this tp rank's boxes, by the whole model's names
+  std::set<std::string> split_names_;  // parameters held as tensor-parallel pieces
+  c10::intrusive_ptr<c10d::Backend> shard_group_;
+  c10::intrusive_ptr<c10d::Backend> replicate_group_;  // null without hybrid sharding
+  bool synchronise_ = true;
   std::unique_ptr<ShardedUnits> units_;
   std::map<std::size_t, std::pair<std::size_t, std::int64_t>> place_;  // unit and flat offset
 };
@@ -220,10 +294,12 @@ std::unique_ptr<StageParameters> replicated_stage_parameters(
 
 std::unique_ptr<StageParameters> sharded_stage_parameters(
     std::vector<at::Tensor> parameters, std::vector<std::string> names,
-    const std::vector<Block>& blocks, const c10::intrusive_ptr<c10d::Backend>& group,
-    const ShardedUnitsOptions& options) {
+    const std::vector<Block>& blocks, std::vector<HeldLayout> layouts,
+    const c10::intrusive_ptr<c10d::Backend>& shard_group,
+    const c10::intrusive_ptr<c10d::Backend>& replicate_group, const ShardedUnitsOptions& options) {
   return std::make_unique<ShardedStageParameters>(std::move(parameters), std::move(names), blocks,
-                                                  group, options);
+                                                  std::move(layouts), shard_group, replicate_group,
+                                                  options);
 }
 
 }  // namespace trainyard

@@ -2,7 +2,8 @@
 // How one pipeline stage's parameters are held across the stage's data-parallel ranks, behind one
 // interface the pipeline's step drives: replicated, with gradients averaged by the SDK's
 // GradientReducer (as ddp), or sharded by the SDK's ShardedUnits (as fsdp: each rank keeps a
-// shard of every unit's flat parameters, gathered while the unit runs).
+// shard of every unit's flat parameters, gathered while the unit runs; with tensor parallelism a
+// shard of its tp rank's pieces, and with hybrid sharding replicated across dp_replicate).
 
 #include <ATen/core/Tensor.h>
 #include <c10/util/intrusive_ptr.h>
@@ -52,8 +53,10 @@ class StageParameters {
   // Collective over the data-parallel ranks when sharded.
   virtual at::Tensor whole_gradient(std::size_t parameter) = 0;
   virtual void set_whole_gradient(std::size_t parameter, const at::Tensor& gradient) = 0;
-  // The sum of squares of every gradient of the stage, over the data-parallel ranks.
-  virtual at::Tensor gradient_squares(const std::vector<at::Tensor>& gradients) const = 0;
+  // The sums of squares of the stage's gradients over the data-parallel ranks, as two elements:
+  // those of tensor-parallel pieces (still to be summed over the tp group) and those of whole
+  // parameters (every tp rank holds them alike).
+  virtual at::Tensor gradient_squares() const = 0;
   // found_inf becomes the maximum over the data-parallel ranks when they hold other gradients.
   virtual void combine_found_inf(at::Tensor& found_inf) const = 0;
 
@@ -78,10 +81,14 @@ std::unique_ptr<StageParameters> replicated_stage_parameters(
     std::vector<HeldLayout> layouts, const c10::intrusive_ptr<c10d::Backend>& group,
     const GradientReducerOptions& options);
 
-// Parameters sharded over `group` (null: one rank) in units along `blocks`.
+// Parameters sharded over `shard_group` (null: one rank) in units along `blocks`, held as
+// `layouts` say (whole, or this tp rank's pieces, which the units flatten); with a
+// `replicate_group` (hybrid sharding) each synchronised backward then averages the shards'
+// gradients over it.
 std::unique_ptr<StageParameters> sharded_stage_parameters(
     std::vector<at::Tensor> parameters, std::vector<std::string> names,
-    const std::vector<Block>& blocks, const c10::intrusive_ptr<c10d::Backend>& group,
-    const ShardedUnitsOptions& options);
+    const std::vector<Block>& blocks, std::vector<HeldLayout> layouts,
+    const c10::intrusive_ptr<c10d::Backend>& shard_group,
+    const c10::intrusive_ptr<c10d::Backend>& replicate_group, const ShardedUnitsOptions& options);
 
 }  // namespace trainyard

@@ -72,12 +72,14 @@ void TiedWeights::sum_gradients(std::vector<LocalStage>& stages, StageChannel* c
 }
 
 at::Tensor tied_copy_squares(const std::vector<LocalStage>& stages) {
-  at::Tensor total = at::zeros({}, at::kFloat);
+  at::Tensor total = at::zeros({2}, at::kFloat);
   for (const auto& stage : stages) {
     for (std::size_t i = 0; i < stage.parameters.size(); ++i) {
       if (!stage.tied_copy[i]) continue;
       const at::Tensor grad = stage.held->whole_gradient(i);
-      total = total.to(grad.device()) + grad.to(at::kFloat).square().sum();
+      const std::int64_t kind = holds_whole(stage.layouts[i]) ? 1 : 0;
+      total = total.to(grad.device());
+      total[kind] += grad.to(at::kFloat).square().sum();
     }
   }
   return total;

@@ -43,8 +43,8 @@ class TiedWeights {
   std::deque<TiedGroup> groups_;
 };
 
-// The sum of squares of the gradients of this rank's tied copies, which a norm counts once (with
-// the owner).
+// The sums of squares of the gradients of this rank's tied copies, which a norm counts once (with
+// the owner), as StageParameters::gradient_squares gives them: [tensor-parallel pieces, whole].
 at::Tensor tied_copy_squares(const std::vector<LocalStage>& stages);
 
 }  // namespace trainyard
