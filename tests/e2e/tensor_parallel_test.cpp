@@ -168,10 +168,9 @@ TEST(TensorParallelCheckpoint, SavedAtTwoTwoTwoResumesAtEveryOtherLayout) {
 
 // LoRA adapters on every projection of a multi-query llama (so under tp 2 the adapters of k and
 // v sit on key/value weights every rank holds whole, those of q, gate and up on column-parallel
-// weights, those of o and down on row-parallel ones) trained by ddp, tp 2 with sequence
-// parallelism and a two-stage pipeline on 2 processes end where one process ends, the frozen
-// base untouched; fsdp, which shards trainable parameters only, refuses the frozen base in one
-// line.
+// weights, those of o and down on row-parallel ones) trained by ddp, fsdp, tp 2 with sequence
+// parallelism and a two-stage pipeline on 2 processes, and by fsdp 2 x tp 2 on 4, end where one
+// process ends, the frozen base untouched (fsdp shards the adapters and keeps the base whole).
 TEST(TensorParallelParity, LlamaLoraOnEveryStrategyMatchesOneProcess) {
   TempDir dir;
   const fs::path recipe =
@@ -198,13 +197,16 @@ TEST(TensorParallelParity, LlamaLoraOnEveryStrategyMatchesOneProcess) {
   EXPECT_EQ(adapters, 2u * 7u * 2u);
   const std::vector<std::pair<std::string, std::vector<std::string>>> layouts = {
       {"ddp", layout_sets(2, 1, 1)},
+      {"fsdp", kFsdpSets},
       {"tp_sp", joined(layout_sets(1, 1, 2), {"--set", "model.sequence_parallel=true"})},
       {"pipeline", layout_sets(1, 2, 1)},
   };
   expect_layouts_match_one_process(recipe, dir, layouts);
-  auto fsdp = run_launched(2, recipe, dir / "fsdp", kFsdpSets);
-  EXPECT_NE(fsdp.exit_code, 0);
-  EXPECT_HAS(fsdp.err, "is frozen (requires no gradient); fsdp shards trainable parameters only");
+  auto fsdp_tp = run_launched(4, recipe, dir / "fsdp_tp",
+                              {"--set", "strategy.plugin=fsdp", "--set", "parallel.dp_shard=2",
+                               "--set", "parallel.tp=2", "--set", "loader.batch_size=8"});
+  ASSERT_EQ(fsdp_tp.exit_code, 0) << describe(fsdp_tp);
+  expect_matches(dir / "single", dir / "fsdp_tp");
 }
 
 // A llama checkpoint of dp 2 x pp 2 x tp 2 exported as a Hugging Face directory (several
@@ -274,6 +276,61 @@ TEST(TensorParallelRun, TheReadmeThreeDimensionalRecipeTrains) {
   const std::vector<double> losses = logged_train_losses(dir / "run");
   ASSERT_EQ(losses.size(), 2u);
   EXPECT_TRUE(std::isfinite(losses.back()));
+}
+
+// gpt_text (the streaming text dataset) on a 2-stage pipeline, checkpointed at step 3 of 6: the
+// pipeline's data-parallel size is 1, so one process and tp 2 (each also 1 data-parallel rank)
+// resume from it and read exactly the tokens the uninterrupted run reads (its losses); ddp on 2
+// ranks (2 data-parallel ranks, each reading its own stream) is refused in one line naming both
+// sizes.
+TEST(TensorParallelCheckpoint, StreamingPipelineCheckpointResumesOnOneProcessAndTensorParallel) {
+  TempDir dir;
+  const fs::path recipe = source_dir() / "recipes" / "gpt_text.toml";
+  const std::vector<std::string> common = {
+      "--set", "run.max_steps=6",         "--set", "run.log_every=1",
+      "--set", "run.eval=false",          "--set", "model.dropout=0.0",
+      "--set", "model.d_model=64",        "--set", "optimizer.plugin=sgd",
+      "--set", "optimizer.lr=0.1",        "--set", "scheduler.plugin=constant",
+      "--set", "checkpoint.plugin=torch", "--set", "checkpoint.every_steps=3",
+      "--set", "checkpoint.keep=0",       "--set", "dataset.cache=" + (dir / "cache").string()};
+  auto single = run_one_process(recipe, dir / "single", common);
+  ASSERT_EQ(single.exit_code, 0) << describe(single);
+  auto pipeline = run_launched(2, recipe, dir / "pipeline",
+                               joined(common, {"--set", "strategy.plugin=pipeline", "--set",
+                                               "parallel.pp=2", "--set",
+                                               "strategy.micro_batches=4"}));
+  ASSERT_EQ(pipeline.exit_code, 0) << describe(pipeline);
+  const std::string step3 = (dir / "pipeline" / "checkpoints" / "step-000000003").string();
+  const std::vector<double> expected = logged_train_losses(dir / "single");
+  ASSERT_EQ(expected.size(), 6u);
+  for (const bool tensor_parallel : {false, true}) {
+    SCOPED_TRACE(tensor_parallel ? "tp 2" : "one process");
+    const fs::path out = dir / (tensor_parallel ? "tp" : "one");
+    const std::vector<std::string> resume = joined(common, {"--resume", step3});
+    auto run = tensor_parallel
+                   ? run_launched(2, recipe, out,
+                                  joined(resume, {"--set", "strategy.plugin=ddp", "--set",
+                                                  "parallel.tp=2"}))
+                   : run_one_process(recipe, out, resume);
+    ASSERT_EQ(run.exit_code, 0) << describe(run);
+    EXPECT_HAS(run.err, "resharded");
+    const std::vector<double> actual = logged_train_losses(out);
+    ASSERT_EQ(actual.size(), 3u);
+    for (std::size_t i = 0; i < actual.size(); ++i) {
+      EXPECT_LE(std::abs(actual[i] - expected[i + 3]),
+                kLossAtol + kLossRtol * std::abs(expected[i + 3]))
+          << "step " << i + 4;
+    }
+  }
+  auto two_readers = run_launched(
+      2, recipe, dir / "ddp",
+      joined(common, {"--set", "strategy.plugin=ddp", "--set", "loader.batch_size=8", "--resume",
+                      step3}),
+      {}, 120);
+  EXPECT_NE(two_readers.exit_code, 0);
+  EXPECT_HAS(two_readers.err,
+             "a streaming dataset's reader positions are per data-parallel rank, and it had 1 "
+             "data-parallel ranks, this run has 2");
 }
 
 TEST(TensorParallelRun, SizesThatDoNotDivideAreOneLineErrors) {

@@ -23,10 +23,41 @@ constexpr const char* kRngKey = "engine.rng.cpu";
 constexpr const char* kLayoutKey = "engine.layout";
 constexpr const char* kAccumulationKey = "engine.accumulation";
 constexpr const char* kMeshKey = "engine.mesh";
+// The data-parallel size (shared) and each rank's place in it (its own file): which saved rank's
+// data positions a rank of another layout with the same data-parallel size continues from.
+constexpr const char* kDataParallelSizeKey = "engine.data_parallel_size";
+constexpr const char* kDataParallelRankKey = "engine.data_parallel_rank";
+
+// The local entries of the saved rank that read what this rank reads (the same place in a
+// data-parallel group of the same size) in a state loaded from every saved rank's files, under
+// their own names; nullopt when the checkpoint does not record its places or none matches.
+std::optional<StateDict> entries_of_same_data_place(const CheckpointState& state,
+                                                    const DataParallelPlace& place) {
+  const auto size = state.shared.metadata.find(kDataParallelSizeKey);
+  if (size == state.shared.metadata.end() || std::stoll(size->second) != place.size) {
+    return std::nullopt;
+  }
+  for (int rank = 0;; ++rank) {
+    const auto saved_place = state.local.metadata.find(saved_rank_key(rank, kDataParallelRankKey));
+    if (saved_place == state.local.metadata.end()) break;  // past the last saved rank
+    if (std::stoll(saved_place->second) != place.rank) continue;
+    const std::string prefix = saved_rank_key(rank, "");
+    StateDict own;
+    for (const auto& [key, tensor] : state.local.tensors) {
+      if (key.rfind(prefix, 0) == 0) own.tensors[key.substr(prefix.size())] = tensor;
+    }
+    for (const auto& [key, text] : state.local.metadata) {
+      if (key.rfind(prefix, 0) == 0) own.metadata[key.substr(prefix.size())] = text;
+    }
+    return own;
+  }
+  return std::nullopt;
+}
 
 // Refuses a state written by another number of ranks unless this run reads the same samples at
 // every step: the data order follows from the seed and the global batch.
-// `same_places`: the same ranks on the same mesh, each reading what it read when saving.
+// `same_places`: every rank finds the reader positions of its own data-parallel place (the same
+// ranks on the same mesh, or the same data-parallel size under another model split).
 void check_resharding(const CheckpointState& state, const fs::path& checkpoint,
                       const CheckpointedRun& run, bool same_places) {
   const auto& meta = state.shared.metadata;
@@ -37,7 +68,13 @@ void check_resharding(const CheckpointState& state, const fs::path& checkpoint,
     throw Error("cannot resume " + checkpoint.string() + " (written by " + saved + ") on " +
                 std::to_string(run.world_size) + " ranks with " + run.layout + ": " + why);
   };
-  if (run.loader->streaming() && !same_places) refuse("a streaming dataset's reader positions are per rank");
+  if (run.loader->streaming() && !same_places) {
+    auto size = state.shared.metadata.find(kDataParallelSizeKey);
+    refuse("a streaming dataset's reader positions are per data-parallel rank, and it had " +
+           (size != state.shared.metadata.end() ? size->second : std::string("unrecorded")) +
+           " data-parallel ranks, this run has " +
+           std::to_string(run.strategy->data_parallel_place().size));
+  }
   auto recorded = [&](const char* key) {
     auto it = meta.find(key);
     return it == meta.end() ? std::string("unrecorded") : it->second;
@@ -114,9 +151,17 @@ std::optional<TrainingPosition> Checkpointing::resume(
   // Written by another number of ranks or another layout: the strategy reshards.
   const bool resharding = other_world || other_layout;
   auto saved_mesh = state.shared.metadata.find(kMeshKey);
-  const bool same_places = !other_world && saved_mesh != state.shared.metadata.end() &&
-                           saved_mesh->second == run_.mesh;
-  if (resharding) check_resharding(state, *checkpoint, run_, same_places);
+  // The loader positions of this rank's data-parallel place, when they carry over.
+  std::optional<StateDict> data_place;
+  if (resharding) {
+    if (other_layout && !other_world && saved_mesh != state.shared.metadata.end() &&
+        saved_mesh->second == run_.mesh) {
+      data_place = state.local;  // the same ranks on the same mesh: this rank's own file
+    } else {
+      data_place = entries_of_same_data_place(state, run_.strategy->data_parallel_place());
+    }
+  }
+  if (resharding) check_resharding(state, *checkpoint, run_, data_place.has_value());
   run_.strategy->load_state(state);
   run_.precision->load_state(state.shared);
   TrainingPosition position;
@@ -136,6 +181,8 @@ std::optional<TrainingPosition> Checkpointing::resume(
                      : std::string("'") + saved_layout + "'") +
         " to " + std::to_string(run_.world_size) + " ranks with " + run_.layout +
         "; per-rank random streams restart from the seed");
+    // A streaming reader continues where the saved rank at this data-parallel place stopped.
+    if (data_place && run_.loader->streaming()) run_.loader->load_state(*data_place);
   } else {
     if (auto rng = state.local.tensors.find(kRngKey); rng != state.local.tensors.end()) {
       auto generator = at::detail::getDefaultCPUGenerator();
@@ -189,6 +236,9 @@ void Checkpointing::save(const TrainingPosition& position) {
   meta[kAccumulationKey] = std::to_string(run_.accumulation);
   meta[kLayoutKey] = run_.layout;
   meta[kMeshKey] = run_.mesh;
+  const DataParallelPlace place = run_.strategy->data_parallel_place();
+  meta[kDataParallelSizeKey] = std::to_string(place.size);
+  state.local.metadata[kDataParallelRankKey] = std::to_string(place.rank);
   meta["engine.recipe"] = run_.recipe_toml;
   meta["engine.framework_version"] = kFrameworkVersion;
   if (run_.export_files) {
