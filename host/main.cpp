@@ -42,7 +42,8 @@ commands:
   launch RECIPE     train with several processes (see trainyard launch --help)
   compare RECIPE... --vary section.key=v1,v2
                     run variants side by side: a table and an HTML report
-  validate RECIPE   check a recipe, building its model on the meta device; silent on success
+  validate RECIPE   check a recipe, its mesh for --nproc N processes and its model built on the
+                    meta device as a rank of that mesh would build it; silent on success
   plugins [KIND]    list the loaded plugins, their options and defaults
   doctor [RECIPE]   check LibTorch, threads, plugins, devices (and what RECIPE needs)
   checkpoint inspect PATH
@@ -64,6 +65,7 @@ int command_run(const std::vector<std::string>& args, bool validate_only, Regist
   std::vector<std::string> overrides;
   std::optional<std::string> resume;
   bool print_config = false;
+  int nproc = 0;
   po::options_description options(validate_only ? "validate options" : "run options");
   options.add_options()("recipe", po::value(&recipe_path)->required(), "recipe file")(
       "set", po::value(&overrides)->composing(),
@@ -73,6 +75,10 @@ int command_run(const std::vector<std::string>& args, bool validate_only, Regist
   if (!validate_only) {
     options.add_options()("resume", po::value<std::string>(),
                           "resume from a checkpoint folder, or 'auto' for the newest valid one");
+  } else {
+    options.add_options()("nproc", po::value(&nproc),
+                          "the processes the run will have (default: the product of the "
+                          "[parallel] sizes): the mesh is resolved and the model built for it");
   }
   add_common(options, common);
   po::positional_options_description positional;
@@ -93,7 +99,7 @@ int command_run(const std::vector<std::string>& args, bool validate_only, Regist
     return 0;
   }
   if (validate_only) {
-    check_model_builds(resolved, registry);
+    check_layout_builds(resolved, registry, nproc);
     return 0;
   }
   RunControls controls;

@@ -419,6 +419,29 @@ TEST(BadInputTest, ValidateRefusesAModelThatCannotBuild) {
   EXPECT_EQ(valid.exit_code, 0) << describe(valid);
 }
 
+// validate resolves the mesh for the processes the run will have and builds the model as a rank
+// of it would: a mesh whose sizes do not make that many ranks, and a tensor-parallel size that
+// does not divide the heads, are one-line errors naming the numbers before any process starts;
+// the same recipes on a fitting layout validate.
+TEST(BadInputTest, ValidateRefusesLayoutsTheRunCannotForm) {
+  auto mesh = expect_clean_failure({"validate", "recipes/gpt_3d.toml", "--nproc", "6"});
+  EXPECT_HAS(mesh, "needs a world size divisible by 4, but there are 6 ranks");
+  auto fits = run_host({"validate", "recipes/gpt_3d.toml", "--nproc", "8"}, {}, 300);
+  EXPECT_EQ(fits.exit_code, 0) << describe(fits);
+  auto explicit_sizes = expect_clean_failure(
+      {"validate", "recipes/gpt_text.toml", "--set", "parallel.dp_shard=3", "--nproc", "4"});
+  EXPECT_HAS(explicit_sizes, "makes 3 ranks, but there are 4");
+  auto heads = expect_clean_failure({"validate", "recipes/gpt_text.toml", "--set",
+                                     "parallel.tp=2", "--set", "model.n_heads=3", "--set",
+                                     "model.d_model=96"});
+  EXPECT_HAS(heads, "n_heads");
+  EXPECT_HAS(heads, "(3) does not divide by tp (2)");
+  auto one_rank = run_host({"validate", "recipes/gpt_text.toml", "--set", "model.n_heads=3",
+                            "--set", "model.d_model=96"},
+                           {}, 300);
+  EXPECT_EQ(one_rank.exit_code, 0) << describe(one_rank);
+}
+
 TEST(BadInputTest, PluginFactoryExceptionIsReported) {
   TempDir dir;
   auto recipe = dir.write("r.toml", std::string(kValidRecipe) + "[sinks.throwing]\n");

@@ -1,5 +1,7 @@
 // The acceptance runs: full recipes to their accuracy targets, and a plugin built out of tree
-// against the installed SDK. Minutes each on two cores; labelled "slow".
+// against the installed SDK. Minutes each on two cores; labelled "slow". The default recipe's
+// three epochs (FullAccuracyTest, label full) are left out of CI, where the recipe's first 100
+// losses are pinned bit for bit by Golden.* instead and the mlp's epoch reaches its target.
 
 #include <gtest/gtest.h>
 
@@ -23,7 +25,7 @@ double final_eval_accuracy(const fs::path& metrics) {
   return summary.back().at("eval_accuracy");
 }
 
-TEST(AccuracyTest, CnnRecipeReaches90PercentWithin3Epochs) {
+TEST(FullAccuracyTest, CnnRecipeReaches90PercentWithin3Epochs) {
   TempDir dir;
   auto result = run_host({"run", "recipes/fashion_mnist_cnn.toml", "--set",
                           "run.output_dir=" + dir.path().string()},

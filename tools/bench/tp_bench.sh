@@ -4,6 +4,8 @@
 # parallelism) against one process and against ddp on 2 ranks, all on a global batch of 16; and
 # the bytes the tp group communicated per step (the engine's comm_tp_bytes, counted by the
 # mesh's counting backends) against the formula for the split gpt, exiting 1 when they differ.
+# Then what sharding costs on top of tp: fsdp dp_shard 2 x tp 2 against ddp dp 2 x tp 2 (the same
+# 4 processes, the same global batch), throughput and the bytes each rank holds between steps.
 # STEPS (default 30) optimizer steps per run; the first logging interval is left out.
 set -euo pipefail
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
@@ -31,6 +33,9 @@ run ddp 2 --set strategy.plugin=ddp --set loader.batch_size=8
 run tp2 2 --set strategy.plugin=ddp --set parallel.tp=2 --set loader.batch_size=16
 run tp2_sp 2 --set strategy.plugin=ddp --set parallel.tp=2 --set loader.batch_size=16 \
   --set model.sequence_parallel=true
+run ddp2_tp2 4 --set strategy.plugin=ddp --set parallel.tp=2 --set loader.batch_size=8
+run fsdp2_tp2 4 --set strategy.plugin=fsdp --set parallel.tp=2 --set parallel.dp_shard=2 \
+  --set loader.batch_size=8
 
 "$here/.venv/bin/python" - "$work" <<'PY'
 import json, os, statistics, sys
@@ -42,7 +47,7 @@ def records(name, rank):
     path = single if os.path.exists(single) else f"{work}/{name}/metrics.rank{rank}.jsonl"
     return [r for r in map(json.loads, open(path)) if r["phase"] == "train"][1:]
 
-PER_RANK_BATCH = {"single": 16, "ddp": 8, "tp2": 16, "tp2_sp": 16}
+PER_RANK_BATCH = {"single": 16, "ddp": 8, "tp2": 16, "tp2_sp": 16, "ddp2_tp2": 8, "fsdp2_tp2": 8}
 
 def samples_per_s(name, ranks):
     # A rank's step time is its own batch over its samples/s; the run's throughput is the global
@@ -85,6 +90,18 @@ for name, ranks in (("single", 1), ("ddp", 2), ("tp2", 2), ("tp2_sp", 2)):
         want = formula if name == "tp2" else formula_sp
         if tp_bytes(name) != want:
             mismatches.append(f"{name}: {tp_bytes(name):.0f} bytes per step, formula {want}")
+def held_bytes(name):
+    summary = [r for r in map(json.loads, open(f"{work}/{name}/metrics.rank0.jsonl"))
+               if r["phase"] == "summary"][-1]
+    return sum(summary[k] for k in ("held_parameter_bytes", "held_gradient_bytes",
+                                    "held_optimizer_bytes"))
+
+replicated, sharded = samples_per_s("ddp2_tp2", 4), samples_per_s("fsdp2_tp2", 4)
+print(f"\nfsdp x tp against ddp x tp, 4 processes (dp 2 x tp 2), global batch 16:")
+print(f"{'run':10} {'samples/s':>10} {'vs ddp2_tp2':>12} {'held bytes/rank':>16} {'vs ddp2_tp2':>12}")
+for name, rate in (("ddp2_tp2", replicated), ("fsdp2_tp2", sharded)):
+    print(f"{name:10} {rate:10.1f} {rate / replicated:12.2f} {held_bytes(name):16.0f} "
+          f"{held_bytes(name) / held_bytes('ddp2_tp2'):12.3f}")
 if mismatches:
     sys.exit("tp_bench: the tp group's bytes differ from the formula: " + "; ".join(mismatches))
 PY

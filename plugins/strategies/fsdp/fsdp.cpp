@@ -127,15 +127,21 @@ class Fsdp final : public Strategy {
         dtype_named(options_.reduce_dtype,
                     options_.sharding == UnitSharding::kNone ? at::kFloat : units.gather_dtype);
     for (const auto& item : model_->module().named_parameters(true)) {
-      layouts_.push_back(model_->parameter_layout(item.key(), item.value()));
-      if (!holds_whole(layouts_.back())) split_names_.insert(item.key());
+      HeldLayout layout = model_->parameter_layout(item.key(), item.value());
+      if (!holds_whole(layout)) split_names_.insert(item.key());
+      // Frozen parameters (a base model under LoRA adapters) get no gradient and no optimizer
+      // state: they stay whole (or this tp rank's piece) on every rank, outside the units.
       if (!item.value().requires_grad()) {
-        throw Error("fsdp: parameter '" + item.key() +
-                    "' is frozen (requires no gradient); fsdp shards trainable parameters only");
+        frozen_.push_back(item.value());
+        frozen_names_.push_back(item.key());
+        frozen_layouts_.push_back(std::move(layout));
+        continue;
       }
+      layouts_.push_back(std::move(layout));
       parameters_.push_back(item.value());
       names_.push_back(item.key());
     }
+    if (parameters_.empty()) throw Error("fsdp: the model has no trainable parameters");
     for (const auto& item : model_->module().named_buffers(true)) {
       buffers_.push_back(item.value());
       buffer_names_.push_back(item.key());
@@ -144,6 +150,7 @@ class Fsdp final : public Strategy {
       // Every data-parallel rank (each replicate group's too) starts from the parameters and
       // buffers of the first one in its tp rank.
       std::vector<at::Tensor> state = parameters_;
+      state.insert(state.end(), frozen_.begin(), frozen_.end());
       state.insert(state.end(), buffers_.begin(), buffers_.end());
       broadcast_coalesced(state, data_group);
     }
@@ -315,14 +322,22 @@ class Fsdp final : public Strategy {
   // the tp ranks' pieces with tensor parallelism).
   TensorMap full_parameters() const override {
     TensorMap pieces = units_->full_parameters();
+    for (std::size_t i = 0; i < frozen_.size(); ++i) pieces[frozen_names_[i]] = frozen_[i].detach();
     if (!tp_group_) return pieces;
     std::vector<at::Tensor> held;
+    std::vector<HeldLayout> layouts = layouts_;
     for (const auto& name : names_) held.push_back(pieces.at(name));
-    return gather_whole_tensors(held, layouts_, tp_group_);
+    for (std::size_t i = 0; i < frozen_.size(); ++i) {
+      held.push_back(frozen_[i].detach());
+      layouts.push_back(frozen_layouts_[i]);
+    }
+    return gather_whole_tensors(held, layouts, tp_group_);
   }
 
   HeldBytes held_bytes() const override {
-    return units_->held_bytes(optimizer_.get(), *context_.optimizer);
+    HeldBytes bytes = units_->held_bytes(optimizer_.get(), *context_.optimizer);
+    for (const auto& frozen : frozen_) bytes.parameters += frozen.numel() * frozen.element_size();
+    return bytes;
   }
 
  private:
@@ -429,7 +444,10 @@ class Fsdp final : public Strategy {
   c10::intrusive_ptr<c10d::Backend> group_;  // dp_shard; null when this rank is the only one
   c10::intrusive_ptr<c10d::Backend> replicate_group_;  // dp_replicate; null without hybrid
   c10::intrusive_ptr<c10d::Backend> tp_group_;         // null without tensor parallelism
-  std::vector<HeldLayout> layouts_;    // how this rank holds each parameter (whole or a tp box)
+  std::vector<HeldLayout> layouts_;    // how this rank holds each trainable parameter (a tp box?)
+  std::vector<at::Tensor> frozen_;     // parameters without gradients, held outside the units
+  std::vector<std::string> frozen_names_;
+  std::vector<HeldLayout> frozen_layouts_;
   std::set<std::string> split_names_;  // parameters held as tensor-parallel pieces
   DataParallelPlace place_;
   std::shared_ptr<Model> model_;

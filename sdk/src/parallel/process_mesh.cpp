@@ -63,6 +63,12 @@ ProcessMesh::ProcessMesh(const MeshLayout& layout, Communicator& communicator)
 ProcessMesh::ProcessMesh(Communicator& communicator)
     : ProcessMesh(MeshLayout::resolve(MeshRequest{}, communicator.world_size()), communicator) {}
 
+ProcessMesh::ProcessMesh(const MeshLayout& layout, int rank) : layout_(layout), rank_(rank) {
+  if (rank < 0 || rank >= layout.world_size()) {
+    throw Error("rank " + std::to_string(rank) + " is not in the mesh (" + layout.describe() + ")");
+  }
+}
+
 std::shared_ptr<ProcessMesh> mesh_of(const BuildContext& build) {
   if (build.mesh) return build.mesh;
   if (build.communicator) return std::make_shared<ProcessMesh>(*build.communicator);

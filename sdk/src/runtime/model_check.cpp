@@ -2,20 +2,29 @@
 
 #include <c10/core/Device.h>
 
+#include <algorithm>
 #include <memory>
+#include <string>
 
 #include "trainyard/api/build_context.hpp"
 #include "trainyard/api/dataset.hpp"
 #include "trainyard/api/model.hpp"
+#include "trainyard/parallel/mesh_layout.hpp"
 #include "trainyard/parallel/process_mesh.hpp"
 
 namespace trainyard {
 
-void check_model_builds(const Recipe& resolved, const Registry& registry) {
+namespace {
+
+// Builds the recipe's model on the meta device as the rank that `mesh` places would.
+void build_on_meta(const Recipe& resolved, const Registry& registry,
+                   std::shared_ptr<ProcessMesh> mesh) {
   BuildContext build;
   build.recipe_dir = resolved.path.parent_path();
   build.seed = static_cast<std::uint64_t>(resolved.section("run").get_int("seed"));
-  build.mesh = std::make_shared<ProcessMesh>();
+  build.rank = mesh->rank();
+  build.world_size = mesh->world_size();
+  build.mesh = std::move(mesh);
   const Config dataset_section = resolved.section("dataset");
   build.data =
       registry.create<Dataset>(dataset_section.get_string("plugin"), dataset_section, build)
@@ -23,6 +32,25 @@ void check_model_builds(const Recipe& resolved, const Registry& registry) {
   build.device = c10::Device(c10::kMeta);
   const Config model_section = resolved.section("model");
   registry.create<Model>(model_section.get_string("plugin"), model_section, build);
+}
+
+}  // namespace
+
+void check_model_builds(const Recipe& resolved, const Registry& registry) {
+  build_on_meta(resolved, registry, std::make_shared<ProcessMesh>());
+}
+
+std::string check_layout_builds(const Recipe& resolved, const Registry& registry,
+                                int world_size) {
+  const MeshRequest request = mesh_request(resolved.section("parallel"));
+  if (world_size <= 0) {
+    world_size = request.pp * request.dp_replicate * std::max(request.dp_shard, 1) * request.tp;
+  }
+  const MeshLayout layout = MeshLayout::resolve(request, world_size);
+  // Built as rank 0 builds it: a tensor-parallel split that does not divide fails on every tp
+  // rank alike.
+  build_on_meta(resolved, registry, std::make_shared<ProcessMesh>(layout, 0));
+  return layout.describe();
 }
 
 }  // namespace trainyard

@@ -29,6 +29,9 @@ class ProcessMesh {
   // A data-parallel mesh over the communicator's whole world (dp_shard = world size), for
   // components built outside the engine with a communicator but no mesh.
   explicit ProcessMesh(Communicator& communicator);
+  // Rank `rank`'s place in `layout` without any group (every group() is null): for building a
+  // model as that rank would, on the meta device, before any process starts (validation).
+  ProcessMesh(const MeshLayout& layout, int rank);
 
   const MeshLayout& layout() const { return layout_; }
   int rank() const { return rank_; }
