@@ -86,30 +86,45 @@ TEST(FsdpMeshParity, LlamaOnTwoDimensionsAndHybridShardingMatchesOneProcess) {
                                                  {"hsdp2x2_grad_op", 2, 2, 1, "grad_op"}});
 }
 
-// Pipeline stages sharded over their data-parallel ranks on 8 processes: 2 stages x dp_shard 2 x
-// tp 2 (the gpt's tied embedding split by vocabulary on both end stages, fully sharded) and 2
-// stages x dp_replicate 2 x dp_shard 2 (the llama, hybrid, grad_op), 1f1b, against one process.
+// Pipeline stages sharded over their data-parallel ranks against one process: 2 stages x dp_shard
+// 2 x tp 2 (the gpt's tied embedding split by vocabulary on both end stages, fully sharded, 1f1b)
+// and 2 stages x dp_replicate 2 x dp_shard 2 (the llama, hybrid, grad_op, 1f1b) on 8 processes,
+// and 2 stages x dp_shard 2 under zero_bubble (the gpt, fully sharded: the weight half of each
+// split backward gathers the units again) on 4.
 TEST(FsdpMeshParity, ShardedPipelineStagesOnTensorParallelAndHybridMeshesMatchOneProcess) {
   for (const auto& [model, recipe_text, sets] :
        {std::tuple{"gpt", gpt_recipe(6),
                    std::vector<std::string>{"--set", "parallel.dp_shard=2", "--set",
                                             "parallel.tp=2", "--set", "loader.batch_size=8",
-                                            "--set", "strategy.dp_sharding=full"}},
+                                            "--set", "strategy.dp_sharding=full", "--set",
+                                            "strategy.schedule=1f1b"}},
         std::tuple{"llama", llama_text(6),
                    std::vector<std::string>{"--set", "parallel.dp_replicate=2", "--set",
                                             "parallel.dp_shard=2", "--set",
                                             "loader.batch_size=4", "--set",
-                                            "strategy.dp_sharding=grad_op"}}}) {
+                                            "strategy.dp_sharding=grad_op", "--set",
+                                            "strategy.schedule=1f1b"}},
+        std::tuple{"gpt zero_bubble", gpt_recipe(6),
+                   std::vector<std::string>{"--set", "parallel.dp_shard=2", "--set",
+                                            "loader.batch_size=8", "--set",
+                                            "strategy.dp_sharding=full", "--set",
+                                            "strategy.schedule=zero_bubble"}}}) {
     SCOPED_TRACE(model);
     TempDir dir;
     const fs::path recipe = dir.write("recipe.toml", recipe_text);
     auto single = run_one_process(recipe, dir / "single", kClipping);
     ASSERT_EQ(single.exit_code, 0) << describe(single);
     const std::vector<std::string> pipeline = {"--set", "strategy.plugin=pipeline", "--set",
-                                               "strategy.schedule=1f1b", "--set",
                                                "strategy.micro_batches=4", "--set",
                                                "parallel.pp=2"};
-    auto run = run_launched(8, recipe, dir / "run", joined(joined(pipeline, sets), kClipping));
+    int ranks = 2;
+    for (std::size_t i = 0; i + 1 < sets.size(); ++i) {
+      for (const char* size : {"parallel.dp_shard=2", "parallel.dp_replicate=2",
+                               "parallel.tp=2"}) {
+        if (sets[i + 1] == size) ranks *= 2;
+      }
+    }
+    auto run = run_launched(ranks, recipe, dir / "run", joined(joined(pipeline, sets), kClipping));
     ASSERT_EQ(run.exit_code, 0) << describe(run);
     expect_matches(dir / "single", dir / "run");
   }

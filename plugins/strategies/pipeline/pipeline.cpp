@@ -112,7 +112,6 @@ class Pipeline final : public Strategy {
         ranks, static_cast<int>(options_.micro_batches == 0 ? ranks : options_.micro_batches),
         static_cast<int>(options_.virtual_stages)};
     schedule_ = build_pipeline_schedule(options_.schedule, shape_);
-    check_sharding();
     validate_schedule(schedule_);
     const PipelineSimulation simulation = simulate_schedule(schedule_);
     if (pp_group_) channel_ = std::make_unique<StageChannel>(pp_group_, context.build.device);
@@ -355,17 +354,6 @@ class Pipeline final : public Strategy {
     }
   }
 
-  // Sharding over the data-parallel ranks (over dp_shard, replicated across dp_replicate, of each
-  // tp rank's pieces) gathers a unit around each call, which a backward split in two halves
-  // (zero bubble) would run twice with nothing in between to free it.
-  void check_sharding() const {
-    if (!options_.sharding) return;
-    if (options_.schedule == "zero_bubble") {
-      throw Error(
-          "pipeline: zero_bubble splits each backward in two, which dp_sharding's "
-          "gathered units do not follow; use dp_sharding = \"none\" or another schedule");
-    }
-  }
 
   std::unique_ptr<StageParameters> hold_parameters(const LocalStage& stage) const {
     if (!options_.sharding) {

@@ -288,7 +288,7 @@ void StageExecutor::backward_input(const PipelineAction& action, InFlight& fligh
 void StageExecutor::backward_weight(const PipelineAction& action, InFlight& flight,
                                     bool synchronise) {
   LocalStage& here = stage(action.stage);
-  here.held->before_backward(synchronise);
+  here.held->before_weight_backward(synchronise);
   std::vector<at::Tensor> roots = flight.roots;
   if (roots.empty() && flight.loss.defined()) roots = loss_roots(flight);
   std::vector<at::Tensor> trainable;

@@ -164,6 +164,10 @@ class ShardedStageParameters final : public StageParameters {
     synchronise_ = synchronise;
     units_->prepare_backward(synchronise);
   }
+  void before_weight_backward(bool synchronise) override {
+    units_->gather_all();
+    before_backward(synchronise);
+  }
   void after_backward() override {
     units_->finish_backward();
     if (synchronise_) average_over_replicas();

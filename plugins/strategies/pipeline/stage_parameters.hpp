@@ -45,6 +45,9 @@ class StageParameters {
   // (the stage's last backward of the step) or accumulates locally.
   virtual void before_backward(bool synchronise) = 0;
   virtual void after_backward() = 0;
+  // Before the weight half of a split backward (zero bubble), whose graph was made by a forward
+  // long done: sharded parameters are gathered again for it. Then after_backward as usual.
+  virtual void before_weight_backward(bool synchronise) { before_backward(synchronise); }
   // After the step's last backward: waits for the gradient reductions in flight.
   virtual void finish() = 0;
 

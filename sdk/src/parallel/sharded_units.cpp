@@ -410,6 +410,11 @@ void ShardedUnits::finish_backward() { state_->finish_backward(); }
 
 void ShardedUnits::release_all() { state_->release_all(); }
 
+void ShardedUnits::gather_all() {
+  for (auto& unit : state_->units) state_->start_gather(unit);
+  for (auto& unit : state_->units) state_->gather(unit);
+}
+
 at::Tensor ShardedUnits::gather_copy(std::size_t unit, const at::Tensor& shard) const {
   return state_->gather_copy(state_->units.at(unit), shard);
 }

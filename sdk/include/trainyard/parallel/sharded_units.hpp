@@ -97,6 +97,11 @@ class ShardedUnits {
   void finish_backward();
   // Frees every gathered unit (after evaluation, or after loading shards).
   void release_all();
+  // Gathers every unit (waiting for the all-gathers): before a backward that reuses a graph
+  // whose forward has long finished, such as the weight half of a split backward (zero bubble),
+  // whose blocks' gradient hooks already ran in the input half and the units may have been
+  // freed since. finish_backward frees them again.
+  void gather_all();
 
   // Every rank's `shard` of `unit` (by default its parameter shard) in one padded flat tensor,
   // the unit's own buffers untouched. Collective.
