@@ -64,8 +64,8 @@ void expect_cases_match_one_process(const std::string& recipe_text,
   ASSERT_EQ(single.exit_code, 0) << describe(single);
   for (const MeshCase& c : cases) {
     SCOPED_TRACE(c.name);
-    std::vector<std::string> sets = joined(fsdp_sets(c.replicate, c.shard, c.tp, c.sharding),
-                                           kClipping);
+    std::vector<std::string> sets =
+        joined(fsdp_sets(c.replicate, c.shard, c.tp, c.sharding), kClipping);
     if (c.sequence_parallel) sets = joined(sets, {"--set", "model.sequence_parallel=true"});
     auto run = run_launched(c.replicate * c.shard * c.tp, recipe, dir / c.name, sets);
     ASSERT_EQ(run.exit_code, 0) << describe(run);
@@ -76,9 +76,8 @@ void expect_cases_match_one_process(const std::string& recipe_text,
 }
 
 TEST(FsdpMeshParity, GptOnTwoDimensionsAndHybridShardingMatchesOneProcess) {
-  expect_cases_match_one_process(gpt_recipe(6),
-                                 {{"fsdp2_tp2_sp", 1, 2, 2, "full", true},
-                                  {"hsdp2x2_full", 2, 2, 1, "full"}});
+  expect_cases_match_one_process(
+      gpt_recipe(6), {{"fsdp2_tp2_sp", 1, 2, 2, "full", true}, {"hsdp2x2_full", 2, 2, 1, "full"}});
 }
 
 TEST(FsdpMeshParity, LlamaOnTwoDimensionsAndHybridShardingMatchesOneProcess) {
@@ -100,27 +99,24 @@ TEST(FsdpMeshParity, ShardedPipelineStagesOnTensorParallelAndHybridMeshesMatchOn
                                             "strategy.schedule=1f1b"}},
         std::tuple{"llama", llama_text(6),
                    std::vector<std::string>{"--set", "parallel.dp_replicate=2", "--set",
-                                            "parallel.dp_shard=2", "--set",
-                                            "loader.batch_size=4", "--set",
-                                            "strategy.dp_sharding=grad_op", "--set",
+                                            "parallel.dp_shard=2", "--set", "loader.batch_size=4",
+                                            "--set", "strategy.dp_sharding=grad_op", "--set",
                                             "strategy.schedule=1f1b"}},
         std::tuple{"gpt zero_bubble", gpt_recipe(6),
-                   std::vector<std::string>{"--set", "parallel.dp_shard=2", "--set",
-                                            "loader.batch_size=8", "--set",
-                                            "strategy.dp_sharding=full", "--set",
-                                            "strategy.schedule=zero_bubble"}}}) {
+                   std::vector<std::string>{
+                       "--set", "parallel.dp_shard=2", "--set", "loader.batch_size=8", "--set",
+                       "strategy.dp_sharding=full", "--set", "strategy.schedule=zero_bubble"}}}) {
     SCOPED_TRACE(model);
     TempDir dir;
     const fs::path recipe = dir.write("recipe.toml", recipe_text);
     auto single = run_one_process(recipe, dir / "single", kClipping);
     ASSERT_EQ(single.exit_code, 0) << describe(single);
-    const std::vector<std::string> pipeline = {"--set", "strategy.plugin=pipeline", "--set",
-                                               "strategy.micro_batches=4", "--set",
-                                               "parallel.pp=2"};
+    const std::vector<std::string> pipeline = {"--set", "strategy.plugin=pipeline",
+                                               "--set", "strategy.micro_batches=4",
+                                               "--set", "parallel.pp=2"};
     int ranks = 2;
     for (std::size_t i = 0; i + 1 < sets.size(); ++i) {
-      for (const char* size : {"parallel.dp_shard=2", "parallel.dp_replicate=2",
-                               "parallel.tp=2"}) {
+      for (const char* size : {"parallel.dp_shard=2", "parallel.dp_replicate=2", "parallel.tp=2"}) {
         if (sets[i + 1] == size) ranks *= 2;
       }
     }
@@ -195,7 +191,8 @@ TEST(FsdpMeshCheckpoint, ReshardingRoundTripEndsWhereOneProcessEnds) {
   ASSERT_EQ(single.exit_code, 0) << describe(single);
   const std::vector<Layout> layouts = {
       {"fsdp4", 4, fsdp_sets(1, 4, 1, "full")},
-      {"fsdp2_tp2", 4, joined(fsdp_sets(1, 2, 2, "full"), {"--set", "model.sequence_parallel=true"})},
+      {"fsdp2_tp2", 4,
+       joined(fsdp_sets(1, 2, 2, "full"), {"--set", "model.sequence_parallel=true"})},
       {"hsdp2x2", 4, fsdp_sets(2, 2, 1, "grad_op")},
       {"pp2_tp2", 4, layout_sets(1, 2, 2)},
       {"single", 1, {"--set", "strategy.plugin=single"}},
@@ -205,10 +202,10 @@ TEST(FsdpMeshCheckpoint, ReshardingRoundTripEndsWhereOneProcessEnds) {
     const Layout& layout = layouts[i];
     SCOPED_TRACE(layout.name);
     const fs::path out = dir / ("trip" + std::to_string(i) + "_" + layout.name);
-    std::vector<std::string> sets = joined(
-        joined(layout.sets, kClipping),
-        {"--set", "run.max_steps=" + std::to_string(2 * (i + 1)), "--set",
-         "checkpoint.dir=" + (out / "checkpoints").string()});
+    std::vector<std::string> sets =
+        joined(joined(layout.sets, kClipping),
+               {"--set", "run.max_steps=" + std::to_string(2 * (i + 1)), "--set",
+                "checkpoint.dir=" + (out / "checkpoints").string()});
     if (!previous.empty()) sets = joined(sets, {"--resume", previous.string()});
     auto run = layout.ranks == 1 ? run_one_process(recipe, out, sets)
                                  : run_launched(layout.ranks, recipe, out, sets);
@@ -220,10 +217,10 @@ TEST(FsdpMeshCheckpoint, ReshardingRoundTripEndsWhereOneProcessEnds) {
     std::snprintf(step, sizeof step, "step-%09zu", 2 * (i + 1));
     previous = out / "checkpoints" / step;
   }
-  expect_same_model_within(dir / "single" / "final.pt",
-                           dir / ("trip" + std::to_string(layouts.size() - 1) + "_single") /
-                               "final.pt",
-                           kParameterRtol, kParameterAtol);
+  expect_same_model_within(
+      dir / "single" / "final.pt",
+      dir / ("trip" + std::to_string(layouts.size() - 1) + "_single") / "final.pt", kParameterRtol,
+      kParameterAtol);
 
   // hsdp 2 x 2 and fsdp 2 x tp 2: 4 steps straight, and 2 steps then a resume for 2 more.
   for (const Layout& layout : {layouts[1], layouts[2]}) {
@@ -235,10 +232,9 @@ TEST(FsdpMeshCheckpoint, ReshardingRoundTripEndsWhereOneProcessEnds) {
     const fs::path half = dir / (layout.name + "_half");
     auto first = run_launched(4, recipe, half, joined(sets, {"--set", "run.max_steps=2"}));
     ASSERT_EQ(first.exit_code, 0) << describe(first);
-    auto second = run_launched(
-        4, recipe, half,
-        joined(sets, {"--set", "run.max_steps=4", "--resume",
-                      (half / "checkpoints" / "step-000000002").string()}));
+    auto second = run_launched(4, recipe, half,
+                               joined(sets, {"--set", "run.max_steps=4", "--resume",
+                                             (half / "checkpoints" / "step-000000002").string()}));
     ASSERT_EQ(second.exit_code, 0) << describe(second);
     expect_same_model_within(whole / "final.pt", half / "final.pt", 0, 0);
   }
@@ -249,9 +245,9 @@ TEST(FsdpMeshCheckpoint, ReshardingRoundTripEndsWhereOneProcessEnds) {
 // where one process ends.
 TEST(FsdpMeshCheckpoint, KilledRankResumesInAnotherLayout) {
   TempDir dir;
-  const fs::path recipe = dir.write(
-      "recipe.toml",
-      gpt_recipe(8) + "\n[checkpoint]\nplugin = \"torch\"\nevery_steps = 2\nkeep = 0\n");
+  const fs::path recipe =
+      dir.write("recipe.toml",
+                gpt_recipe(8) + "\n[checkpoint]\nplugin = \"torch\"\nevery_steps = 2\nkeep = 0\n");
   auto single = run_one_process(recipe, dir / "single", kClipping);
   ASSERT_EQ(single.exit_code, 0) << describe(single);
   const std::vector<std::string> two_d = fsdp_sets(1, 2, 2, "full");
@@ -266,8 +262,8 @@ TEST(FsdpMeshCheckpoint, KilledRankResumesInAnotherLayout) {
     ASSERT_NE(crashed.exit_code, 0) << describe(crashed);
     EXPECT_HAS(crashed.err, "was killed by signal Killed");
     ASSERT_FALSE(fs::exists(out / "final.pt"));
-    auto resumed = run_launched(4, recipe, out,
-                                joined(joined(resumed_sets, kClipping), {"--resume", "auto"}));
+    auto resumed =
+        run_launched(4, recipe, out, joined(joined(resumed_sets, kClipping), {"--resume", "auto"}));
     ASSERT_EQ(resumed.exit_code, 0) << describe(resumed);
     EXPECT_HAS(resumed.err, "resumed from");
     expect_same_model_within(dir / "single" / "final.pt", out / "final.pt", kParameterRtol,

@@ -26,8 +26,7 @@ std::string gpt_recipe(int steps);
 
 // gpt_recipe with the llama in the gpt's place, configured by `config` (a TOML inline table of
 // LlamaConfig keys) and `model_lines` (more of its options).
-std::string llama_recipe(int steps, const std::string& config,
-                         const std::string& model_lines = "");
+std::string llama_recipe(int steps, const std::string& config, const std::string& model_lines = "");
 
 // `a` followed by `b`.
 std::vector<std::string> joined(std::vector<std::string> a, const std::vector<std::string>& b);
