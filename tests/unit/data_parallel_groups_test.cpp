@@ -106,22 +106,23 @@ TEST(DataParallelGroups, FsdpOverEachPairsDpGroupMatchesFsdpOverTheWorld) {
   expect_pairs_match_world_jobs(strategy_options("fsdp", "sharding = \"full\""));
 }
 
-TEST(DataParallelGroups, FsdpRefusesAReplicateDimension) {
-  auto errors = run_threaded_ranks<std::string>(2, [](int rank, int port) {
-    HarnessOptions options = strategy_options("fsdp", "");
-    options.mesh = MeshRequest{.pp = 1, .dp_replicate = 2, .dp_shard = 1};
-    options.as_rank(rank, 2, port);
-    try {
-      StepHarness harness(options);
-    } catch (const Error& error) {
-      return std::string(error.what());
-    }
-    return std::string();
+// Hybrid sharding with a replicate dimension of 2 and shards of 1 (each rank holds every
+// parameter; the shards' gradients are averaged across the replicate groups) ends where fsdp
+// over the world ends on the same data, on both ranks.
+TEST(DataParallelGroups, HybridShardingOverTheReplicateGroupMatchesFsdpOverTheWorld) {
+  at::set_num_threads(1);
+  const HarnessOptions options = strategy_options("fsdp", "sharding = \"full\"");
+  const TensorMap world = over_the_world(options, 0);
+  auto ranks = run_threaded_ranks<RankResult>(2, [&](int rank, int port) {
+    HarnessOptions meshed = options;
+    meshed.mesh = MeshRequest{.pp = 1, .dp_replicate = 2, .dp_shard = 1};
+    return train(meshed, rank, 2, port, 0);
   });
-  for (const std::string& message : errors) {
-    EXPECT_NE(message.find("dp_replicate = 2"), std::string::npos) << message;
-    EXPECT_NE(message.find("hybrid sharding"), std::string::npos) << message;
-    EXPECT_EQ(message.find('\n'), std::string::npos) << message;
+  for (int rank = 0; rank < 2; ++rank) {
+    const RankResult& result = ranks[static_cast<std::size_t>(rank)];
+    EXPECT_EQ(result.place.rank, rank);
+    EXPECT_EQ(result.place.size, 2);
+    EXPECT_TRUE(all_close_fp32(result.parameters, world)) << "rank " << rank;
   }
 }
 
