@@ -309,7 +309,7 @@ TEST(CompareTest, AVariantPastTheTimeoutIsStoppedAndTheOthersRun) {
                                    "--nproc",
                                    "2",
                                    "--timeout",
-                                   "20",
+                                   "10",
                                    "--output",
                                    output.string()};
   for (const char* set : {"strategy.plugin=ddp", "comm.timeout_s=600", "run.log_every=1",
@@ -328,7 +328,7 @@ TEST(CompareTest, AVariantPastTheTimeoutIsStoppedAndTheOthersRun) {
   const std::string table = read_text(output / "table.txt");
   EXPECT_EQ(row_of(table, "1").at(2), "ok") << table;
   EXPECT_EQ(row_of(table, "2").at(2), "FAILED") << table;
-  EXPECT_HAS(table, "trainyard: error: compare: stopped after the --timeout of 20 s");
+  EXPECT_HAS(table, "trainyard: error: compare: stopped after the --timeout of 10 s");
   // The launcher was stopped, and stopped its ranks: it forwards the signal to them.
   EXPECT_HAS(read_text(output / "2-40" / "output.log"), "forwarding to the ranks");
   auto negative = run_host({"compare", "recipes/fashion_mnist_mlp.toml", "--timeout", "-1"});
