@@ -15,7 +15,9 @@
 #
 # A suite named "Full..." (FullPipelineParity, or a grid instantiated as "Full/<Suite>") is the
 # rest of a grid whose fast core runs under another name: it gets the label "full", which CI
-# leaves out (tools/test) and `ctest -L full` runs.
+# leaves out (tools/test) and `ctest -L full` runs. A suite named "Floor..." holds a timing floor
+# that only a quiet machine measures (a share of the step spent waiting, say): it gets the label
+# "machine", which CI leaves out too; a looser test of the same mechanism runs there.
 #
 # One process per suite instead of one per test: every process loads LibTorch (about half a
 # second here), so a binary of 40 tests spends 20 s starting up when run test by test.
@@ -79,6 +81,8 @@ foreach(entry IN LISTS entries)
     set(labels "${suite_labels}")
     if(suite MATCHES "^Full")
       list(APPEND labels full)
+    elseif(suite MATCHES "^Floor")
+      list(APPEND labels machine)
     endif()
     set_tests_properties("${name}" PROPERTIES LABELS "${labels}" TIMEOUT "${timeout}"
       COST "${suite_cost}")
