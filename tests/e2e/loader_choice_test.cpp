@@ -70,13 +70,21 @@ std::string slow_recipe(const TempDir& dir) {
 
 // Batches gathered from memory take microseconds against a step of milliseconds. The layers are
 // wider than the recipe's: on every core its step is short enough (4.6 ms) that a loaded machine
-// puts the in-line preparation at the 2% target.
+// puts the in-line preparation at the 2% target. The choice follows what the first steps
+// measure, which a machine slowed by its neighbours can push past the target: three tries.
 TEST(LoaderChoiceTest, CheapBatchesArePreparedInLineWithEveryCore) {
-  TempDir dir;
-  LoaderRun run = run_with(
-      dir, slow_recipe(dir),
-      {"dataset.prepare_us_per_sample=0", "run.threads=0", "model.hidden=[1024, 1024]"}, true);
-  ASSERT_EQ(run.train.size(), 4u);
+  std::string history;
+  LoaderRun run;
+  for (int attempt = 0; attempt < 3; ++attempt) {
+    TempDir dir;
+    run = run_with(
+        dir, slow_recipe(dir),
+        {"dataset.prepare_us_per_sample=0", "run.threads=0", "model.hidden=[1024, 1024]"}, true);
+    ASSERT_EQ(run.train.size(), 4u);
+    history += " " + std::to_string(100 * run.summary.at("loader_prepare_share")) + "%";
+    if (run.summary.at("loader_prepare_share") < 0.02) break;
+  }
+  SCOPED_TRACE("in-line preparation share of each try:" + history);
   const std::string& err = run.result.err;
   EXPECT_NE(err.find("loader.workers = -1: timing batch preparation"), std::string::npos) << err;
   EXPECT_NE(err.find("trainyard: loader: 0 loader workers"), std::string::npos) << err;
