@@ -169,12 +169,8 @@ class Ddp final : public Strategy {
     }
     // Gradients are identical on every rank from here, so the local norm is the global one and
     // every rank takes the same decisions (skip, clip) as a single process would.
-    if (zero1_) {
-      finish_zero1_step(loss_sum, count, result);
-      return result;
-    }
-    if (tp_group_) {
-      finish_tensor_parallel_step(loss_sum, count, result);
+    if (zero1_ || tp_group_) {
+      finish_checked_step(loss_sum, count, result);
       return result;
     }
     finish_replicated_step(parameters_, context_, *optimizer_, loss_sum, count, result);
@@ -344,11 +340,12 @@ class Ddp final : public Strategy {
     return true;
   }
 
-  // finish_replicated_step with the optimizer step of zero1: the gradients are whole and equal
-  // on every data-parallel rank, so checks and clipping are local (over the tp group with
-  // tensor parallelism); only the step is sharded.
-  void finish_zero1_step(const torch::Tensor& loss_sum, std::int64_t count, StepResult& result) {
-    std::vector<torch::Tensor> gradients;
+  // finish_replicated_step for zero1 or a tensor-parallel model: the gradients are equal on every
+  // data-parallel rank, so checks and clipping are local, over the tp group with tensor
+  // parallelism (tensor-parallel pieces summed, whole copies once); zero1 steps only its slice.
+  void finish_checked_step(const torch::Tensor& loss_sum, std::int64_t count,
+                           StepResult& result) {
+    std::vector<at::Tensor> gradients;
     std::vector<at::Tensor> split;
     std::vector<at::Tensor> whole;
     for (std::size_t i = 0; i < parameters_.size(); ++i) {
@@ -366,34 +363,8 @@ class Ddp final : public Strategy {
     }
     const bool finite = Precision::should_step(found_inf);
     context_.before_optimizer_step();
-    if (finite) zero1_->step();
-    context_.precision->update(found_inf);
-    result.skipped = !finite;
-    result.loss = count > 1 ? loss_sum / static_cast<double>(count) : loss_sum;
-  }
-
-  // finish_replicated_step for a tensor-parallel model: found_inf and the norm over the tp group
-  // (the data-parallel ranks hold equal gradients by now).
-  void finish_tensor_parallel_step(const torch::Tensor& loss_sum, std::int64_t count,
-                                   StepResult& result) {
-    std::vector<at::Tensor> gradients;
-    std::vector<at::Tensor> split;
-    std::vector<at::Tensor> whole;
-    for (std::size_t i = 0; i < parameters_.size(); ++i) {
-      const at::Tensor& grad = parameters_[i].grad();
-      if (!grad.defined()) continue;
-      gradients.push_back(grad);
-      (holds_whole(layouts_[i]) ? whole : split).push_back(grad);
-    }
-    at::Tensor found_inf = context_.precision->unscale(gradients);
-    agree_on_found_inf(found_inf, tp_group_);
-    if (context_.step.max_grad_norm > 0) {
-      const at::Tensor norm = squares_over_group(split, whole, tp_group_).sqrt();
-      result.grad_norm = clip_to_norm(gradients, norm, context_.step.max_grad_norm);
-    }
-    const bool finite = Precision::should_step(found_inf);
-    context_.before_optimizer_step();
-    if (finite) optimizer_->step();
+    if (finite && zero1_) zero1_->step();
+    if (finite && !zero1_) optimizer_->step();
     context_.precision->update(found_inf);
     result.skipped = !finite;
     result.loss = count > 1 ? loss_sum / static_cast<double>(count) : loss_sum;
