@@ -343,8 +343,7 @@ class Ddp final : public Strategy {
   // finish_replicated_step for zero1 or a tensor-parallel model: the gradients are equal on every
   // data-parallel rank, so checks and clipping are local, over the tp group with tensor
   // parallelism (tensor-parallel pieces summed, whole copies once); zero1 steps only its slice.
-  void finish_checked_step(const torch::Tensor& loss_sum, std::int64_t count,
-                           StepResult& result) {
+  void finish_checked_step(const torch::Tensor& loss_sum, std::int64_t count, StepResult& result) {
     std::vector<at::Tensor> gradients;
     std::vector<at::Tensor> split;
     std::vector<at::Tensor> whole;
@@ -357,8 +356,8 @@ class Ddp final : public Strategy {
     at::Tensor found_inf = context_.precision->unscale(gradients);
     agree_on_found_inf(found_inf, tp_group_);
     if (context_.step.max_grad_norm > 0) {
-      const at::Tensor norm = tp_group_ ? squares_over_group(split, whole, tp_group_).sqrt()
-                                        : global_norm(gradients);
+      const at::Tensor norm =
+          tp_group_ ? squares_over_group(split, whole, tp_group_).sqrt() : global_norm(gradients);
       result.grad_norm = clip_to_norm(gradients, norm, context_.step.max_grad_norm);
     }
     const bool finite = Precision::should_step(found_inf);
