@@ -8,6 +8,7 @@
 #include <ATen/Parallel.h>
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <chrono>
 #include <iostream>
 #include <optional>
@@ -15,6 +16,8 @@
 #include <tuple>
 
 #include "step_harness.hpp"
+#include "test_support.hpp"
+#include "trainyard/models/pretrained_weights.hpp"
 #include "trainyard/runtime/allocation_tracker.hpp"
 
 namespace trainyard::testing {
@@ -189,6 +192,65 @@ TEST(FsdpMemory, TwoDimensionalAndHybridShardingHoldTheirShareOfOneProcess) {
       EXPECT_NEAR(held[r].loss, single[0].loss, 1e-4) << name << " rank " << r;
     }
   }
+}
+
+// What one rank holds while it sets up `strategy` over the llama started from the Hugging Face
+// folder tools/setup makes (data/llama/tiny-llama: tied 2048-token embedding, 4 layers).
+struct Loading {
+  std::int64_t peak = 0;    // the tracker's peak from before the model exists to after setup
+  std::int64_t shard = 0;   // the parameters the strategy then holds
+};
+
+Loading load_llama_rank(int rank, int port, const std::string& strategy) {
+  HarnessOptions options;
+  options.strategy = strategy;
+  options.model = "llama";
+  options.model_options =
+      "weights = \"" + (source_dir() / "data/llama/tiny-llama").string() + "\"";
+  options.optimizer = "adamw";
+  options.input_shape = {32};
+  options.vocab_size = 2048;
+  options.as_rank(rank, kRanks, port);
+  AllocationTracker tracker;
+  StepHarness harness(options);
+  harness.context.communicator->barrier();
+  Loading loading{tracker.peak_bytes(), harness.strategy->held_bytes().parameters};
+  harness.context.communicator->barrier();
+  return loading;
+}
+
+// Each of 4 fsdp ranks starting from published weights peaks, by the allocation tracker, at no
+// more than its shard plus the largest tensor plus 5%: parameters are made one at a time and
+// only the rank's part of each kept. ddp, which holds the whole model on every rank, peaks
+// above that bound: the measure tells the two apart.
+TEST(FsdpMemory, LoadingPublishedWeightsHoldsAShardAndTheLargestTensor) {
+  at::set_num_threads(1);
+  const PretrainedWeights weights(source_dir() / "data/llama/tiny-llama");
+  std::int64_t whole = 0, largest = 0;
+  for (const auto& [name, info] : weights.tensors()) {
+    std::int64_t numel = 1;
+    for (std::int64_t size : info.shape) numel *= size;
+    whole += 4 * numel;  // the model trains in float32
+    largest = std::max(largest, 4 * numel);
+  }
+  // ddp first: what the process allocates once, the first time any rank needs it, falls to
+  // one of its ranks.
+  const auto ddp = run_threaded_ranks<Loading>(
+      kRanks, [&](int rank, int port) { return load_llama_rank(rank, port, "ddp"); });
+  const auto fsdp = run_threaded_ranks<Loading>(
+      kRanks, [&](int rank, int port) { return load_llama_rank(rank, port, "fsdp"); });
+  for (std::size_t r = 0; r < fsdp.size(); ++r) {
+    const double bound = 1.05 * static_cast<double>(fsdp[r].shard + largest);
+    std::cout << "fsdp rank " << r << " peaks at " << fsdp[r].peak << " bytes while loading: "
+              << static_cast<double>(fsdp[r].peak) / bound << " of shard (" << fsdp[r].shard
+              << ") + largest tensor (" << largest << ") + 5%; the whole model is " << whole
+              << std::endl;
+    EXPECT_GT(fsdp[r].shard, 0);
+    EXPECT_LE(fsdp[r].shard, whole / kRanks + 4 * 64 * kRanks) << "rank " << r;
+    EXPECT_LE(static_cast<double>(fsdp[r].peak), bound) << "rank " << r;
+  }
+  std::cout << "ddp rank 0 peaks at " << ddp[0].peak << " bytes while loading" << std::endl;
+  EXPECT_GT(static_cast<double>(ddp[0].peak), 1.05 * static_cast<double>(fsdp[0].shard + largest));
 }
 
 }  // namespace

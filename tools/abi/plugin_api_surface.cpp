@@ -47,6 +47,7 @@
 #include "trainyard/api/model.hpp"
 #include "trainyard/support/module_state.hpp"
 #include "trainyard/api/optimizer.hpp"
+#include "trainyard/models/deferred_parameters.hpp"
 #include "trainyard/models/parameter_init.hpp"
 #include "trainyard/api/parameter_pieces.hpp"
 #include "trainyard/parallel/pipeline_schedule.hpp"
@@ -155,4 +156,4 @@ extern "C" __attribute__((visibility("default"))) void trainyard_plugin_api_help
     trainyard::ColumnParallelLinearImpl*, trainyard::RowParallelLinearImpl*,
     trainyard::VocabParallelEmbeddingImpl*, trainyard::DeclaredSchedule*, trainyard::MappedFile*,
     trainyard::PretrainedWeights*, trainyard::PretrainedWeights::TensorInfo*,
-    trainyard::safetensors::Layout*) {}
+    trainyard::safetensors::Layout*, trainyard::DeferredParameters*) {}

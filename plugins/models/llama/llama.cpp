@@ -29,8 +29,10 @@
 #include <ATen/ATen.h>
 #include <torch/nn/module.h>
 
+#include <any>
 #include <fstream>
 #include <map>
+#include <memory>
 #include <optional>
 #include <sstream>
 
@@ -39,6 +41,7 @@
 #include "trainyard/api/error.hpp"
 #include "trainyard/api/model.hpp"
 #include "trainyard/api/plugin.hpp"
+#include "trainyard/models/deferred_parameters.hpp"
 #include "trainyard/models/loss_reduction.hpp"
 #include "trainyard/models/parameter_init.hpp"
 #include "trainyard/models/pretrained_weights.hpp"
@@ -170,6 +173,15 @@ LlamaConfig configuration(const Config& options, std::int64_t dataset_vocab) {
                                   file ? LlamaConfig{} : llama::small_llama());
 }
 
+// The strategy's DeferredParameters, when it asks for them: the llama then makes each
+// parameter's values only when the strategy needs them (deferred_parameters.hpp).
+std::shared_ptr<DeferredParameters> deferred_parameters(const BuildContext& context) {
+  auto it = context.extensions.find(kDeferredParametersExtension);
+  if (it == context.extensions.end()) return nullptr;
+  const auto* deferred = std::any_cast<std::shared_ptr<DeferredParameters>>(&it->second);
+  return deferred ? *deferred : nullptr;
+}
+
 class Llama final : public Model {
  public:
   Llama(const Config& options, const BuildContext& context)
@@ -189,9 +201,9 @@ class Llama final : public Model {
     }
     seq_len_ = data.sequence_length;
     configure_split(options, context);
-    std::optional<PretrainedWeights> weights;
+    std::shared_ptr<const PretrainedWeights> weights;
     if (!options.get_string("weights").empty()) {
-      weights.emplace(options.get_path("weights"));
+      weights = std::make_shared<const PretrainedWeights>(options.get_path("weights"));
       check_weights_match(*weights, config_);
     }
 
@@ -204,7 +216,8 @@ class Llama final : public Model {
 
     lora_ =
         llama::read_lora_settings(toml_to_json(options.value("lora")), options.qualified("lora"));
-    ParameterSource source(config_, split_, weights ? &*weights : nullptr, context.seed, lora_);
+    ParameterSource source(config_, split_, std::move(weights), context.seed, lora_,
+                           deferred_parameters(context));
     // torch::nn modules built here draw nothing, but the guard keeps the contract obvious.
     GlobalGeneratorGuard keep_global_stream;
     at::NoGradGuard no_grad;
@@ -357,7 +370,7 @@ class Llama final : public Model {
   void build_embed(ParameterSource& source, torch::nn::Module& body) {
     if (!selection_->holds_first()) return;
     auto embedding = VocabParallelEmbedding(config_.vocab_size, config_.hidden_size, split_.group);
-    embedding->weight.copy_(source.make(kEmbedWeight, vocabulary_rows(), Initial::kNormal));
+    source.assign(embedding->weight, kEmbedWeight, vocabulary_rows(), Initial::kNormal);
     layouts_[kEmbedWeight] = source.layout(kEmbedWeight, vocabulary_rows());
     auto embed = std::make_shared<EmbedBlock>(embedding, config_.pad_token_id, split_);
     body.register_module("embed_tokens", embedding);

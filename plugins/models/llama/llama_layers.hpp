@@ -13,6 +13,7 @@
 
 #include <cmath>
 #include <map>
+#include <memory>
 #include <numbers>
 #include <optional>
 #include <string>
@@ -22,6 +23,7 @@
 #include "lora.hpp"
 #include "trainyard/api/error.hpp"
 #include "trainyard/api/parameter_pieces.hpp"
+#include "trainyard/models/deferred_parameters.hpp"
 #include "trainyard/models/parameter_init.hpp"
 #include "trainyard/models/pretrained_weights.hpp"
 #include "trainyard/parallel/tensor_parallel.hpp"
@@ -69,64 +71,111 @@ struct Holding {
 
 enum class Initial { kNormal, kOnes };
 
-// Gives each parameter its first values, from published weights or from its own stream, and
-// records how it is held (parameter_layout).
-class ParameterSource {
+// The first values of each parameter, from published weights or from its own stream: this
+// rank's part of whole parameter `name`. Shared by the closures that make deferred parameters
+// later, so it owns what it reads from.
+class ParameterValues {
  public:
-  ParameterSource(const LlamaConfig& config, const TensorSplit& split,
-                  const PretrainedWeights* weights, std::uint64_t seed,
-                  const llama::LoraSettings& lora)
-      : config_(config), split_(split), weights_(weights), init_(seed), lora_(lora) {}
+  ParameterValues(const LlamaConfig& config, const TensorSplit& split,
+                  std::shared_ptr<const PretrainedWeights> weights, std::uint64_t seed)
+      : config_(config), split_(split), weights_(std::move(weights)), init_(seed) {}
 
-  const llama::LoraSettings& lora() const { return lora_; }
   const TensorSplit& split() const { return split_; }
+  // The group a parameter held as `holding` is split over: a group of one when held whole.
+  const TensorParallelGroup& group_of(const Holding& holding) const {
+    return holding.split_dim >= 0 ? split_.group : whole_group_;
+  }
+
+  torch::Tensor held(const std::string& name, const Holding& holding, Initial initial) const {
+    const TensorParallelGroup& group = group_of(holding);
+    if (weights_) {
+      return weights_->read(name, holding.offsets(group), holding.held(group), at::kFloat);
+    }
+    // Drawn whole, whatever this rank holds, so that every slice is the whole model's.
+    torch::Tensor drawn = at::empty(holding.whole);
+    if (initial == Initial::kOnes) {
+      init_.fill(drawn, 1.0);
+    } else {
+      init_.normal(drawn, name, 0.0, config_.initializer_range);
+      if (name == kEmbedWeight && config_.pad_token_id) drawn[*config_.pad_token_id].zero_();
+    }
+    return group.size > 1 ? group.shard_of(drawn, holding.split_dim) : drawn;
+  }
 
   // This rank's part of adapter matrix `name`, drawn whatever the base weights came from:
   // lora_A kaiming-uniform (a = sqrt(5)), lora_B zeros, as PEFT initialises them.
+  torch::Tensor adapter(const std::string& name, const Holding& holding, bool is_a) const {
+    torch::Tensor drawn = at::zeros(holding.whole);
+    if (is_a) init_.kaiming_uniform(drawn, name, std::sqrt(5.0));
+    const TensorParallelGroup& group = group_of(holding);
+    return group.size > 1 ? group.shard_of(drawn, holding.split_dim) : drawn;
+  }
+
+ private:
+  LlamaConfig config_;
+  TensorSplit split_;
+  TensorParallelGroup whole_group_;  // a group of one: the whole tensor
+  std::shared_ptr<const PretrainedWeights> weights_;
+  ParameterInit init_;
+};
+
+// Gives each parameter its first values (ParameterValues), now or, when the strategy defers
+// them (deferred_parameters.hpp), when it makes them; and records how each is held
+// (parameter_layout).
+class ParameterSource {
+ public:
+  ParameterSource(const LlamaConfig& config, const TensorSplit& split,
+                  std::shared_ptr<const PretrainedWeights> weights, std::uint64_t seed,
+                  const llama::LoraSettings& lora, std::shared_ptr<DeferredParameters> deferred)
+      : values_(std::make_shared<const ParameterValues>(config, split, std::move(weights), seed)),
+        lora_(lora),
+        deferred_(std::move(deferred)) {}
+
+  const llama::LoraSettings& lora() const { return lora_; }
+  const TensorSplit& split() const { return values_->split(); }
+
+  // Adapters are made at once: they are small, and what trains.
   torch::Tensor make_adapter(const std::string& name, const Holding& holding, bool is_a) {
-    torch::Tensor held = at::zeros(holding.whole);
-    if (is_a) init_.kaiming_uniform(held, name, std::sqrt(5.0));
-    if (holding.split_dim >= 0 && split_.group.size > 1)
-      held = split_.group.shard_of(held, holding.split_dim);
-    return held;
+    return values_->adapter(name, holding, is_a);
   }
 
   // A new parameter tensor holding this rank's part of whole parameter `name`.
   torch::Tensor make(const std::string& name, const Holding& holding, Initial initial) {
-    const TensorParallelGroup whole_group;  // a group of one: the whole tensor
-    const TensorParallelGroup& group = holding.split_dim >= 0 ? split_.group : whole_group;
-    torch::Tensor held;
-    if (weights_) {
-      held = weights_->read(name, holding.offsets(group), holding.held(group), at::kFloat);
-    } else {
-      // Drawn whole, whatever this rank holds, so that every slice is the whole model's.
-      held = at::empty(holding.whole);
-      if (initial == Initial::kOnes) {
-        init_.fill(held, 1.0);
-      } else {
-        init_.normal(held, name, 0.0, config_.initializer_range);
-        if (name == kEmbedWeight && config_.pad_token_id) held[*config_.pad_token_id].zero_();
-      }
-      if (holding.split_dim >= 0 && group.size > 1) held = group.shard_of(held, holding.split_dim);
+    if (!deferred_) return values_->held(name, holding, initial);
+    return deferred_->defer(holding.held(values_->group_of(holding)),
+                            maker(name, holding, initial));
+  }
+
+  // Gives `parameter` (a module's own) its values, as make() would.
+  void assign(const torch::Tensor& parameter, const std::string& name, const Holding& holding,
+              Initial initial) {
+    if (!deferred_) {
+      at::Tensor(parameter).copy_(values_->held(name, holding, initial));
+      return;
     }
-    return held;
+    deferred_->defer_existing(parameter, maker(name, holding, initial));
   }
 
   // The layout of a parameter held as `holding` of whole parameter `name`.
   HeldLayout layout(const std::string& name, const Holding& holding) const {
-    if (holding.split_dim < 0 || !split_.split()) {
+    if (holding.split_dim < 0 || !split().split()) {
       return whole_parameter_layout(name, holding.whole);
     }
-    return parameter_box_layout(name, holding.whole, holding.offsets(split_.group),
-                                holding.held(split_.group));
+    return parameter_box_layout(name, holding.whole, holding.offsets(split().group),
+                                holding.held(split().group));
   }
 
  private:
-  const LlamaConfig& config_;
-  TensorSplit split_;
-  const PretrainedWeights* weights_;
-  ParameterInit init_;
+  std::shared_ptr<const ParameterValues> values_;
   llama::LoraSettings lora_;
+  std::shared_ptr<DeferredParameters> deferred_;
+
+  DeferredParameters::Make maker(const std::string& name, const Holding& holding,
+                                 Initial initial) const {
+    return [values = values_, name, holding, initial] {
+      return values->held(name, holding, initial);
+    };
+  }
 };
 
 // Every parameter of the whole model, by its transformers name, with its whole shape: what a

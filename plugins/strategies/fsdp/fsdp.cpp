@@ -37,6 +37,7 @@
 #include "trainyard/api/precision.hpp"
 #include "trainyard/parallel/process_mesh.hpp"
 #include "trainyard/parallel/replicated_step.hpp"
+#include "trainyard/models/deferred_parameters.hpp"
 #include "trainyard/parallel/sharded_units.hpp"
 #include "trainyard/parallel/tensor_parallel_step.hpp"
 #include "trainyard/api/step_phases.hpp"
@@ -113,8 +114,13 @@ class Fsdp final : public Strategy {
     replicate_group_ = mesh_->group(MeshGroup::kDataReplicate);
     tp_group_ = mesh_->group(MeshGroup::kTensor);
     place_ = {mesh_->rank(MeshGroup::kData), mesh_->size(MeshGroup::kData)};
-    model_ = context.make_model(context.build);
-    model_->module().to(context.build.device);
+    // A model that can defer its parameters' values hands placeholders, made one at a time as
+    // the units are built: no rank holds the whole model while it loads.
+    auto deferred = std::make_shared<DeferredParameters>();
+    BuildContext build = context.build;
+    build.extensions[kDeferredParametersExtension] = deferred;
+    model_ = context.make_model(build);
+    if (deferred->size() == 0) model_->module().to(context.build.device);
     model_->module().train();
     autocast_dtype_ = context.precision->autocast_dtype();
     ShardedUnitsOptions units;
@@ -132,6 +138,7 @@ class Fsdp final : public Strategy {
       // Frozen parameters (a base model under LoRA adapters) get no gradient and no optimizer
       // state: they stay whole (or this tp rank's piece) on every rank, outside the units.
       if (!item.value().requires_grad()) {
+        if (deferred->holds(item.value())) deferred->materialize(item.value(), context.build.device);
         frozen_.push_back(item.value());
         frozen_names_.push_back(item.key());
         frozen_layouts_.push_back(std::move(layout));
@@ -143,22 +150,33 @@ class Fsdp final : public Strategy {
     }
     if (parameters_.empty()) throw Error("fsdp: the model has no trainable parameters");
     for (const auto& item : model_->module().named_buffers(true)) {
+      // Placeholders cannot move: with deferred parameters the buffers move alone.
+      if (deferred->size() != 0) at::Tensor(item.value()).set_data(item.value().to(context.build.device));
       buffers_.push_back(item.value());
       buffer_names_.push_back(item.key());
     }
     if (auto data_group = mesh_->group(MeshGroup::kData)) {
       // Every data-parallel rank (each replicate group's too) starts from the parameters and
-      // buffers of the first one in its tp rank.
-      std::vector<at::Tensor> state = parameters_;
-      state.insert(state.end(), frozen_.begin(), frozen_.end());
+      // buffers of the first one in its tp rank. Deferred parameters are made alike on every
+      // rank (drawn per name, or read from the same files).
+      std::vector<at::Tensor> state;
+      for (const auto& parameter : parameters_) {
+        if (!deferred->holds(parameter)) state.push_back(parameter);
+      }
+      for (const auto& parameter : frozen_) {
+        if (!deferred->holds(parameter)) state.push_back(parameter);
+      }
       state.insert(state.end(), buffers_.begin(), buffers_.end());
       broadcast_coalesced(state, data_group);
     }
     try {
-      units_ = std::make_unique<ShardedUnits>(parameters_, names_, held_blocks(*model_), group_, units);
+      units_ = std::make_unique<ShardedUnits>(parameters_, names_, held_blocks(*model_), group_,
+                                              units, *deferred, context.build.device);
     } catch (const Error& error) {
       throw Error(std::string("fsdp: ") + error.what());
     }
+    // Buffers, and anything a model left on the CPU, to the device; the units are there already.
+    if (deferred->size() != 0) model_->module().to(context.build.device);
     optimizer_ = context.optimizer->create(units_->shards());
     blocks_ = with_activation_checkpointing(units_->blocks(), context.step.activation_checkpointing,
                                             context.device_backend);

@@ -7,6 +7,7 @@
 #include <torch/csrc/distributed/c10d/Backend.hpp>
 
 #include <algorithm>
+#include <optional>
 #include <unordered_map>
 #include <utility>
 
@@ -14,6 +15,7 @@
 #include "trainyard/api/error.hpp"
 #include "trainyard/parallel/gradients.hpp"
 #include "trainyard/api/model.hpp"
+#include "trainyard/models/deferred_parameters.hpp"
 
 namespace trainyard {
 
@@ -57,12 +59,15 @@ struct Unit {
 struct ShardedUnits::State {
   State(std::vector<at::Tensor> parameters_in, std::vector<std::string> names_in,
         const std::vector<Block>& blocks, c10::intrusive_ptr<c10d::Backend> group_in,
-        const ShardedUnitsOptions& options_in)
+        const ShardedUnitsOptions& options_in, const DeferredParameters* deferred_in,
+        std::optional<c10::Device> device_in)
       : parameters(std::move(parameters_in)),
         names(std::move(names_in)),
         group(std::move(group_in)),
         options(options_in),
-        group_size(group ? group->getSize() : 1) {
+        group_size(group ? group->getSize() : 1),
+        deferred(deferred_in),
+        device(device_in) {
     const bool replicated = options.sharding == UnitSharding::kNone;
     shard_ranks = replicated ? 1 : group_size;
     shard_rank = replicated || !group ? 0 : group->getRank();
@@ -70,6 +75,7 @@ struct ShardedUnits::State {
     // another dtype.
     if (replicated) options.gather_dtype = at::kFloat;
     build_units(blocks);
+    deferred = nullptr;  // the caller's, needed no longer
     // A unit's gradients are reduced as soon as its last one is complete.
     accumulators = trainyard::on_gradient_ready(
         parameters, [this](std::size_t index) { on_gradient_ready(index); });
@@ -134,14 +140,18 @@ struct ShardedUnits::State {
         throw Error("parameter '" + names[layout.parameters.front()] +
                     "' is not float32; sharded units keep fp32 master shards");
       }
-      at::Tensor master =
-          at::zeros({layout.shard_numel * shard_ranks}, first.options().requires_grad(false));
-      for (std::size_t j = 0; j < layout.parameters.size(); ++j) {
-        const at::Tensor& parameter = parameters[layout.parameters[j]];
-        master.narrow(0, layout.offsets[j], parameter.numel())
-            .copy_(parameter.detach().reshape({-1}));
+      const at::TensorOptions buffer_options =
+          first.options().device(device.value_or(first.device())).requires_grad(false);
+      // Only this rank's shard is filled, from one parameter at a time; the gathered buffer
+      // starts without memory (a replicated unit's is the shard itself).
+      unit.shard = shard_values(layout, buffer_options);
+      if (options.sharding == UnitSharding::kNone) {
+        unit.full = unit.shard;  // the model's parameters view what the optimizer steps
+        unit.gathered = true;
+      } else {
+        unit.full = storage_free(layout.shard_numel * shard_ranks,
+                                 buffer_options.dtype(options.gather_dtype));
       }
-      unit.full = options.gather_dtype == at::kFloat ? master : master.to(options.gather_dtype);
       for (std::size_t j = 0; j < layout.parameters.size(); ++j) {
         at::Tensor& parameter = parameters[layout.parameters[j]];
         // The parameter keeps its identity (autograd, module, optimizer hooks) and now views
@@ -149,15 +159,39 @@ struct ShardedUnits::State {
         parameter.set_data(
             unit.full.narrow(0, layout.offsets[j], parameter.numel()).view(parameter.sizes()));
       }
-      if (options.sharding == UnitSharding::kNone) {
-        unit.shard = unit.full;  // the model's parameters view what the optimizer steps
-        unit.gathered = true;
-      } else {
-        unit.shard = master.narrow(0, shard_rank * layout.shard_numel, layout.shard_numel).clone();
-        release(unit);
-      }
+      if (options.sharding != UnitSharding::kNone) release_storage(unit.full);
       unit.shard.requires_grad_(true);
     }
+  }
+
+  // This rank's part of the unit's flat parameters: each parameter that overlaps it taken (or,
+  // deferred, made) in turn and the overlap copied; the padding past the last one is zero.
+  at::Tensor shard_values(const ShardedUnitLayout& layout, const at::TensorOptions& buffer_options) {
+    const std::int64_t begin = shard_rank * layout.shard_numel;
+    const std::int64_t end = begin + layout.shard_numel;
+    at::Tensor shard = at::zeros({layout.shard_numel}, buffer_options);
+    for (std::size_t j = 0; j < layout.parameters.size(); ++j) {
+      const at::Tensor& parameter = parameters[layout.parameters[j]];
+      const std::int64_t first = std::max(begin, layout.offsets[j]);
+      const std::int64_t last = std::min(end, layout.offsets[j] + parameter.numel());
+      if (first >= last) continue;
+      const at::Tensor values = deferred && deferred->holds(parameter)
+                                    ? deferred->make(parameter)
+                                    : parameter.detach();
+      shard.narrow(0, first - begin, last - first)
+          .copy_(values.reshape({-1}).narrow(0, first - layout.offsets[j], last - first));
+    }
+    return shard;
+  }
+
+  // A flat tensor of `numel` elements whose storage holds no memory: it claims the bytes, so
+  // that views can be cut from it, until release_storage drops the claim (restore_storage then
+  // gives it memory when it is gathered).
+  static at::Tensor storage_free(std::int64_t numel, const at::TensorOptions& options) {
+    at::Tensor tensor = at::empty({0}, options);
+    tensor.storage().set_nbytes(static_cast<std::size_t>(numel) * tensor.element_size());
+    tensor.unsafeGetTensorImpl()->set_sizes_contiguous({numel});
+    return tensor;
   }
 
   bool sharded_group() const { return group && options.sharding != UnitSharding::kNone; }
@@ -356,6 +390,10 @@ struct ShardedUnits::State {
   c10::intrusive_ptr<c10d::Backend> group;
   ShardedUnitsOptions options;
   std::int64_t group_size;
+  // While the units are built: where placeholders' values come from, and the device of the
+  // buffers when it is not the parameters' own.
+  const DeferredParameters* deferred = nullptr;
+  std::optional<c10::Device> device;
   std::int64_t shard_ranks = 1;
   std::int64_t shard_rank = 0;
   std::vector<Unit> units;
@@ -372,7 +410,15 @@ ShardedUnits::ShardedUnits(std::vector<at::Tensor> parameters, std::vector<std::
                            const c10::intrusive_ptr<c10d::Backend>& group,
                            const ShardedUnitsOptions& options)
     : state_(std::make_unique<State>(std::move(parameters), std::move(names), blocks, group,
-                                     options)) {}
+                                     options, nullptr, std::nullopt)) {}
+
+ShardedUnits::ShardedUnits(std::vector<at::Tensor> parameters, std::vector<std::string> names,
+                           const std::vector<Block>& blocks,
+                           const c10::intrusive_ptr<c10d::Backend>& group,
+                           const ShardedUnitsOptions& options, const DeferredParameters& deferred,
+                           c10::Device device)
+    : state_(std::make_unique<State>(std::move(parameters), std::move(names), blocks, group,
+                                     options, &deferred, device)) {}
 
 ShardedUnits::~ShardedUnits() = default;
 

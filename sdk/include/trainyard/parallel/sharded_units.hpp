@@ -10,6 +10,7 @@
 // stage over its own.
 
 #include <ATen/core/Tensor.h>
+#include <c10/core/Device.h>
 #include <c10/core/ScalarType.h>
 #include <c10/util/intrusive_ptr.h>
 
@@ -27,6 +28,7 @@ class Backend;
 
 namespace trainyard {
 
+class DeferredParameters;
 class Optimizer;
 
 struct Block;
@@ -69,6 +71,14 @@ class ShardedUnits {
   ShardedUnits(std::vector<at::Tensor> parameters, std::vector<std::string> names,
                const std::vector<Block>& blocks, const c10::intrusive_ptr<c10d::Backend>& group,
                const ShardedUnitsOptions& options);
+  // The same, where parameters that `deferred` holds (placeholders, deferred_parameters.hpp)
+  // are made one at a time and only this rank's part of each kept: building holds the shards
+  // and one parameter, never the whole model. Buffers are made on `device`; the deferred
+  // parameters then view them there.
+  ShardedUnits(std::vector<at::Tensor> parameters, std::vector<std::string> names,
+               const std::vector<Block>& blocks, const c10::intrusive_ptr<c10d::Backend>& group,
+               const ShardedUnitsOptions& options, const DeferredParameters& deferred,
+               c10::Device device);
   ~ShardedUnits();
   ShardedUnits(const ShardedUnits&) = delete;
   ShardedUnits& operator=(const ShardedUnits&) = delete;
