@@ -20,6 +20,7 @@
 #include "step_harness.hpp"
 #include "trainyard/api/build_context.hpp"
 #include "trainyard/api/model.hpp"
+#include "trainyard/api/precision.hpp"
 #include "trainyard/models/pretrained_weights.hpp"
 
 namespace trainyard::testing {
@@ -293,6 +294,49 @@ TEST(LlamaLora, TrainsTheAdaptersAloneAndStartsAsTheBaseModel) {
     if (item.key().find(".lora_B.") != std::string::npos) {
       EXPECT_GT(item.value().grad().abs().sum().item<double>(), 0.0) << item.key();
     }
+  }
+}
+
+// Under a precision that autocasts to bf16, the frozen base's projections are kept in bf16
+// (half their fp32 bytes) while the adapters, norms and embedding stay fp32; autocast casts the
+// projections to bf16 for every product anyway, so logits, loss and the adapters' gradients are
+// bit for bit those of a model whose base is fp32.
+TEST(LlamaLora, KeepsTheFrozenBaseInTheComputeDtype) {
+  const std::string options =
+      "config = { hidden_size = 32, intermediate_size = 48, num_hidden_layers = 2, "
+      "num_attention_heads = 4 }\nlora = { rank = 2, targets = [\"q_proj\", \"v_proj\"] }\n";
+  BuildContext bf16 = language_context();
+  bf16.extensions[kComputeDtypeExtension] = at::kBFloat16;
+  auto compact = build_llama(options, bf16);
+  auto reference = build_llama(options, language_context());
+  std::int64_t compact_bytes = 0, reference_bytes = 0;
+  for (const auto& item : compact->module().named_parameters()) {
+    const bool projection = item.key().find("_proj.weight") != std::string::npos &&
+                            item.key().find(".lora_") == std::string::npos;
+    EXPECT_EQ(item.value().scalar_type(), projection ? at::kBFloat16 : at::kFloat) << item.key();
+    compact_bytes += item.value().numel() * static_cast<std::int64_t>(item.value().element_size());
+  }
+  for (const auto& item : reference->module().named_parameters()) {
+    reference_bytes += item.value().numel() * static_cast<std::int64_t>(item.value().element_size());
+  }
+  EXPECT_LT(compact_bytes, reference_bytes);
+  at::Generator generator = at::detail::createCPUGenerator(9);
+  const Batch batch = batch_of(at::randint(kVocab, {2, kLength}, generator, at::kLong));
+  std::map<std::string, at::Tensor> gradients[2];
+  at::Tensor logits[2];
+  Model* models[2] = {compact.get(), reference.get()};
+  for (int m = 0; m < 2; ++m) {
+    AutocastGuard autocast(at::kCPU, at::kBFloat16);
+    logits[m] = run_blocks(*models[m], models[m]->blocks(), batch);
+    models[m]->loss(logits[m], batch).backward();
+    for (const auto& item : models[m]->module().named_parameters()) {
+      if (item.value().requires_grad()) gradients[m][item.key()] = item.value().grad();
+    }
+  }
+  EXPECT_TRUE(at::equal(logits[0], logits[1]));
+  ASSERT_EQ(gradients[0].size(), 2u * 2u * 2u);
+  for (const auto& [name, gradient] : gradients[0]) {
+    EXPECT_TRUE(at::equal(gradient, gradients[1].at(name))) << name;
   }
 }
 

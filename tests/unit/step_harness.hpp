@@ -95,6 +95,9 @@ struct StepHarness {
     }
     precision = registry.create<Precision>(
         options.precision, options_section("precision", options.precision_options), build);
+    if (const auto compute = precision->autocast_dtype()) {
+      build.extensions[kComputeDtypeExtension] = *compute;
+    }
     context.optimizer = registry.create<Optimizer>(
         options.optimizer, options_section("optimizer", options.optimizer_options), build);
     context.precision = precision;

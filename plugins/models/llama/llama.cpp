@@ -38,6 +38,7 @@
 
 #include "llama_config.hpp"
 #include "llama_layers.hpp"
+#include "trainyard/api/build_context.hpp"
 #include "trainyard/api/error.hpp"
 #include "trainyard/api/model.hpp"
 #include "trainyard/api/plugin.hpp"
@@ -182,6 +183,14 @@ std::shared_ptr<DeferredParameters> deferred_parameters(const BuildContext& cont
   return deferred ? *deferred : nullptr;
 }
 
+// The dtype the run's precision computes matrix products in, when it autocasts.
+std::optional<c10::ScalarType> compute_dtype(const BuildContext& context) {
+  auto it = context.extensions.find(kComputeDtypeExtension);
+  if (it == context.extensions.end()) return std::nullopt;
+  const auto* dtype = std::any_cast<c10::ScalarType>(&it->second);
+  return dtype ? std::optional<c10::ScalarType>(*dtype) : std::nullopt;
+}
+
 class Llama final : public Model {
  public:
   Llama(const Config& options, const BuildContext& context)
@@ -217,7 +226,7 @@ class Llama final : public Model {
     lora_ =
         llama::read_lora_settings(toml_to_json(options.value("lora")), options.qualified("lora"));
     ParameterSource source(config_, split_, std::move(weights), context.seed, lora_,
-                           deferred_parameters(context));
+                           deferred_parameters(context), compute_dtype(context));
     // torch::nn modules built here draw nothing, but the guard keeps the contract obvious.
     GlobalGeneratorGuard keep_global_stream;
     at::NoGradGuard no_grad;

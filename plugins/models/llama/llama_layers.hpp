@@ -124,12 +124,19 @@ class ParameterValues {
 // (parameter_layout).
 class ParameterSource {
  public:
+  // `compute_dtype`: what the run's matrix products compute in, when autocast lowers it; the
+  // frozen base of a model with adapters is kept in it.
   ParameterSource(const LlamaConfig& config, const TensorSplit& split,
                   std::shared_ptr<const PretrainedWeights> weights, std::uint64_t seed,
-                  const llama::LoraSettings& lora, std::shared_ptr<DeferredParameters> deferred)
+                  const llama::LoraSettings& lora, std::shared_ptr<DeferredParameters> deferred,
+                  std::optional<c10::ScalarType> compute_dtype)
       : values_(std::make_shared<const ParameterValues>(config, split, std::move(weights), seed)),
         lora_(lora),
-        deferred_(std::move(deferred)) {}
+        deferred_(std::move(deferred)) {
+    if (lora_.enabled() && compute_dtype && *compute_dtype != at::kFloat) {
+      frozen_projection_dtype_ = compute_dtype;
+    }
+  }
 
   const llama::LoraSettings& lora() const { return lora_; }
   const TensorSplit& split() const { return values_->split(); }
@@ -144,6 +151,14 @@ class ParameterSource {
     if (!deferred_) return values_->held(name, holding, initial);
     return deferred_->defer(holding.held(values_->group_of(holding)),
                             maker(name, holding, initial));
+  }
+
+  // A projection's weight: with adapters it is frozen and read by matrix products alone, so it
+  // is made at once in the compute dtype, where autocast would cast it for every product; fsdp
+  // keeps frozen weights whole, outside its units, and has nothing to defer.
+  torch::Tensor make_projection(const std::string& name, const Holding& holding) {
+    if (!frozen_projection_dtype_) return make(name, holding, Initial::kNormal);
+    return values_->held(name, holding, Initial::kNormal).to(*frozen_projection_dtype_);
   }
 
   // Gives `parameter` (a module's own) its values, as make() would.
@@ -169,6 +184,7 @@ class ParameterSource {
   std::shared_ptr<const ParameterValues> values_;
   llama::LoraSettings lora_;
   std::shared_ptr<DeferredParameters> deferred_;
+  std::optional<c10::ScalarType> frozen_projection_dtype_;
 
   DeferredParameters::Make maker(const std::string& name, const Holding& holding,
                                  Initial initial) const {
@@ -301,7 +317,7 @@ inline Projection add_projection(torch::nn::Module& owner, const std::string& na
   const std::string whole = prefix + name + ".weight";
   layouts[whole] = source.layout(whole, holding);
   Projection projection =
-      owner.register_module(name, Projection(source.make(whole, holding, Initial::kNormal)));
+      owner.register_module(name, Projection(source.make_projection(whole, holding)));
   const llama::LoraSettings& lora = source.lora();
   if (!lora.targets_projection(name)) return projection;
   // A [r, in] is split like W's columns (row-parallel W), B [out, r] like W's rows

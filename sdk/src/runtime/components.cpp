@@ -25,6 +25,9 @@ Components Components::build(const Recipe& recipe, const Registry& registry, Bui
   build.data = built.dataset->info();
   built.precision = create<Precision>(recipe, registry, "precision", build);
   built.precision->check_device(build.device);
+  if (const auto compute = built.precision->autocast_dtype()) {
+    build.extensions[kComputeDtypeExtension] = *compute;
+  }
   built.optimizer = create<Optimizer>(recipe, registry, "optimizer", build);
   built.base_lr = built.optimizer->learning_rate();
   built.scheduler = create<LrScheduler>(recipe, registry, "scheduler", build);

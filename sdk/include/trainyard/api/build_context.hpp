@@ -32,6 +32,13 @@ struct DatasetInfo {
   std::int64_t sequence_length = 0;       // language modelling; 0 when not applicable
 };
 
+// BuildContext::extensions[kComputeDtypeExtension]: the c10::ScalarType the run's precision
+// computes matrix products in (autocast's dtype), present when the precision autocasts. A model
+// may keep weights that only matrix products read and that take no gradient (a frozen base
+// under adapters) in it: autocast would cast them to it for every product anyway, so the results
+// are the same and the weights take half the memory.
+inline constexpr const char* kComputeDtypeExtension = "trainyard.compute_dtype";
+
 struct BuildContext {
   c10::Device device = c10::Device(c10::kCPU);
   // The backend driving `device` (what a precision asks which dtypes the device computes
