@@ -442,6 +442,48 @@ TEST(BadInputTest, ValidateRefusesLayoutsTheRunCannotForm) {
   EXPECT_EQ(one_rank.exit_code, 0) << describe(one_rank);
 }
 
+// The strategy checks the model validate builds (Strategy::check_model): a sharding mode the
+// model's modules cannot take, and a model that cannot be cut into the mesh's stages, are
+// one-line errors naming the option and the fix before any process starts, and run refuses
+// the first the same way before training.
+TEST(BadInputTest, ValidateRefusesShardingModesTheModelCannotTake) {
+  const std::vector<std::string> batch_norm_in_bf16 = {
+      "recipes/fashion_mnist_cnn.toml", "--set", "model.batch_norm=true",
+      "--set", "strategy.plugin=fsdp",  "--set", "strategy.param_dtype=bfloat16"};
+  std::vector<std::string> validate = {"validate"};
+  validate.insert(validate.end(), batch_norm_in_bf16.begin(), batch_norm_in_bf16.end());
+  auto error = expect_clean_failure(validate);
+  EXPECT_HAS(error, "param_dtype = \"bfloat16\" cannot serve the model's BatchNorm layers");
+  EXPECT_HAS(error, "use \"float32\" or \"auto\"");
+  auto fits = run_host({"validate", "recipes/fashion_mnist_cnn.toml", "--set",
+                        "strategy.plugin=fsdp", "--set", "strategy.param_dtype=float32"},
+                       {}, 300);
+  EXPECT_EQ(fits.exit_code, 0) << describe(fits);
+  TempDir dir;
+  std::vector<std::string> run = {"run"};
+  run.insert(run.end(), batch_norm_in_bf16.begin(), batch_norm_in_bf16.end());
+  run.insert(run.end(), {"--set", "run.output_dir=" + (dir / "out").string()});
+  auto refused = expect_clean_failure(run);
+  EXPECT_HAS(refused, "param_dtype = \"bfloat16\" cannot serve the model's BatchNorm layers");
+  EXPECT_FALSE(fs::exists(dir / "out" / "checkpoints"));
+
+  auto frozen = expect_clean_failure(
+      {"validate", "recipes/llama_finetune.toml", "--set", "strategy.plugin=pipeline", "--set",
+       "strategy.dp_sharding=full", "--set", "parallel.pp=2", "--nproc", "4"});
+  EXPECT_HAS(frozen, "is frozen (requires no gradient); dp_sharding shards trainable parameters");
+  EXPECT_HAS(frozen, "set dp_sharding = \"none\", or use fsdp");
+  auto replicated =
+      run_host({"validate", "recipes/llama_finetune.toml", "--set", "strategy.plugin=pipeline",
+                "--set", "parallel.pp=2", "--nproc", "4"},
+               {}, 300);
+  EXPECT_EQ(replicated.exit_code, 0) << describe(replicated);
+
+  auto stages = expect_clean_failure({"validate", "recipes/fashion_mnist_mlp.toml", "--set",
+                                      "strategy.plugin=pipeline", "--set", "parallel.pp=8",
+                                      "--nproc", "8"});
+  EXPECT_HAS(stages, "fewer than the 8 stages (pp 8 x virtual_stages 1); lower pp");
+}
+
 TEST(BadInputTest, PluginFactoryExceptionIsReported) {
   TempDir dir;
   auto recipe = dir.write("r.toml", std::string(kValidRecipe) + "[sinks.throwing]\n");

@@ -183,14 +183,6 @@ std::shared_ptr<DeferredParameters> deferred_parameters(const BuildContext& cont
   return deferred ? *deferred : nullptr;
 }
 
-// The dtype the run's precision computes matrix products in, when it autocasts.
-std::optional<c10::ScalarType> compute_dtype(const BuildContext& context) {
-  auto it = context.extensions.find(kComputeDtypeExtension);
-  if (it == context.extensions.end()) return std::nullopt;
-  const auto* dtype = std::any_cast<c10::ScalarType>(&it->second);
-  return dtype ? std::optional<c10::ScalarType>(*dtype) : std::nullopt;
-}
-
 class Llama final : public Model {
  public:
   Llama(const Config& options, const BuildContext& context)

@@ -248,6 +248,14 @@ class Ddp final : public Strategy {
     return out;
   }
 
+  // What setup refuses of a model, asked before any process starts: BatchNorm layers that
+  // sync_batchnorm cannot synchronise (nested in another module, or in a block that is not a
+  // torch::nn::Sequential).
+  void check_model(Model& model, const BuildContext& /*build*/) const override {
+    if (!options_.sync_batchnorm) return;
+    for (const auto& block : model.blocks()) sync_batch_norm_forward(block, {});
+  }
+
   HeldBytes held_bytes() const override {
     std::vector<at::Tensor> buffers =
         reducer_ ? reducer_->bucket_buffers() : std::vector<at::Tensor>{};

@@ -95,6 +95,10 @@ struct FsdpOptions {
   bool full_state_dict = false;          // checkpoints consolidated instead of sharded
 };
 
+const char* const kNothingToTrain =
+    "fsdp: the model has no trainable parameters; fsdp shards what trains (unfreeze some, or use "
+    "ddp or single)";
+
 class Fsdp final : public Strategy {
  public:
   explicit Fsdp(const Config& config) {
@@ -126,7 +130,7 @@ class Fsdp final : public Strategy {
     ShardedUnitsOptions units;
     units.sharding = options_.sharding;
     units.prefetch = options_.prefetch;
-    units.gather_dtype = gathered_dtype();
+    units.gather_dtype = gathered_dtype(*model_, autocast_dtype_, place_.rank == 0);
     // Replicated parameters are the fp32 master copy itself: nothing is gathered in another
     // dtype, and "auto" reduces in float32.
     units.reduce_dtype =
@@ -148,7 +152,7 @@ class Fsdp final : public Strategy {
       parameters_.push_back(item.value());
       names_.push_back(item.key());
     }
-    if (parameters_.empty()) throw Error("fsdp: the model has no trainable parameters");
+    if (parameters_.empty()) throw Error(kNothingToTrain);
     for (const auto& item : model_->module().named_buffers(true)) {
       // Placeholders cannot move: with deferred parameters the buffers move alone.
       if (deferred->size() != 0) at::Tensor(item.value()).set_data(item.value().to(context.build.device));
@@ -235,28 +239,40 @@ class Fsdp final : public Strategy {
 
   DataParallelPlace data_parallel_place() const override { return place_; }
 
+  // What setup refuses of a model, asked before any process starts.
+  void check_model(Model& model, const BuildContext& build) const override {
+    bool trainable = false;
+    for (const auto& parameter : model.module().parameters(true)) {
+      trainable = trainable || parameter.requires_grad();
+    }
+    if (!trainable) throw Error(kNothingToTrain);
+    gathered_dtype(model, compute_dtype(build), false);
+  }
+
   // The dtype the units' parameters are gathered in: param_dtype, where "auto" follows autocast.
   // A model with BatchNorm layers gathers float32 under "auto", as PyTorch's FSDP keeps BatchNorm
   // in full precision; autocast still runs the convolutions and matrix products in its dtype.
-  at::ScalarType gathered_dtype() const {
+  // Throws Error for an explicit param_dtype other than float32 on a model with BatchNorm.
+  at::ScalarType gathered_dtype(Model& model, std::optional<at::ScalarType> autocast_dtype,
+                                bool report) const {
     const at::ScalarType chosen =
-        dtype_named(options_.param_dtype, autocast_dtype_.value_or(at::kFloat));
+        dtype_named(options_.param_dtype, autocast_dtype.value_or(at::kFloat));
     // Replicated units gather nothing: their parameters are the float32 master itself.
     if (chosen == at::kFloat || options_.sharding == UnitSharding::kNone ||
-        !has_batch_norm(model_->module())) {
+        !has_batch_norm(model.module())) {
       return chosen;
     }
     // What autocast computes in either way; an explicit param_dtype need not be autocast's.
     const std::string autocast =
-        autocast_dtype_ ? "autocast still computes in " + recipe_dtype_name(*autocast_dtype_)
-                        : "nothing autocasts";
+        autocast_dtype ? "autocast still computes in " + recipe_dtype_name(*autocast_dtype)
+                       : "nothing autocasts";
     if (options_.param_dtype != "auto") {
       throw Error("fsdp: param_dtype = \"" + options_.param_dtype +
                   "\" cannot serve the model's BatchNorm layers, whose running statistics stay "
                   "float32; use \"float32\" or \"auto\" (" +
                   autocast + ")");
     }
-    if (place_.rank == 0) {
+    if (report) {
       std::cerr << "fsdp: parameters gathered in float32 (param_dtype auto): the model's "
                    "BatchNorm layers keep float32 running statistics; "
                 << autocast << std::endl;

@@ -269,26 +269,52 @@ class Pipeline final : public Strategy {
     return build;
   }
 
+  // What setup refuses of a model, asked before any process starts: a model that cannot be cut
+  // into this mesh's stages, and frozen parameters where dp_sharding would shard them.
+  void check_model(Model& model, const BuildContext& build) const override {
+    const std::vector<std::string> names =
+        check_cuttable(model, build.mesh ? build.mesh->size(MeshGroup::kPipeline) : 1);
+    if (!options_.stages.empty()) {
+      named_stages(options_.stages, names,
+                   static_cast<int>(build.mesh ? build.mesh->size(MeshGroup::kPipeline) : 1) *
+                       static_cast<int>(options_.virtual_stages));
+    }
+    if (!options_.sharding) return;
+    for (const auto& item : model.module().named_parameters(true)) {
+      if (!item.value().requires_grad()) throw Error(frozen_under_sharding(item.key()));
+    }
+  }
+
+  // The model's block names, when it builds stages and has at least one block per stage of
+  // `ranks` pipeline ranks (times virtual_stages); an Error naming the fix otherwise.
+  std::vector<std::string> check_cuttable(Model& model, int ranks) const {
+    if (!model.builds_stages()) {
+      throw Error("pipeline: model '" + model.module().name() +
+                  "' does not build stages (Model::builds_stages), so it cannot be cut; use ddp "
+                  "or fsdp");
+    }
+    std::vector<std::string> names = model.block_names();
+    const auto stage_count = static_cast<std::int64_t>(ranks) * options_.virtual_stages;
+    if (options_.stages.empty() && static_cast<std::int64_t>(names.size()) < stage_count) {
+      throw Error("pipeline: model '" + model.module().name() + "' has " +
+                  std::to_string(names.size()) + " blocks, fewer than the " +
+                  std::to_string(stage_count) + " stages (pp " + std::to_string(ranks) +
+                  " x virtual_stages " + std::to_string(options_.virtual_stages) +
+                  "); lower pp or virtual_stages");
+    }
+    return names;
+  }
+
   // Decides which blocks each stage holds: as the recipe names them, or balanced by the FLOPs
   // each block reports (its parameter count when the model reports none), measured by building
   // one block at a time, so no rank ever holds more than its stages and one other block.
   void cut_model() {
     std::shared_ptr<Model> empty = context_.make_model(stage_build({0, 0}));
-    if (!empty->builds_stages()) {
-      throw Error("pipeline: model '" + empty->module().name() +
-                  "' does not build stages (Model::builds_stages), so it cannot be cut");
-    }
-    block_names_ = empty->block_names();
+    block_names_ = check_cuttable(*empty, shape_.ranks);
     const int stage_count = shape_.stages();
     if (!options_.stages.empty()) {
       cut_ = named_stages(options_.stages, block_names_, stage_count);
       return;
-    }
-    if (static_cast<int>(block_names_.size()) < stage_count) {
-      throw Error("pipeline: model '" + empty->module().name() + "' has " +
-                  std::to_string(block_names_.size()) + " blocks, fewer than the " +
-                  std::to_string(stage_count) + " stages (pp " + std::to_string(shape_.ranks) +
-                  " x virtual_stages " + std::to_string(shape_.virtual_stages) + ")");
     }
     std::vector<double> flops;
     std::vector<double> sizes;

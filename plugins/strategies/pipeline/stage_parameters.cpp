@@ -137,9 +137,7 @@ class ShardedStageParameters final : public StageParameters {
     for (std::size_t i = 0; i < parameters_.size(); ++i) {
       if (!holds_whole(layouts_[i])) split_names_.insert(layouts_[i].front().name);
       if (!parameters_[i].requires_grad()) {
-        throw Error("pipeline: parameter '" + names_[i] +
-                    "' is frozen (requires no gradient); dp_sharding shards trainable "
-                    "parameters only");
+        throw Error(frozen_under_sharding(names_[i]));
       }
     }
     units_ = std::make_unique<ShardedUnits>(std::move(parameters), std::move(names), blocks,
@@ -304,6 +302,12 @@ std::unique_ptr<StageParameters> sharded_stage_parameters(
   return std::make_unique<ShardedStageParameters>(std::move(parameters), std::move(names), blocks,
                                                   std::move(layouts), shard_group, replicate_group,
                                                   options);
+}
+
+std::string frozen_under_sharding(const std::string& name) {
+  return "pipeline: parameter '" + name +
+         "' is frozen (requires no gradient); dp_sharding shards trainable parameters only: set "
+         "dp_sharding = \"none\", or use fsdp, which keeps frozen parameters whole";
 }
 
 }  // namespace trainyard

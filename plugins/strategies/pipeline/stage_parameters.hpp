@@ -94,4 +94,8 @@ std::unique_ptr<StageParameters> sharded_stage_parameters(
     const c10::intrusive_ptr<c10d::Backend>& shard_group,
     const c10::intrusive_ptr<c10d::Backend>& replicate_group, const ShardedUnitsOptions& options);
 
+// The refusal of frozen parameter `name` (a base under adapters) where dp_sharding shards a
+// stage's parameters: units shard what trains.
+std::string frozen_under_sharding(const std::string& name);
+
 }  // namespace trainyard

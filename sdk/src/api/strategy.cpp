@@ -28,6 +28,8 @@ std::string Strategy::describe_layout() const { return {}; }
 
 std::vector<torch::Tensor> Strategy::optimizer_stepped_tensors() const { return {}; }
 
+void Strategy::check_model(Model& /*model*/, const BuildContext& /*build*/) const {}
+
 void StrategyContext::before_optimizer_step() const {
   if (optimizer_step_gate) optimizer_step_gate->enter();
 }

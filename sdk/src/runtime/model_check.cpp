@@ -9,6 +9,8 @@
 #include "trainyard/api/build_context.hpp"
 #include "trainyard/api/dataset.hpp"
 #include "trainyard/api/model.hpp"
+#include "trainyard/api/precision.hpp"
+#include "trainyard/api/strategy.hpp"
 #include "trainyard/parallel/mesh_layout.hpp"
 #include "trainyard/parallel/process_mesh.hpp"
 
@@ -16,7 +18,8 @@ namespace trainyard {
 
 namespace {
 
-// Builds the recipe's model on the meta device as the rank that `mesh` places would.
+// Builds the recipe's model on the meta device as the rank that `mesh` places would, and asks
+// the recipe's strategy whether it can run it.
 void build_on_meta(const Recipe& resolved, const Registry& registry,
                    std::shared_ptr<ProcessMesh> mesh) {
   BuildContext build;
@@ -30,8 +33,17 @@ void build_on_meta(const Recipe& resolved, const Registry& registry,
       registry.create<Dataset>(dataset_section.get_string("plugin"), dataset_section, build)
           ->info();
   build.device = c10::Device(c10::kMeta);
+  const Config precision_section = resolved.section("precision");
+  if (const auto compute =
+          registry.create<Precision>(precision_section.get_string("plugin"), precision_section, build)
+              ->autocast_dtype()) {
+    build.extensions[kComputeDtypeExtension] = *compute;
+  }
   const Config model_section = resolved.section("model");
-  registry.create<Model>(model_section.get_string("plugin"), model_section, build);
+  auto model = registry.create<Model>(model_section.get_string("plugin"), model_section, build);
+  const Config strategy_section = resolved.section("strategy");
+  registry.create<Strategy>(strategy_section.get_string("plugin"), strategy_section, build)
+      ->check_model(*model, build);
 }
 
 }  // namespace

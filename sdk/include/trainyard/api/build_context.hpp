@@ -2,6 +2,7 @@
 // What a factory may know about the run when it builds a component.
 
 #include <c10/core/Device.h>
+#include <c10/core/ScalarType.h>
 
 #include <any>
 #include <cstdint>
@@ -64,5 +65,13 @@ struct BuildContext {
   // understand and ignore the rest.
   std::map<std::string, std::any> extensions;
 };
+
+// The compute dtype a build's extensions carry (kComputeDtypeExtension), if any.
+inline std::optional<c10::ScalarType> compute_dtype(const BuildContext& build) {
+  auto it = build.extensions.find(kComputeDtypeExtension);
+  if (it == build.extensions.end()) return std::nullopt;
+  const auto* dtype = std::any_cast<c10::ScalarType>(&it->second);
+  return dtype ? std::optional<c10::ScalarType>(*dtype) : std::nullopt;
+}
 
 }  // namespace trainyard

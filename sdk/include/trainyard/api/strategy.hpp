@@ -139,6 +139,14 @@ class Strategy : public Component {
   // What this rank holds now in parameters, gradients and optimizer state (measured from the
   // tensors themselves, not estimated).
   virtual HeldBytes held_bytes() const = 0;
+  // Refuses a model this strategy cannot run as configured (a sharding mode the model's modules
+  // cannot take, a model a pipeline cannot cut): an Error in one line naming what and the fix.
+  // `trainyard validate` calls it before any process starts, with the whole model built as rank
+  // 0 of the run's mesh builds it on the meta device (shapes only: it reads no values) and
+  // `build` as the model saw it, its extensions holding the precision's compute dtype
+  // (kComputeDtypeExtension) when it autocasts; setup() refuses the same things. Default:
+  // accepts every model.
+  virtual void check_model(Model& model, const BuildContext& build) const;
 };
 
 }  // namespace trainyard

@@ -12,7 +12,9 @@ namespace trainyard {
 // Builds the recipe's dataset (for the shapes the model is built from) and then its whole model
 // on the meta device, which gives every tensor a shape and no memory. A model that refuses its
 // options (gpt's n_heads that does not divide d_model) throws the Error it would throw in a run,
-// before any process starts or any memory is allocated. `resolved` is a resolved recipe.
+// before any process starts or any memory is allocated. The recipe's strategy then checks the
+// model (Strategy::check_model: a sharding mode its modules cannot take). `resolved` is a
+// resolved recipe.
 void check_model_builds(const Recipe& resolved, const Registry& registry);
 
 // The recipe's [parallel] mesh on `world_size` processes (0: the product of its explicit sizes,
