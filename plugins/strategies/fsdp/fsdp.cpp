@@ -179,6 +179,9 @@ class Fsdp final : public Strategy {
     } catch (const Error& error) {
       throw Error(std::string("fsdp: ") + error.what());
     }
+    // Hybrid sharding: each replicate group shards the model; the shards' gradients are then
+    // averaged across the groups.
+    units_->average_over(replicate_group_);
     // Buffers, and anything a model left on the CPU, to the device; the units are there already.
     if (deferred->size() != 0) model_->module().to(context.build.device);
     optimizer_ = context.optimizer->create(units_->shards());
@@ -201,7 +204,6 @@ class Fsdp final : public Strategy {
       torch::Tensor detached =
           forward_backward(*model_, blocks_, batch, count, context_, autocast_dtype_);
       units_->finish_backward();
-      if (i == count - 1) average_over_replicas();
       if (context_.phases) context_.phases->mark(StepPhase::CommWait);
       loss_sum = loss_sum.defined() ? loss_sum + detached : detached;
       result.samples += batch.size;
@@ -386,29 +388,6 @@ class Fsdp final : public Strategy {
       numels.push_back(parameters_[i].numel());
     }
     return flat_shard_layout(layouts, numels, begin, count);
-  }
-
-  // After the last micro-batch's reduce-scatter inside the replicate group: each shard's gradient
-  // averaged over the groups (hybrid sharding), one all-reduce for every unit, in reduce_dtype.
-  void average_over_replicas() {
-    if (!replicate_group_) return;
-    at::NoGradGuard no_grad;
-    std::vector<at::Tensor> gradients;
-    for (std::size_t u = 0; u < units_->unit_count(); ++u) {
-      gradients.push_back(units_->shard(u).grad().reshape({-1}));
-    }
-    const at::ScalarType reduce_dtype = dtype_named(options_.reduce_dtype, at::kFloat);
-    std::vector<at::Tensor> message{at::cat(gradients).to(reduce_dtype)};
-    {
-      CollectiveWait wait;
-      replicate_group_->allreduce(message)->wait();
-    }
-    message[0].div_(static_cast<double>(mesh_->size(MeshGroup::kDataReplicate)));
-    std::int64_t offset = 0;
-    for (auto& gradient : gradients) {
-      gradient.copy_(message[0].narrow(0, offset, gradient.numel()));
-      offset += gradient.numel();
-    }
   }
 
   // The norm of the shards' gradients over the shard group (replicated units each hold all); with

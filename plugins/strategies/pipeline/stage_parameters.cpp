@@ -132,8 +132,7 @@ class ShardedStageParameters final : public StageParameters {
       : parameters_(parameters),
         names_(names),
         layouts_(std::move(layouts)),
-        shard_group_(shard_group),
-        replicate_group_(replicate_group) {
+        shard_group_(shard_group) {
     for (std::size_t i = 0; i < parameters_.size(); ++i) {
       if (!holds_whole(layouts_[i])) split_names_.insert(layouts_[i].front().name);
       if (!parameters_[i].requires_grad()) {
@@ -142,6 +141,8 @@ class ShardedStageParameters final : public StageParameters {
     }
     units_ = std::make_unique<ShardedUnits>(std::move(parameters), std::move(names), blocks,
                                             shard_group, options);
+    // Hybrid sharding: the shards' gradients averaged across the replicate groups too.
+    units_->average_over(replicate_group);
     for (std::size_t u = 0; u < units_->unit_count(); ++u) {
       const ShardedUnitLayout& layout = units_->layout(u);
       for (std::size_t k = 0; k < layout.parameters.size(); ++k) {
@@ -159,7 +160,6 @@ class ShardedStageParameters final : public StageParameters {
     }
   }
   void before_backward(bool synchronise) override {
-    synchronise_ = synchronise;
     units_->prepare_backward(synchronise);
   }
   void before_weight_backward(bool synchronise) override {
@@ -168,7 +168,6 @@ class ShardedStageParameters final : public StageParameters {
   }
   void after_backward() override {
     units_->finish_backward();
-    if (synchronise_) average_over_replicas();
   }
   void finish() override {}  // each synchronising backward waited for its reductions
 
@@ -250,35 +249,11 @@ class ShardedStageParameters final : public StageParameters {
   }
 
  private:
-  // Hybrid sharding: after the reduce-scatter inside the replicate group, each shard's gradient
-  // averaged over the groups (whose ranks at this dp_shard coordinate hold the same shard).
-  void average_over_replicas() {
-    if (!replicate_group_) return;
-    at::NoGradGuard no_grad;
-    std::vector<at::Tensor> gradients;
-    for (std::size_t u = 0; u < units_->unit_count(); ++u) {
-      gradients.push_back(units_->shard(u).grad().reshape({-1}));
-    }
-    std::vector<at::Tensor> message{at::cat(gradients)};
-    {
-      CollectiveWait wait;
-      replicate_group_->allreduce(message)->wait();
-    }
-    message[0].div_(static_cast<double>(replicate_group_->getSize()));
-    std::int64_t offset = 0;
-    for (auto& gradient : gradients) {
-      gradient.copy_(message[0].narrow(0, offset, gradient.numel()));
-      offset += gradient.numel();
-    }
-  }
-
   std::vector<at::Tensor> parameters_;
   std::vector<std::string> names_;
   std::vector<HeldLayout> layouts_;    // whole, or this tp rank's boxes, by the whole model's names
   std::set<std::string> split_names_;  // parameters held as tensor-parallel pieces
   c10::intrusive_ptr<c10d::Backend> shard_group_;
-  c10::intrusive_ptr<c10d::Backend> replicate_group_;  // null without hybrid sharding
-  bool synchronise_ = true;
   std::unique_ptr<ShardedUnits> units_;
   std::map<std::size_t, std::pair<std::size_t, std::int64_t>> place_;  // unit and flat offset
 };

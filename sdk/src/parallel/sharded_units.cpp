@@ -7,6 +7,7 @@
 #include <torch/csrc/distributed/c10d/Backend.hpp>
 
 #include <algorithm>
+#include <deque>
 #include <optional>
 #include <unordered_map>
 #include <utility>
@@ -52,6 +53,7 @@ struct Unit {
   at::Tensor gradient_flat;                    // the flat gradient being reduced
   at::Tensor gradient_shard;                   // this rank's part of the reduced sum
   c10::intrusive_ptr<c10d::Work> reduce_work;
+  c10::intrusive_ptr<c10d::Work> replica_work;  // its sum over the replicate group (hybrid)
 };
 
 }  // namespace
@@ -311,7 +313,10 @@ struct ShardedUnits::State {
 
   // A unit's gradients are complete: reduce them (last micro-batch) and free its parameters.
   void unit_backward_done(Unit& unit) {
-    if (synchronise) launch_reduction(unit);
+    if (synchronise) {
+      launch_reduction(unit);
+      advance_replica_reductions(false);
+    }
     // The root unit's parameters may still be read by other units' backward.
     if (root_unit < 0 || &unit != &unit_at(root_unit)) release(unit);
   }
@@ -333,6 +338,7 @@ struct ShardedUnits::State {
       // Whole gradients live only until they are in the flat buffer.
       parameter.mutable_grad() = at::Tensor();
     }
+    if (replicate) replica_queue.push_back(&unit);
     if (!group) {
       unit.gradient_shard = unit.gradient_flat;
       return;
@@ -348,6 +354,20 @@ struct ShardedUnits::State {
     }
   }
 
+  // Hybrid sharding: each reduced shard is summed over the replicate group, launched in the
+  // order the units were reduced (the same on every rank, as the collectives need) as soon as
+  // the unit at the head of that order has its reduce-scatter done, so the all-reduces travel
+  // while the backward goes on. `all`: launch the rest now (their reduce-scatters are done).
+  void advance_replica_reductions(bool all) {
+    while (!replica_queue.empty()) {
+      Unit& unit = *replica_queue.front();
+      if (!all && unit.reduce_work && !unit.reduce_work->isCompleted()) return;
+      std::vector<at::Tensor> tensors{unit.gradient_shard};
+      unit.replica_work = replicate->allreduce(tensors);
+      replica_queue.pop_front();
+    }
+  }
+
   void finish_backward() {
     for (auto& unit : units) {
       if (unit.pending > 0) {
@@ -360,6 +380,13 @@ struct ShardedUnits::State {
       for (auto& unit : units) {
         if (unit.reduce_work) unit.reduce_work->wait();
         unit.reduce_work.reset();
+      }
+      advance_replica_reductions(true);
+      for (auto& unit : units) {
+        if (!unit.replica_work) continue;
+        unit.replica_work->wait();
+        unit.replica_work.reset();
+        unit.gradient_shard.div_(static_cast<double>(replicate->getSize()));
       }
     }
     for (auto& unit : units) {
@@ -392,6 +419,10 @@ struct ShardedUnits::State {
   std::int64_t group_size;
   // While the units are built: where placeholders' values come from, and the device of the
   // buffers when it is not the parameters' own.
+  // Hybrid sharding: the group whose ranks hold the same shards (null otherwise), and the
+  // reduced units whose all-reduce over it is still to launch, in launch order.
+  c10::intrusive_ptr<c10d::Backend> replicate;
+  std::deque<Unit*> replica_queue;
   const DeferredParameters* deferred = nullptr;
   std::optional<c10::Device> device;
   std::int64_t shard_ranks = 1;
@@ -446,6 +477,7 @@ std::int64_t ShardedUnits::shard_rank() const { return state_->shard_rank; }
 
 void ShardedUnits::prepare_backward(bool synchronise) {
   state_->synchronise = synchronise;
+  state_->replica_queue.clear();
   for (auto& unit : state_->units) {
     unit.pending = unit.layout.parameters.size();
     unit.reduced = false;
@@ -453,6 +485,10 @@ void ShardedUnits::prepare_backward(bool synchronise) {
 }
 
 void ShardedUnits::finish_backward() { state_->finish_backward(); }
+
+void ShardedUnits::average_over(const c10::intrusive_ptr<c10d::Backend>& replicate_group) {
+  state_->replicate = replicate_group && replicate_group->getSize() > 1 ? replicate_group : nullptr;
+}
 
 void ShardedUnits::release_all() { state_->release_all(); }
 

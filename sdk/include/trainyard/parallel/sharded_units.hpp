@@ -105,6 +105,11 @@ class ShardedUnits {
   // step did not use count as zero) are completed, reductions awaited, shards' .grad set (when
   // synchronised) and whole parameters freed.
   void finish_backward();
+  // Hybrid sharding: each synchronised backward also averages every shard's gradient over
+  // `replicate_group` (the ranks of the other replicate groups that hold the same shard, null:
+  // none), in the reduce dtype. Each unit's all-reduce starts as soon as its reduce-scatter is
+  // done, in the same order on every rank, while the backward goes on; finish_backward waits.
+  void average_over(const c10::intrusive_ptr<c10d::Backend>& replicate_group);
   // Frees every gathered unit (after evaluation, or after loading shards).
   void release_all();
   // Gathers every unit (waiting for the all-gathers): before a backward that reuses a graph
