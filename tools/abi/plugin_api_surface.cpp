@@ -65,6 +65,7 @@
 #include "trainyard/models/sequential_classifier.hpp"
 #include "trainyard/parallel/sharded_optimizer_state.hpp"
 #include "trainyard/parallel/sharded_units.hpp"
+#include "trainyard/parallel/split_backward.hpp"
 #include "trainyard/api/state.hpp"
 #include "trainyard/api/step_phases.hpp"
 #include "trainyard/api/strategy.hpp"
@@ -156,4 +157,4 @@ extern "C" __attribute__((visibility("default"))) void trainyard_plugin_api_help
     trainyard::ColumnParallelLinearImpl*, trainyard::RowParallelLinearImpl*,
     trainyard::VocabParallelEmbeddingImpl*, trainyard::DeclaredSchedule*, trainyard::MappedFile*,
     trainyard::PretrainedWeights*, trainyard::PretrainedWeights::TensorInfo*,
-    trainyard::safetensors::Layout*, trainyard::DeferredParameters*) {}
+    trainyard::safetensors::Layout*, trainyard::DeferredParameters*, trainyard::SplitBackward*) {}

@@ -263,42 +263,28 @@ void StageExecutor::backward(const PipelineAction& action, InFlight& flight, boo
   release_if_done({action.stage, action.micro_batch});
 }
 
-// Zero bubble's first half: only the gradient of the stage's input, keeping the graph for the
-// weight gradients.
+// Zero bubble's first half: only the gradients of the stage's inputs, keeping the graph and,
+// where branches leave for the parameters, the gradients that reached them (SplitBackward).
 void StageExecutor::backward_input(const PipelineAction& action, InFlight& flight) {
   LocalStage& here = stage(action.stage);
   flight.weights_pending = true;
   const std::vector<at::Tensor> leaves = input_leaves(flight);
-  if (here.first || leaves.empty()) {
-    collect_input_grads(here, action, flight, {});
-  } else {
-    const std::vector<at::Tensor> roots = loss_roots(flight);
-    if (flight.loss.defined()) flight.roots = roots;  // the scaled loss, once
-    std::vector<at::Tensor> grads =
-        roots.empty() ? std::vector<at::Tensor>{}
-                      : torch::autograd::grad(roots, leaves, flight.root_grads,
-                                              /*retain_graph=*/true, /*create_graph=*/false,
-                                              /*allow_unused=*/true);
-    collect_input_grads(here, action, flight, grads);
-  }
+  flight.roots = loss_roots(flight);  // the scaled loss, once
+  flight.split = std::make_shared<SplitBackward>();
+  const std::vector<at::Tensor> grads =
+      flight.split->input_half(flight.roots, flight.root_grads, leaves, here.parameters);
+  collect_input_grads(here, action, flight, grads);
   if (context_.phases) context_.phases->mark(StepPhase::Backward);
 }
 
-// Zero bubble's second half: the weight gradients, from the graph the first half kept.
+// Zero bubble's second half: the weight gradients, running only the parameter branches from
+// what the first half kept, nothing of the input path again.
 void StageExecutor::backward_weight(const PipelineAction& action, InFlight& flight,
                                     bool synchronise) {
   LocalStage& here = stage(action.stage);
   here.held->before_weight_backward(synchronise);
-  std::vector<at::Tensor> roots = flight.roots;
-  if (roots.empty() && flight.loss.defined()) roots = loss_roots(flight);
-  std::vector<at::Tensor> trainable;
-  for (const auto& parameter : here.parameters) {
-    if (parameter.requires_grad()) trainable.push_back(parameter);
-  }
-  if (!roots.empty() && !trainable.empty()) {
-    torch::autograd::backward(roots, flight.root_grads, /*retain_graph=*/false,
-                              /*create_graph=*/false, trainable);
-  }
+  if (flight.split) flight.split->weight_half();
+  flight.split.reset();
   here.held->after_backward();
   flight.weights_pending = false;
   if (context_.phases) context_.phases->mark(StepPhase::Backward);

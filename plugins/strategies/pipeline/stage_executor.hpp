@@ -8,12 +8,14 @@
 
 #include <chrono>
 #include <map>
+#include <memory>
 #include <optional>
 #include <utility>
 #include <vector>
 
 #include "local_stage.hpp"
 #include "stage_channel.hpp"
+#include "trainyard/parallel/split_backward.hpp"
 #include "trainyard/api/activations.hpp"
 #include "trainyard/api/batch.hpp"
 #include "trainyard/parallel/pipeline_schedule.hpp"
@@ -31,6 +33,8 @@ struct InFlight {
   std::vector<at::Tensor> root_grads;  // ... with these gradients (empty: the loss)
   Activations input_grads;             // computed by the backward, for the previous stage
   bool weights_pending = false;        // BackwardInput ran, BackwardWeight has not
+  // Zero bubble's split backward: what its input half kept for the weight half.
+  std::shared_ptr<SplitBackward> split;
   bool grads_delivered = false;        // the input gradient is sent, handed over or not needed
 };
 

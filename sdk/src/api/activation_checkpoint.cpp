@@ -236,12 +236,14 @@ class CheckpointFunction : public torch::autograd::Function<CheckpointFunction> 
       output = recompute->forward(bundle(recompute->input_names, detached));
     }
 
-    // Differentiate with respect to whatever requires grad; the rest gets no gradient.
+    // Differentiate with respect to whatever requires grad and whose gradient this backward
+    // needs (a split backward asks for the inputs' first and the parameters' later); the rest
+    // gets no gradient.
     std::vector<std::size_t> positions;
     torch::autograd::variable_list targets;
     for (std::size_t i = 0; i < saved.size(); ++i) {
       const at::Tensor& target = i < input_count ? detached[i] : saved[i];
-      if (target.requires_grad()) {
+      if (target.requires_grad() && context->needs_input_grad(i)) {
         positions.push_back(i);
         targets.push_back(target);
       }

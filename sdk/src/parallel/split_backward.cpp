@@ -1,0 +1,243 @@
+#include "trainyard/parallel/split_backward.hpp"
+
+#include <ATen/ops/ones_like.h>
+#include <torch/csrc/autograd/edge.h>
+#include <torch/csrc/autograd/engine.h>
+#include <torch/csrc/autograd/function.h>
+#include <torch/csrc/autograd/function_hook.h>
+#include <torch/csrc/autograd/variable.h>
+
+#include <cstdint>
+#include <unordered_map>
+#include <unordered_set>
+#include <utility>
+
+#include "trainyard/api/error.hpp"
+
+namespace trainyard {
+
+namespace {
+
+using torch::autograd::Edge;
+using torch::autograd::Node;
+using torch::autograd::variable_list;
+
+// The gradients that reached each branch point during the input half. Shared with the hooks,
+// which hold no node, so nothing here keeps the graph alive in a cycle.
+struct Kept {
+  bool open = true;  // only the input half's run is kept, not the weight half's
+  std::unordered_map<const Node*, variable_list> gradients;
+};
+
+class KeepGradients final : public torch::autograd::FunctionPreHook {
+ public:
+  KeepGradients(std::shared_ptr<Kept> kept, const Node* node)
+      : kept_(std::move(kept)), node_(node) {}
+  variable_list operator()(const variable_list& grads) override {
+    if (kept_->open) kept_->gradients[node_] = grads;
+    return grads;
+  }
+
+ private:
+  std::shared_ptr<Kept> kept_;
+  const Node* node_;
+};
+
+// For every node reachable from `roots`: whether one of `inputs` and whether one of
+// `parameters` can be reached from it (bit 1 and bit 2). Iterative, for deep graphs.
+class Reach {
+ public:
+  static constexpr std::uint8_t kInput = 1;
+  static constexpr std::uint8_t kParameter = 2;
+
+  Reach(const std::vector<Edge>& roots, const std::unordered_set<const Node*>& inputs,
+        const std::unordered_set<const Node*>& parameters) {
+    for (const Edge& root : roots) {
+      if (root.is_valid()) visit(root.function.get(), inputs, parameters);
+    }
+  }
+
+  std::uint8_t of(const Node* node) const {
+    auto it = flags_.find(node);
+    return it == flags_.end() ? 0 : it->second;
+  }
+  const std::vector<Node*>& nodes() const { return order_; }
+
+ private:
+  std::unordered_map<const Node*, std::uint8_t> flags_;
+  std::vector<Node*> order_;
+
+  void visit(Node* start, const std::unordered_set<const Node*>& inputs,
+             const std::unordered_set<const Node*>& parameters) {
+    if (flags_.count(start)) return;
+    // Post-order: a node's flags are its own target bits and its children's.
+    std::vector<std::pair<Node*, std::size_t>> stack{{start, 0}};
+    flags_[start] = 0;
+    while (!stack.empty()) {
+      auto& [node, next] = stack.back();
+      if (next < node->num_outputs()) {
+        const Edge& edge = node->next_edge(next++);
+        Node* child = edge.function.get();
+        if (child && !flags_.count(child)) {
+          flags_[child] = 0;
+          stack.emplace_back(child, 0);
+        }
+        continue;
+      }
+      std::uint8_t flags = 0;
+      if (inputs.count(node)) flags |= kInput;
+      if (parameters.count(node)) flags |= kParameter;
+      for (const Edge& edge : node->next_edges()) {
+        if (edge.is_valid()) flags |= flags_[edge.function.get()];
+      }
+      flags_[node] = flags;
+      order_.push_back(node);
+      stack.pop_back();
+    }
+  }
+};
+
+}  // namespace
+
+struct SplitBackward::State {
+  enum class Stage { kNew, kInputDone, kWeightDone };
+  Stage stage = Stage::kNew;
+  std::shared_ptr<Kept> kept = std::make_shared<Kept>();
+  // Each branch point (kept alive with the graph below it) and its parameter branches.
+  struct BranchPoint {
+    std::shared_ptr<Node> node;
+    std::vector<Edge> branches;
+  };
+  std::vector<BranchPoint> branch_points;
+  std::size_t branch_count = 0;
+  // Root edges that lead to parameters without passing the inputs' path, and their gradients:
+  // the weight half starts there too.
+  std::vector<Edge> direct_roots;
+  variable_list direct_gradients;
+};
+
+SplitBackward::SplitBackward() : state_(std::make_unique<State>()) {}
+SplitBackward::~SplitBackward() = default;
+SplitBackward::SplitBackward(SplitBackward&&) noexcept = default;
+SplitBackward& SplitBackward::operator=(SplitBackward&&) noexcept = default;
+
+std::vector<at::Tensor> SplitBackward::input_half(const std::vector<at::Tensor>& roots,
+                                                  const std::vector<at::Tensor>& root_grads,
+                                                  const std::vector<at::Tensor>& inputs,
+                                                  const std::vector<at::Tensor>& parameters) {
+  if (state_->stage != State::Stage::kNew) throw Error("SplitBackward: input_half runs once");
+  state_->stage = State::Stage::kInputDone;
+  std::vector<at::Tensor> input_grads(inputs.size());
+  std::vector<Edge> root_edges;
+  variable_list root_values;
+  for (std::size_t i = 0; i < roots.size(); ++i) {
+    if (!roots[i].requires_grad()) continue;
+    root_edges.push_back(torch::autograd::impl::gradient_edge(roots[i]));
+    root_values.push_back(i < root_grads.size() && root_grads[i].defined()
+                              ? root_grads[i]
+                              : at::ones_like(roots[i], at::MemoryFormat::Preserve));
+  }
+  if (root_edges.empty()) return input_grads;
+
+  std::vector<Edge> input_edges;
+  std::vector<std::size_t> input_positions;
+  std::unordered_set<const Node*> input_nodes;
+  for (std::size_t i = 0; i < inputs.size(); ++i) {
+    if (!inputs[i].requires_grad()) continue;
+    input_edges.push_back(torch::autograd::impl::gradient_edge(inputs[i]));
+    input_positions.push_back(i);
+    input_nodes.insert(input_edges.back().function.get());
+  }
+  std::unordered_set<const Node*> parameter_nodes;
+  for (const auto& parameter : parameters) {
+    if (!parameter.requires_grad()) continue;
+    if (auto accumulator = torch::autograd::impl::try_get_grad_accumulator(parameter)) {
+      parameter_nodes.insert(accumulator.get());
+    }
+  }
+  const Reach reach(root_edges, input_nodes, parameter_nodes);
+  const auto on_input_path = [&](const Node* node) {
+    return (reach.of(node) & Reach::kInput) != 0;
+  };
+  const auto leads_to_parameters = [&](const Node* node) {
+    return (reach.of(node) & Reach::kParameter) != 0;
+  };
+  // Parameter branches leaving the inputs' path: kept gradients at their nodes.
+  for (Node* node : reach.nodes()) {
+    if (!on_input_path(node) || !leads_to_parameters(node)) continue;
+    State::BranchPoint point;
+    for (const Edge& edge : node->next_edges()) {
+      if (edge.is_valid() && leads_to_parameters(edge.function.get()) &&
+          !on_input_path(edge.function.get())) {
+        point.branches.push_back(edge);
+      }
+    }
+    if (point.branches.empty()) continue;
+    node->add_pre_hook(std::make_unique<KeepGradients>(state_->kept, node));
+    point.node = node->getptr();
+    state_->branch_points.push_back(std::move(point));
+  }
+  for (std::size_t i = 0; i < root_edges.size(); ++i) {
+    const Node* node = root_edges[i].function.get();
+    if (leads_to_parameters(node) && !on_input_path(node)) {
+      state_->direct_roots.push_back(root_edges[i]);
+      state_->direct_gradients.push_back(root_values[i]);
+    }
+  }
+  if (!input_edges.empty()) {
+    // Only what leads to the inputs runs: the engine computes a node's outputs along needed
+    // edges alone, so no weight-gradient product runs here.
+    const variable_list grads = torch::autograd::Engine::get_default_engine().execute(
+        root_edges, root_values, /*keep_graph=*/true, /*create_graph=*/false,
+        /*accumulate_grad=*/false, input_edges);
+    for (std::size_t k = 0; k < input_positions.size(); ++k) {
+      input_grads[input_positions[k]] = grads[k];
+    }
+  }
+  state_->kept->open = false;
+  state_->branch_count = state_->branch_points.size();
+  return input_grads;
+}
+
+void SplitBackward::weight_half() {
+  if (state_->stage != State::Stage::kInputDone) {
+    throw Error("SplitBackward: weight_half runs once, after input_half");
+  }
+  state_->stage = State::Stage::kWeightDone;
+  auto& engine = torch::autograd::Engine::get_default_engine();
+  std::vector<Edge> starts = std::move(state_->direct_roots);
+  variable_list gradients = std::move(state_->direct_gradients);
+  // Each branch point once more, for its parameter branches alone, from the gradient it got.
+  for (auto& point : state_->branch_points) {
+    auto kept = state_->kept->gradients.find(point.node.get());
+    if (kept == state_->kept->gradients.end()) continue;  // no gradient reached it
+    std::vector<Edge> roots;
+    variable_list values;
+    for (std::size_t k = 0; k < kept->second.size(); ++k) {
+      if (!kept->second[k].defined()) continue;
+      roots.emplace_back(point.node, static_cast<std::uint32_t>(k));
+      values.push_back(kept->second[k]);
+    }
+    if (roots.empty()) continue;
+    const variable_list branch_grads =
+        engine.execute(roots, values, /*keep_graph=*/false, /*create_graph=*/false,
+                       /*accumulate_grad=*/false, point.branches);
+    for (std::size_t b = 0; b < point.branches.size(); ++b) {
+      if (!branch_grads[b].defined()) continue;
+      starts.push_back(point.branches[b]);
+      gradients.push_back(branch_grads[b]);
+    }
+    state_->kept->gradients.erase(kept);
+  }
+  state_->branch_points.clear();
+  // Then every branch down to the parameters, accumulating (branches that meet, such as a
+  // weight cast once and used twice, are summed before their shared node runs).
+  if (!starts.empty()) {
+    engine.execute(starts, gradients, /*keep_graph=*/false, /*create_graph=*/false,
+                   /*accumulate_grad=*/true);
+  }
+}
+
+std::size_t SplitBackward::branch_points() const { return state_->branch_count; }
+
+}  // namespace trainyard
