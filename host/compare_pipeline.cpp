@@ -31,42 +31,6 @@ std::string formula_text(const IdleShareFormula& formula) {
   return formula.formula + (formula.upper_bound ? " at most " : " = ") + percent(formula.value);
 }
 
-// Each kind's mean measured duration in whole microseconds (at least 1), as the costs the
-// formula weighs (zero bubble's depends on F, I and W); `text` names the kinds measured.
-struct MeasuredCosts {
-  PipelineCosts costs;
-  std::string text;  // "F=300 B=731 us"
-};
-
-MeasuredCosts measured_costs(const MeasuredPipelineTimeline& timeline) {
-  double sum[4] = {0, 0, 0, 0};
-  int count[4] = {0, 0, 0, 0};
-  for (const auto& actions : timeline.rank_actions) {
-    for (const auto& measured : actions) {
-      if (!is_compute(measured.action.kind)) continue;
-      const auto k = static_cast<std::size_t>(measured.action.kind);
-      sum[k] += measured.end_us - measured.start_us;
-      ++count[k];
-    }
-  }
-  MeasuredCosts out;
-  const char* letters[] = {"F", "B", "I", "W"};
-  auto mean = [&](PipelineActionKind kind) -> std::optional<int> {
-    const auto k = static_cast<std::size_t>(kind);
-    if (count[k] == 0) return std::nullopt;
-    const int value = std::max(1, static_cast<int>(std::lround(sum[k] / count[k])));
-    out.text +=
-        (out.text.empty() ? "" : " ") + std::string(letters[k]) + "=" + std::to_string(value);
-    return value;
-  };
-  out.costs.forward = mean(PipelineActionKind::kForward).value_or(1);
-  out.costs.backward = mean(PipelineActionKind::kBackward);
-  out.costs.backward_input = mean(PipelineActionKind::kBackwardInput).value_or(1);
-  out.costs.backward_weight = mean(PipelineActionKind::kBackwardWeight).value_or(1);
-  if (!out.text.empty()) out.text += " us";
-  return out;
-}
-
 // The formula for the measured shape and costs; nullopt when the schedule does not build.
 std::optional<IdleShareFormula> measured_formula(const MeasuredPipelineTimeline& timeline) {
   try {

@@ -357,6 +357,10 @@ TEST(PipelineRun, RanksWriteTheMeasuredTimelineOfTheRecordedStep) {
     EXPECT_GE(idle, 0.0);
     EXPECT_LT(idle, 1.0);
   }
+  // The run logs each rank's measured idle share beside the simulated one and the formula.
+  EXPECT_HAS(run.err, "pipeline: " + describe_idle_shares(*timeline));
+  EXPECT_HAS(run.err, "idle share at step 2 per pp rank, measured (simulated at F=");
+  EXPECT_HAS(run.err, "; formula ");
 
   // A forward or backward starts once its input has arrived, so waiting is not compute: an
   // activation's consumer starts after its producer ends, and so does a gradient's. Each rank's

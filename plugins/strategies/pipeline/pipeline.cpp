@@ -519,6 +519,22 @@ class Pipeline final : public Strategy {
     write_measured_timeline(measured_timeline_file(context_.build.output_dir, context_.build.rank,
                                                    context_.build.world_size),
                             rank);
+    report_idle_shares();
+  }
+
+  // Rank 0 logs, per pp rank, the idle share measured in the recorded step beside the share the
+  // schedule's simulation gives at the measured costs and the formula. Its pp group (the pp
+  // ranks of data-parallel rank 0) has written its files once the group leaves the barrier.
+  void report_idle_shares() const {
+    if (pp_group_) {
+      auto work = pp_group_->barrier();
+      CollectiveWait waiting;
+      work->wait();
+    }
+    if (context_.build.rank != 0) return;
+    const std::optional<MeasuredPipelineTimeline> timeline =
+        read_measured_timeline(context_.build.output_dir);
+    if (timeline) std::cerr << "pipeline: " << describe_idle_shares(*timeline) << std::endl;
   }
 
   PipelineOptions options_;

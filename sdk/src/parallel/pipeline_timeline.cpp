@@ -7,6 +7,7 @@
 #include <fstream>
 #include <iterator>
 #include <limits>
+#include <optional>
 #include <sstream>
 #include <string_view>
 #include <system_error>
@@ -276,6 +277,65 @@ std::vector<double> measured_idle_shares(const MeasuredPipelineTimeline& timelin
   if (!(makespan > 0)) return shares;
   for (std::size_t rank = 0; rank < busy.size(); ++rank) shares[rank] = 1 - busy[rank] / makespan;
   return shares;
+}
+
+MeasuredCosts measured_costs(const MeasuredPipelineTimeline& timeline) {
+  double sum[4] = {0, 0, 0, 0};
+  int count[4] = {0, 0, 0, 0};
+  for (const auto& actions : timeline.rank_actions) {
+    for (const auto& measured : actions) {
+      if (!is_compute(measured.action.kind)) continue;
+      const auto k = static_cast<std::size_t>(measured.action.kind);
+      sum[k] += measured.end_us - measured.start_us;
+      ++count[k];
+    }
+  }
+  MeasuredCosts out;
+  const char* letters[] = {"F", "B", "I", "W"};
+  auto mean = [&](PipelineActionKind kind) -> std::optional<int> {
+    const auto k = static_cast<std::size_t>(kind);
+    if (count[k] == 0) return std::nullopt;
+    const int value = std::max(1, static_cast<int>(std::lround(sum[k] / count[k])));
+    out.text +=
+        (out.text.empty() ? "" : " ") + std::string(letters[k]) + "=" + std::to_string(value);
+    return value;
+  };
+  out.costs.forward = mean(PipelineActionKind::kForward).value_or(1);
+  out.costs.backward = mean(PipelineActionKind::kBackward);
+  out.costs.backward_input = mean(PipelineActionKind::kBackwardInput).value_or(1);
+  out.costs.backward_weight = mean(PipelineActionKind::kBackwardWeight).value_or(1);
+  if (!out.text.empty()) out.text += " us";
+  return out;
+}
+
+namespace {
+
+std::string percent(double share) {
+  std::ostringstream text;
+  text.setf(std::ios::fixed);
+  text.precision(1);
+  text << 100 * share << "%";
+  return text.str();
+}
+
+}  // namespace
+
+std::string describe_idle_shares(const MeasuredPipelineTimeline& timeline) {
+  const PipelineSchedule schedule = build_pipeline_schedule(
+      timeline.schedule, {timeline.ranks, timeline.micro_batches, timeline.virtual_stages});
+  const MeasuredCosts costs = measured_costs(timeline);
+  const PipelineSimulation simulated = simulate_schedule(schedule, costs.costs);
+  const IdleShareFormula formula = idle_share_formula(schedule, costs.costs);
+  const std::vector<double> measured = measured_idle_shares(timeline);
+  std::string text = "idle share at step " + std::to_string(timeline.step) +
+                     " per pp rank, measured (simulated at " + costs.text + "):";
+  for (std::size_t rank = 0; rank < measured.size(); ++rank) {
+    text += (rank > 0 ? ", rank " : " rank ") + std::to_string(rank) + " " +
+            percent(measured[rank]);
+    if (rank < simulated.ranks.size()) text += " (" + percent(simulated.ranks[rank].idle_share()) + ")";
+  }
+  return text + "; formula " + formula.formula + (formula.upper_bound ? " at most " : " = ") +
+         percent(formula.value);
 }
 
 }  // namespace trainyard

@@ -82,4 +82,19 @@ std::optional<MeasuredPipelineTimeline> read_measured_timeline(
 // computed.
 std::vector<double> measured_idle_shares(const MeasuredPipelineTimeline& timeline);
 
+// Each compute kind's mean measured duration in whole microseconds (at least 1), as the costs
+// the idle-share formula and the simulation weigh (zero bubble's depend on F, I and W); `text`
+// names the kinds measured ("F=300 B=731 us").
+struct MeasuredCosts {
+  PipelineCosts costs;
+  std::string text;
+};
+MeasuredCosts measured_costs(const MeasuredPipelineTimeline& timeline);
+
+// One line comparing, per pp rank, the idle share measured in `timeline` with the share the
+// schedule's simulation at the measured costs gives that rank, beside the literature's formula:
+// "idle share at step 3 per pp rank, measured (simulated at F=.. B=.. us): rank 0 13.2% (11.1%),
+// rank 1 ...; formula (p-1)/(m+p-1) = 11.1%". Throws Error when the schedule does not build.
+std::string describe_idle_shares(const MeasuredPipelineTimeline& timeline);
+
 }  // namespace trainyard
