@@ -227,6 +227,11 @@ TEST(DdpParity, WithoutSyncBatchNormStatisticsDiffer) {
   auto ddp = run_launch(2, recipe, dir / "ddp",
                         {"--set", "strategy.plugin=ddp", "--set", "loader.batch_size=16"});
   ASSERT_EQ(ddp.exit_code, 0) << describe(ddp);
+  // Which ddp says, once, naming the fix.
+  const std::string warning = "ddp: the model's BatchNorm layers normalise each rank's own batch";
+  EXPECT_HAS(ddp.err, warning);
+  EXPECT_EQ(ddp.err.find(warning), ddp.err.rfind(warning)) << ddp.err;
+  EXPECT_HAS(ddp.err, "set strategy.sync_batchnorm = true to normalise over all 2 data-parallel");
   TensorMap expected = read_tensor_file(dir / "single" / "final.pt");
   TensorMap actual = read_tensor_file(dir / "ddp" / "final.pt");
   bool differs = false;
@@ -402,6 +407,7 @@ TEST(DdpCheckpoint, KillNineMidEpochThenResumeAutoIsBitwiseExactOnTwoRanks) {
       "--set", "model.dropout=0.2"};
   auto whole = run_launch(2, recipe, dir / "whole", extra);
   ASSERT_EQ(whole.exit_code, 0) << describe(whole);
+  EXPECT_EQ(whole.err.find("BatchNorm layers normalise each rank's own batch"), std::string::npos);
 
   std::vector<std::string> argv = {host_binary().string(), "launch", "--nproc-per-node", "2"};
   for (const auto& arg : host_args(recipe, dir / "crashed", extra)) argv.push_back(arg);

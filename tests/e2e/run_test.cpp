@@ -5,6 +5,7 @@
 #include <nlohmann/json.hpp>
 
 #include <filesystem>
+#include <map>
 #include <regex>
 #include <string>
 #include <vector>
@@ -46,6 +47,31 @@ TEST(RunTest, ShortMlpRecipeLossFalls) {
   auto train = of_phase(read_metrics(dir / "metrics.jsonl"), "train");
   ASSERT_GE(train.size(), 5u);
   EXPECT_LT(train.back().at("loss"), 0.75 * train.front().at("loss"));
+}
+
+// loader.eval_workers prepares evaluation batches on loader threads: the same batches in the
+// same order, so the same evaluation, as in line (0); -1 (the default) follows the training
+// loader.
+TEST(RunTest, EvaluationLoaderWorkersGiveTheSameEvaluation) {
+  std::vector<std::map<std::string, std::string>> evaluations;
+  for (const char* workers : {"0", "2"}) {
+    TempDir dir;
+    auto result = run_host({"run", "recipes/fashion_mnist_mlp.toml", "--set", "run.max_steps=20",
+                            "--set", "run.log_every=10", "--set", "run.eval_max_batches=6", "--set",
+                            std::string("loader.eval_workers=") + workers, "--set",
+                            "run.output_dir=" + dir.path().string()});
+    ASSERT_EQ(result.exit_code, 0) << describe(result);
+    EXPECT_NE(result.err.find(std::string("evaluation loader: ") + workers +
+                              " workers (loader.eval_workers)"),
+              std::string::npos)
+        << result.err;
+    auto eval = of_phase(read_metrics(dir / "metrics.jsonl"), "eval");
+    ASSERT_EQ(eval.size(), 1u);
+    evaluations.push_back(eval.front().raw);
+  }
+  for (const char* key : {"loss", "accuracy", "samples"}) {
+    EXPECT_EQ(evaluations[0].at(key), evaluations[1].at(key)) << key;
+  }
 }
 
 TEST(RunTest, PrintConfigShowsEveryDefault) {

@@ -7,6 +7,7 @@
 #include <ATen/core/grad_mode.h>
 #include <torch/optim/optimizer.h>
 
+#include <iostream>
 #include <optional>
 #include <utility>
 
@@ -95,6 +96,13 @@ class Ddp final : public Strategy {
       return;
     }
 
+    if (!options_.sync_batchnorm && place_.rank == 0 && context.build.rank == 0 &&
+        has_batch_norm(model_->module())) {
+      std::cerr << "ddp: the model's BatchNorm layers normalise each rank's own batch, so their "
+                   "statistics and gradients differ from one process's on the global batch; set "
+                   "strategy.sync_batchnorm = true to normalise over all "
+                << place_.size << " data-parallel ranks" << std::endl;
+    }
     // Every rank starts from rank 0's parameters and buffers.
     std::vector<at::Tensor> state = parameters_;
     state.insert(state.end(), buffers_.begin(), buffers_.end());

@@ -168,4 +168,11 @@ std::optional<std::function<torch::Tensor(const torch::Tensor&)>> sync_batch_nor
   };
 }
 
+bool has_batch_norm(torch::nn::Module& module) {
+  for (const auto& child : module.modules(/*include_self=*/true)) {
+    if (is_batch_norm(child)) return true;
+  }
+  return false;
+}
+
 }  // namespace trainyard

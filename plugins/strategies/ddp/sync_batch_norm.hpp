@@ -17,4 +17,7 @@ namespace trainyard {
 std::optional<std::function<torch::Tensor(const torch::Tensor&)>> sync_batch_norm_forward(
     const Block& block, c10::intrusive_ptr<c10d::Backend> group);
 
+// Whether `module` or any module under it is a BatchNorm layer (1d, 2d or 3d).
+bool has_batch_norm(torch::nn::Module& module);
+
 }  // namespace trainyard

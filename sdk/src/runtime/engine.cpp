@@ -134,6 +134,8 @@ Engine::Engine(Recipe recipe, const Registry& registry, RunControls controls)
     options.shuffle = false;
     options.drop_last = false;
     options.pad = false;
+    options.workers = s.loader.eval_workers >= 0 ? static_cast<int>(s.loader.eval_workers)
+                                                 : s.data->loader().workers();
     s.evaluation = std::make_unique<Evaluation>(s.components.dataset, s.data->eval_split(), options,
                                                 s.run.eval_max_batches, s.strategy(),
                                                 s.placement.device, *s.runtime);
@@ -271,6 +273,10 @@ std::string describe_loader(int workers, int threads) {
 void Engine::announce_loader() {
   State& s = *state_;
   if (s.runtime->rank() != 0) return;
+  if (s.evaluation && s.loader.eval_workers >= 0) {
+    s.log("trainyard: evaluation loader: " + std::to_string(s.evaluation->workers()) +
+          " workers (loader.eval_workers)");
+  }
   if (s.loader_tuner) {
     s.log("trainyard: loader.workers = -1: timing batch preparation in line over the first "
           "steps, then choosing the workers");
@@ -289,6 +295,8 @@ void Engine::tune_loader(double wait_s, double step_s) {
   const std::optional<LoaderChoice> choice = s.loader_tuner->observe(wait_s, step_s);
   if (!choice) return;
   if (choice->workers != s.data->loader().workers()) s.data->loader().set_workers(choice->workers);
+  // Evaluation follows the training loader unless the recipe gives its own count.
+  if (s.evaluation && s.loader.eval_workers < 0) s.evaluation->set_workers(choice->workers);
   if (choice->threads != at::get_num_threads()) at::set_num_threads(choice->threads);
   if (!s.loader_tuner->settled()) return;
   s.reporter->set_loader_choice(s.loader_tuner->prepare_ms(), s.loader_tuner->prepare_share());

@@ -28,6 +28,9 @@ class Evaluation {
   // The split's mean loss (when any rank holds one), the means of the model's sums, and the
   // samples counted: the same on every rank. Collective in a multi-process run.
   std::vector<std::pair<std::string, double>> run();
+  // The loader threads the next run() prepares batches with.
+  void set_workers(int workers) { options_.workers = workers; }
+  int workers() const { return options_.workers; }
 
  private:
   std::shared_ptr<Dataset> dataset_;

@@ -168,6 +168,10 @@ const OptionSpecs& loader_options() {
              "loader threads (-1: chosen from the preparation and step times of the first steps)")
           .at_least(0)
           .or_exactly(-1, "for automatic"),
+      option("eval_workers", -1,
+             "evaluation loader threads (-1: as many as the training loader uses then)")
+          .at_least(0)
+          .or_exactly(-1, "for the training loader's"),
       option("prefetch", 2, "batches each worker prepares ahead").at_least(1),
       option("shuffle", true, "reshuffle the training split every epoch"),
       option("drop_last", true, "drop the last incomplete training batch"),

@@ -56,6 +56,7 @@ LoaderSettings LoaderSettings::read(const Recipe& recipe) {
   settings.batch_size = loader.get_int("batch_size");
   settings.eval_batch_size = loader.get_int("eval_batch_size");
   settings.workers = loader.get_int("workers");
+  settings.eval_workers = loader.get_int("eval_workers");
   settings.prefetch = loader.get_int("prefetch");
   settings.shuffle = loader.get_bool("shuffle");
   settings.drop_last = loader.get_bool("drop_last");

@@ -45,6 +45,7 @@ struct LoaderSettings {
   std::int64_t batch_size = 64;
   std::int64_t eval_batch_size = 0;  // 0: 4 x batch_size
   std::int64_t workers = -1;         // -1: derived from the cores and the machine's ranks
+  std::int64_t eval_workers = -1;    // -1: as many as the training loader uses
   std::int64_t prefetch = 2;
   bool shuffle = true;
   bool drop_last = true;
