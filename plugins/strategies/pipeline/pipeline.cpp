@@ -531,10 +531,16 @@ class Pipeline final : public Strategy {
       CollectiveWait waiting;
       work->wait();
     }
-    if (context_.build.rank != 0) return;
-    const std::optional<MeasuredPipelineTimeline> timeline =
-        read_measured_timeline(context_.build.output_dir);
-    if (timeline) std::cerr << "pipeline: " << describe_idle_shares(*timeline) << std::endl;
+    // With tp, every tp rank of a stage writes a timeline: the folder holds no single one.
+    if (context_.build.rank != 0 || tp_group_) return;
+    // A report, never a reason to stop training.
+    try {
+      const std::optional<MeasuredPipelineTimeline> timeline =
+          read_measured_timeline(context_.build.output_dir);
+      if (timeline) std::cerr << "pipeline: " << describe_idle_shares(*timeline) << std::endl;
+    } catch (const Error& error) {
+      std::cerr << "pipeline: no idle shares for the recorded step: " << error.what() << std::endl;
+    }
   }
 
   PipelineOptions options_;

@@ -1,5 +1,6 @@
 #include "trainyard/parallel/split_backward.hpp"
 
+#include <ATen/core/grad_mode.h>
 #include <ATen/ops/ones_like.h>
 #include <torch/csrc/autograd/edge.h>
 #include <torch/csrc/autograd/engine.h>
@@ -96,6 +97,18 @@ class Reach {
     }
   }
 };
+
+}  // namespace
+
+namespace {
+
+// Whether `edge` is one of `branches` (the same node and input).
+bool is_branch_of(const std::vector<Edge>& branches, const Edge& edge) {
+  for (const Edge& branch : branches) {
+    if (branch.function == edge.function && branch.input_nr == edge.input_nr) return true;
+  }
+  return false;
+}
 
 }  // namespace
 
@@ -205,27 +218,38 @@ void SplitBackward::weight_half() {
   }
   state_->stage = State::Stage::kWeightDone;
   auto& engine = torch::autograd::Engine::get_default_engine();
+  const auto is_branch = [](const State::BranchPoint& point, const Edge& edge) {
+    return edge.is_valid() && is_branch_of(point.branches, edge);
+  };
   std::vector<Edge> starts = std::move(state_->direct_roots);
   variable_list gradients = std::move(state_->direct_gradients);
-  // Each branch point once more, for its parameter branches alone, from the gradient it got.
+  // Each branch point once more, for its parameter branches alone, from the gradient it got:
+  // called directly with its edges towards the inputs cut for the call, so that it computes only
+  // the outputs its parameter branches take (outside an engine run a node computes the outputs
+  // of its valid edges; an engine run per node would walk the graph below it each time).
   for (auto& point : state_->branch_points) {
     auto kept = state_->kept->gradients.find(point.node.get());
     if (kept == state_->kept->gradients.end()) continue;  // no gradient reached it
-    std::vector<Edge> roots;
-    variable_list values;
-    for (std::size_t k = 0; k < kept->second.size(); ++k) {
-      if (!kept->second[k].defined()) continue;
-      roots.emplace_back(point.node, static_cast<std::uint32_t>(k));
-      values.push_back(kept->second[k]);
+    Node& node = *point.node;
+    std::vector<std::pair<std::size_t, Edge>> cut;
+    for (std::size_t i = 0; i < node.num_outputs(); ++i) {
+      if (!node.next_edge(i).is_valid() || is_branch(point, node.next_edge(i))) continue;
+      cut.emplace_back(i, node.next_edge(i));
+      // Written in place: set_next_edge would re-rank the node in a graph that has run.
+      node.next_edges()[i] = Edge();
     }
-    if (roots.empty()) continue;
-    const variable_list branch_grads =
-        engine.execute(roots, values, /*keep_graph=*/false, /*create_graph=*/false,
-                       /*accumulate_grad=*/false, point.branches);
-    for (std::size_t b = 0; b < point.branches.size(); ++b) {
-      if (!branch_grads[b].defined()) continue;
-      starts.push_back(point.branches[b]);
-      gradients.push_back(branch_grads[b]);
+    variable_list outputs;
+    {
+      at::NoGradGuard no_grad;
+      outputs = node(variable_list(kept->second));
+    }
+    for (auto& [i, edge] : cut) node.next_edges()[i] = std::move(edge);
+    node.release_variables();
+    for (std::size_t i = 0; i < outputs.size() && i < node.num_outputs(); ++i) {
+      const Edge& edge = node.next_edge(i);
+      if (!outputs[i].defined() || !is_branch(point, edge)) continue;
+      starts.push_back(edge);
+      gradients.push_back(outputs[i]);
     }
     state_->kept->gradients.erase(kept);
   }
