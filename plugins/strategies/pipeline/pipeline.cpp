@@ -25,6 +25,7 @@
 #include <utility>
 
 #include "local_stage.hpp"
+#include "model_cut.hpp"
 #include "pipeline_state.hpp"
 #include "stage_channel.hpp"
 #include "stage_executor.hpp"
@@ -272,12 +273,11 @@ class Pipeline final : public Strategy {
   // What setup refuses of a model, asked before any process starts: a model that cannot be cut
   // into this mesh's stages, and frozen parameters where dp_sharding would shard them.
   void check_model(Model& model, const BuildContext& build) const override {
-    const std::vector<std::string> names =
-        check_cuttable(model, build.mesh ? build.mesh->size(MeshGroup::kPipeline) : 1);
+    const int ranks = build.mesh ? build.mesh->size(MeshGroup::kPipeline) : 1;
+    const std::vector<std::string> names = cuttable_block_names(
+        model, ranks, options_.virtual_stages, !options_.stages.empty());
     if (!options_.stages.empty()) {
-      named_stages(options_.stages, names,
-                   static_cast<int>(build.mesh ? build.mesh->size(MeshGroup::kPipeline) : 1) *
-                       static_cast<int>(options_.virtual_stages));
+      named_stages(options_.stages, names, ranks * static_cast<int>(options_.virtual_stages));
     }
     if (!options_.sharding) return;
     for (const auto& item : model.module().named_parameters(true)) {
@@ -285,32 +285,13 @@ class Pipeline final : public Strategy {
     }
   }
 
-  // The model's block names, when it builds stages and has at least one block per stage of
-  // `ranks` pipeline ranks (times virtual_stages); an Error naming the fix otherwise.
-  std::vector<std::string> check_cuttable(Model& model, int ranks) const {
-    if (!model.builds_stages()) {
-      throw Error("pipeline: model '" + model.module().name() +
-                  "' does not build stages (Model::builds_stages), so it cannot be cut; use ddp "
-                  "or fsdp");
-    }
-    std::vector<std::string> names = model.block_names();
-    const auto stage_count = static_cast<std::int64_t>(ranks) * options_.virtual_stages;
-    if (options_.stages.empty() && static_cast<std::int64_t>(names.size()) < stage_count) {
-      throw Error("pipeline: model '" + model.module().name() + "' has " +
-                  std::to_string(names.size()) + " blocks, fewer than the " +
-                  std::to_string(stage_count) + " stages (pp " + std::to_string(ranks) +
-                  " x virtual_stages " + std::to_string(options_.virtual_stages) +
-                  "); lower pp or virtual_stages");
-    }
-    return names;
-  }
-
   // Decides which blocks each stage holds: as the recipe names them, or balanced by the FLOPs
   // each block reports (its parameter count when the model reports none), measured by building
   // one block at a time, so no rank ever holds more than its stages and one other block.
   void cut_model() {
     std::shared_ptr<Model> empty = context_.make_model(stage_build({0, 0}));
-    block_names_ = check_cuttable(*empty, shape_.ranks);
+    block_names_ = cuttable_block_names(*empty, shape_.ranks, shape_.virtual_stages,
+                                        !options_.stages.empty());
     const int stage_count = shape_.stages();
     if (!options_.stages.empty()) {
       cut_ = named_stages(options_.stages, block_names_, stage_count);
