@@ -88,10 +88,17 @@ int wait_for_port(const fs::path& file, const std::atomic<bool>& run_over) {
 }
 
 // Polls the endpoint until a scrape holds `needle`; that scrape, or "" at the deadline.
-std::string scrape_until(int port, const std::string& needle, const std::atomic<bool>& run_over) {
+// The first scrape that holds every one of `needles`. The sink sets a record's figures one
+// after another, so a scrape can land between them while the first record is written.
+std::string scrape_until(int port, const std::vector<std::string>& needles,
+                         const std::atomic<bool>& run_over) {
   const auto deadline = Clock::now() + std::chrono::seconds(120);
   while (Clock::now() < deadline && !run_over) {
-    if (auto body = scrape(port); body && body->find(needle) != std::string::npos) return *body;
+    if (auto body = scrape(port)) {
+      bool all = true;
+      for (const auto& needle : needles) all = all && body->find(needle) != std::string::npos;
+      if (all) return *body;
+    }
     std::this_thread::sleep_for(std::chrono::milliseconds(20));
   }
   return {};
@@ -201,7 +208,8 @@ TEST(PrometheusSinkTest, ScrapeDuringTheRunServesTheDocumentedMetrics) {
   const int port = wait_for_port(dir / "out" / "prometheus.port", run.over());
   ASSERT_GT(port, 0) << describe(run.finish());
 
-  const std::string live = scrape_until(port, "trainyard_loss{", run.over());
+  const std::string live = scrape_until(
+      port, {"trainyard_loss{", "trainyard_memory_bytes{", "trainyard_held_bytes{"}, run.over());
   ASSERT_FALSE(live.empty()) << describe(run.finish());
   const auto samples = parse_exposition(dir, live);
   ASSERT_FALSE(samples.empty()) << live;
@@ -257,7 +265,7 @@ TEST(PrometheusSinkTest, ScrapeDuringTheRunServesTheDocumentedMetrics) {
 
   // After the run, linger_s keeps the endpoint up with the evaluation and the end marked.
   const std::string final_scrape =
-      scrape_until(port, "trainyard_run_finished{rank=\"0\",run=\"watched\"} 1", run.over());
+      scrape_until(port, {"trainyard_run_finished{rank=\"0\",run=\"watched\"} 1"}, run.over());
   ASSERT_FALSE(final_scrape.empty()) << describe(run.finish());
   const auto after = parse_exposition(dir, final_scrape);
   const Sample* accuracy = find_sample(after, "trainyard_eval_accuracy");
