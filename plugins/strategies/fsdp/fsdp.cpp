@@ -95,6 +95,21 @@ struct FsdpOptions {
   bool full_state_dict = false;          // checkpoints consolidated instead of sharded
 };
 
+// Moves what `module` holds to `device`, but for the placeholders `deferred` holds, which have
+// no values to move: the units make them there.
+void to_device_but_placeholders(torch::nn::Module& module, const DeferredParameters& deferred,
+                                c10::Device device) {
+  if (deferred.size() == 0) {
+    module.to(device);
+    return;
+  }
+  at::NoGradGuard no_grad;
+  for (auto& parameter : module.parameters(true)) {
+    if (!deferred.holds(parameter)) parameter.set_data(parameter.to(device));
+  }
+  for (auto& buffer : module.buffers(true)) buffer.set_data(buffer.to(device));
+}
+
 const char* const kNothingToTrain =
     "fsdp: the model has no trainable parameters; fsdp shards what trains (unfreeze some, or use "
     "ddp or single)";
@@ -124,7 +139,7 @@ class Fsdp final : public Strategy {
     BuildContext build = context.build;
     build.extensions[kDeferredParametersExtension] = deferred;
     model_ = context.make_model(build);
-    if (deferred->size() == 0) model_->module().to(context.build.device);
+    to_device_but_placeholders(model_->module(), *deferred, context.build.device);
     model_->module().train();
     autocast_dtype_ = context.precision->autocast_dtype();
     ShardedUnitsOptions units;
@@ -154,8 +169,6 @@ class Fsdp final : public Strategy {
     }
     if (parameters_.empty()) throw Error(kNothingToTrain);
     for (const auto& item : model_->module().named_buffers(true)) {
-      // Placeholders cannot move: with deferred parameters the buffers move alone.
-      if (deferred->size() != 0) at::Tensor(item.value()).set_data(item.value().to(context.build.device));
       buffers_.push_back(item.value());
       buffer_names_.push_back(item.key());
     }
@@ -182,8 +195,6 @@ class Fsdp final : public Strategy {
     // Hybrid sharding: each replicate group shards the model; the shards' gradients are then
     // averaged across the groups.
     units_->average_over(replicate_group_);
-    // Buffers, and anything a model left on the CPU, to the device; the units are there already.
-    if (deferred->size() != 0) model_->module().to(context.build.device);
     optimizer_ = context.optimizer->create(units_->shards());
     blocks_ = with_activation_checkpointing(units_->blocks(), context.step.activation_checkpointing,
                                             context.device_backend);

@@ -23,10 +23,10 @@ using torch::autograd::Edge;
 using torch::autograd::Node;
 using torch::autograd::variable_list;
 
-// The gradients that reached each branch point during the input half. Shared with the hooks,
-// which hold no node, so nothing here keeps the graph alive in a cycle.
+// The gradients that reached each branch point during the input half (the weight half calls
+// the branch points directly, which runs no hook). Shared with the hooks, which hold no node, so
+// nothing here keeps the graph alive in a cycle.
 struct Kept {
-  bool open = true;  // only the input half's run is kept, not the weight half's
   std::unordered_map<const Node*, variable_list> gradients;
 };
 
@@ -35,7 +35,7 @@ class KeepGradients final : public torch::autograd::FunctionPreHook {
   KeepGradients(std::shared_ptr<Kept> kept, const Node* node)
       : kept_(std::move(kept)), node_(node) {}
   variable_list operator()(const variable_list& grads) override {
-    if (kept_->open) kept_->gradients[node_] = grads;
+    kept_->gradients[node_] = grads;
     return grads;
   }
 
@@ -207,7 +207,6 @@ std::vector<at::Tensor> SplitBackward::input_half(const std::vector<at::Tensor>&
       input_grads[input_positions[k]] = grads[k];
     }
   }
-  state_->kept->open = false;
   state_->branch_count = state_->branch_points.size();
   return input_grads;
 }
