@@ -69,6 +69,7 @@ std::vector<std::string> layout_sets(int dp, int pp, int tp) {
 
 void expect_matches(const std::filesystem::path& single, const std::filesystem::path& run) {
   expect_same_losses_within(single, run, kLossRtol, kLossAtol);
+  expect_same_grad_norms_within(single, run, kLossRtol, kLossAtol);
   expect_same_model_within(single / "final.pt", run / "final.pt", kParameterRtol, kParameterAtol);
 }
 

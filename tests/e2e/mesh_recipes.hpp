@@ -35,8 +35,8 @@ std::vector<std::string> joined(std::vector<std::string> a, const std::vector<st
 // keeps the global batch at 16.
 std::vector<std::string> layout_sets(int dp, int pp, int tp);
 
-// The run in `run` logged the losses of the one in `single` and ended with its parameters, within
-// the tolerances above.
+// The run in `run` logged the losses and gradient norms of the one in `single` and ended with
+// its parameters, within the tolerances above.
 void expect_matches(const std::filesystem::path& single, const std::filesystem::path& run);
 
 }  // namespace trainyard::testing

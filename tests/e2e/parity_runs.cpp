@@ -84,12 +84,21 @@ CommandResult validate_and_launch_bundled_recipe(const std::string& file, int ra
   return run_launched(ranks, recipe, out, settings);
 }
 
-std::vector<double> logged_train_losses(const fs::path& out) {
+namespace {
+
+// `figure` of every training record of the run in `out`.
+std::vector<double> logged_train_figures(const fs::path& out, const std::string& figure) {
   const fs::path file =
       fs::exists(out / "metrics.jsonl") ? out / "metrics.jsonl" : out / "metrics.rank0.jsonl";
-  std::vector<double> losses;
-  for (const auto& line : of_phase(read_metrics(file), "train")) losses.push_back(line.at("loss"));
-  return losses;
+  std::vector<double> values;
+  for (const auto& line : of_phase(read_metrics(file), "train")) values.push_back(line.at(figure));
+  return values;
+}
+
+}  // namespace
+
+std::vector<double> logged_train_losses(const fs::path& out) {
+  return logged_train_figures(out, "loss");
 }
 
 void expect_same_model_within(const fs::path& expected_file, const fs::path& actual_file,
@@ -119,6 +128,18 @@ void expect_same_losses_within(const fs::path& expected, const fs::path& actual,
   for (std::size_t i = 0; i < e.size(); ++i) {
     EXPECT_LE(std::abs(a[i] - e[i]), atol + rtol * std::abs(e[i]))
         << actual << " step " << i + 1 << ": loss " << a[i] << " against " << e[i];
+  }
+}
+
+void expect_same_grad_norms_within(const fs::path& expected, const fs::path& actual,
+                                   double rtol, double atol) {
+  const std::vector<double> e = logged_train_figures(expected, "grad_norm");
+  const std::vector<double> a = logged_train_figures(actual, "grad_norm");
+  ASSERT_EQ(e.size(), a.size()) << actual;
+  ASSERT_FALSE(e.empty());
+  for (std::size_t i = 0; i < e.size(); ++i) {
+    EXPECT_LE(std::abs(a[i] - e[i]), atol + rtol * std::abs(e[i]))
+        << actual << " record " << i + 1 << ": grad_norm " << a[i] << " against " << e[i];
   }
 }
 

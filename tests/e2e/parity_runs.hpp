@@ -53,4 +53,9 @@ void expect_same_model_within(const std::filesystem::path& expected_file,
 void expect_same_losses_within(const std::filesystem::path& expected,
                                const std::filesystem::path& actual, double rtol, double atol);
 
+// The runs' logged gradient norms (before clipping, every strategy's over the whole model)
+// agree record by record within `rtol`/`atol`.
+void expect_same_grad_norms_within(const std::filesystem::path& expected,
+                                   const std::filesystem::path& actual, double rtol, double atol);
+
 }  // namespace trainyard::testing

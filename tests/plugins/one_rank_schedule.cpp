@@ -71,7 +71,8 @@ class OneRankSchedule final : public Strategy {
       loss_sum = loss_sum.defined() ? loss_sum + detached : detached;
       result.samples += micro_batches[static_cast<std::size_t>(i)].size;
     }
-    finish_replicated_step(parameters_, context_, *optimizer_, loss_sum, count, result);
+    finish_replicated_step(parameters_, parameter_layouts(*model_), context_, *optimizer_, loss_sum,
+                           count, result);
     if (recording) {
       write_measured_timeline(measured_timeline_file(context_.build.output_dir, 0, 1), timeline);
     }

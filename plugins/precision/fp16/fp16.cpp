@@ -46,6 +46,7 @@ class Fp16 final : public Precision {
   }
 
   std::optional<torch::ScalarType> autocast_dtype() const override { return torch::kHalf; }
+  bool scales_loss() const override { return true; }
 
   torch::Tensor scale_loss(const torch::Tensor& loss) override {
     follow(loss.device());

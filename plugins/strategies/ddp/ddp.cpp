@@ -16,6 +16,7 @@
 #include "trainyard/parallel/distributed.hpp"
 #include "trainyard/api/error.hpp"
 #include "trainyard/parallel/gradient_reducer.hpp"
+#include "trainyard/parallel/gradient_verdict.hpp"
 #include "trainyard/parallel/gradients.hpp"
 #include "trainyard/parallel/held_blocks.hpp"
 #include "trainyard/parallel/micro_batch.hpp"
@@ -181,7 +182,7 @@ class Ddp final : public Strategy {
       finish_checked_step(loss_sum, count, result);
       return result;
     }
-    finish_replicated_step(parameters_, context_, *optimizer_, loss_sum, count, result);
+    finish_replicated_step(parameters_, layouts_, context_, *optimizer_, loss_sum, count, result);
     return result;
   }
 
@@ -360,28 +361,29 @@ class Ddp final : public Strategy {
   // data-parallel rank, so checks and clipping are local, over the tp group with tensor
   // parallelism (tensor-parallel pieces summed, whole copies once); zero1 steps only its slice.
   void finish_checked_step(const torch::Tensor& loss_sum, std::int64_t count, StepResult& result) {
+    std::vector<at::Tensor> held;
     std::vector<at::Tensor> gradients;
     std::vector<at::Tensor> split;
     std::vector<at::Tensor> whole;
     for (std::size_t i = 0; i < parameters_.size(); ++i) {
       const at::Tensor& grad = parameters_[i].grad();
+      held.push_back(grad);
       if (!grad.defined()) continue;
       gradients.push_back(grad);
       (holds_whole(layouts_[i]) ? whole : split).push_back(grad);
     }
+    test_nonfinite_hook(held, layouts_);
     at::Tensor found_inf = context_.precision->unscale(gradients);
     agree_on_found_inf(found_inf, tp_group_);
-    if (context_.step.max_grad_norm > 0) {
-      const at::Tensor norm =
-          tp_group_ ? squares_over_group(split, whole, tp_group_).sqrt() : global_norm(gradients);
-      result.grad_norm = clip_to_norm(gradients, norm, context_.step.max_grad_norm);
-    }
-    const bool finite = Precision::should_step(found_inf);
+    const at::Tensor norm =
+        tp_group_ ? squares_over_group(split, whole, tp_group_).sqrt() : global_norm(gradients);
+    const GradientVerdict verdict = judge_gradients(
+        context_, found_inf, norm, gradients,
+        [&] { return first_nonfinite_parameter(held, layouts_); }, result);
     context_.before_optimizer_step();
-    if (finite && zero1_) zero1_->step();
-    if (finite && !zero1_) optimizer_->step();
-    context_.precision->update(found_inf);
-    result.skipped = !finite;
+    if (verdict.step && zero1_) zero1_->step();
+    if (verdict.step && !zero1_) optimizer_->step();
+    context_.precision->update(verdict.found_inf);
     result.loss = count > 1 ? loss_sum / static_cast<double>(count) : loss_sum;
   }
 

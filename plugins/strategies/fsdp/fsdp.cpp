@@ -26,6 +26,7 @@
 #include "trainyard/api/activation_checkpoint.hpp"
 #include "trainyard/parallel/distributed.hpp"
 #include "trainyard/api/error.hpp"
+#include "trainyard/parallel/gradient_verdict.hpp"
 #include "trainyard/parallel/gradients.hpp"
 #include "trainyard/parallel/held_blocks.hpp"
 #include "trainyard/parallel/micro_batch.hpp"
@@ -196,6 +197,7 @@ class Fsdp final : public Strategy {
     // averaged across the groups.
     units_->average_over(replicate_group_);
     optimizer_ = context.optimizer->create(units_->shards());
+    shard_layouts_ = shard_layouts();
     blocks_ = with_activation_checkpointing(units_->blocks(), context.step.activation_checkpointing,
                                             context.device_backend);
   }
@@ -224,19 +226,17 @@ class Fsdp final : public Strategy {
     for (std::size_t u = 0; u < units_->unit_count(); ++u) {
       gradients.push_back(units_->shard(u).grad());
     }
+    test_nonfinite_hook(gradients, shard_layouts_);
     // Each rank holds other gradients: the decision to step and the norm are taken over all.
     torch::Tensor found_inf = context_.precision->unscale(gradients);
     units_->combine_found_inf(found_inf);
     agree_on_found_inf(found_inf, tp_group_);
-    if (context_.step.max_grad_norm > 0) {
-      result.grad_norm =
-          clip_to_norm(gradients, gradient_norm(gradients), context_.step.max_grad_norm);
-    }
-    const bool step = Precision::should_step(found_inf);
+    const GradientVerdict verdict = judge_gradients(
+        context_, found_inf, gradient_norm(gradients), gradients,
+        [&] { return first_nonfinite_parameter(gradients, shard_layouts_); }, result);
     context_.before_optimizer_step();
-    if (step) optimizer_->step();
-    context_.precision->update(found_inf);
-    result.skipped = !step;
+    if (verdict.step) optimizer_->step();
+    context_.precision->update(verdict.found_inf);
     result.loss = count > 1 ? loss_sum / static_cast<double>(count) : loss_sum;
     return result;
   }
@@ -406,7 +406,7 @@ class Fsdp final : public Strategy {
   // well, and whole copies, which every tp rank holds alike, are counted once.
   at::Tensor gradient_norm(const std::vector<at::Tensor>& gradients) const {
     if (!tp_group_) return units_->gradient_norm(gradients);
-    const std::vector<HeldLayout> layouts = shard_layouts();
+    const std::vector<HeldLayout>& layouts = shard_layouts_;
     std::vector<at::Tensor> split;
     std::vector<at::Tensor> whole;
     for (std::size_t u = 0; u < gradients.size(); ++u) {
@@ -481,6 +481,7 @@ class Fsdp final : public Strategy {
   std::vector<at::Tensor> buffers_;
   std::vector<std::string> buffer_names_;
   std::unique_ptr<ShardedUnits> units_;
+  std::vector<HeldLayout> shard_layouts_;  // of each unit's shard on this rank, set by setup
   std::unique_ptr<torch::optim::Optimizer> optimizer_;
   std::optional<torch::ScalarType> autocast_dtype_;
 };

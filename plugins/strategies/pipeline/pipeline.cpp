@@ -43,6 +43,7 @@
 #include "trainyard/parallel/declared_schedule.hpp"
 #include "trainyard/parallel/distributed.hpp"
 #include "trainyard/parallel/gradient_reducer.hpp"
+#include "trainyard/parallel/gradient_verdict.hpp"
 #include "trainyard/parallel/gradients.hpp"
 #include "trainyard/parallel/held_blocks.hpp"
 #include "trainyard/parallel/pipeline_schedule.hpp"
@@ -430,16 +431,20 @@ class Pipeline final : public Strategy {
     return squares_over_group(split, whole, tp_group_);
   }
 
-  // Unscale and check, clip by the norm over every stage, step: the decisions (skip, clip
-  // factor) are the pipeline's, agreed over the pipeline group.
+  // Unscale, judge by the norm over every stage (clip or skip), step: the decisions are the
+  // pipeline's, agreed over the pipeline group.
   void finish_step(StepResult& result) {
-    std::vector<std::vector<at::Tensor>> stage_gradients;
+    std::vector<at::Tensor> held;  // one per optimized tensor, undefined where it has none
     std::vector<at::Tensor> gradients;
     for (const auto& stage : stages_) {
-      stage_gradients.push_back(stage.held->gradients());
-      gradients.insert(gradients.end(), stage_gradients.back().begin(),
-                       stage_gradients.back().end());
+      for (const at::Tensor& tensor : stage.held->optimized()) {
+        held.push_back(tensor.grad());
+        if (held.back().defined()) gradients.push_back(held.back());
+      }
     }
+    if (held_layouts_.empty()) held_layouts_ = stage_layouts(stages_);
+    const std::vector<HeldLayout>& layouts = held_layouts_;
+    test_nonfinite_hook(held, layouts);
     at::Tensor found_inf = context_.precision->unscale(gradients);
     if (found_inf.defined()) {
       stages_.front().held->combine_found_inf(found_inf);  // over the data-parallel shards
@@ -449,21 +454,19 @@ class Pipeline final : public Strategy {
         all_reduce(flag, c10d::ReduceOp::MAX);
       }
     }
-    if (context_.step.max_grad_norm > 0) {
-      at::Tensor squares = stage_gradient_squares().reshape({1});
-      if (pp_group_) {
-        std::vector<at::Tensor> sum{squares};
-        all_reduce(sum, c10d::ReduceOp::SUM);
-      }
-      result.grad_norm =
-          clip_to_norm(gradients, squares.sqrt().reshape({}), context_.step.max_grad_norm);
+    at::Tensor squares = stage_gradient_squares().reshape({1});
+    if (pp_group_) {
+      std::vector<at::Tensor> sum{squares};
+      all_reduce(sum, c10d::ReduceOp::SUM);
     }
-    const bool finite = Precision::should_step(found_inf);
+    const GradientVerdict verdict = judge_gradients(
+        context_, found_inf, squares.sqrt().reshape({}), gradients,
+        [&] { return first_nonfinite_parameter(held, layouts); }, result);
     context_.before_optimizer_step();
-    if (finite) optimizer_->step();
-    context_.precision->update(found_inf);
-    result.skipped = !finite;
+    if (verdict.step) optimizer_->step();
+    context_.precision->update(verdict.found_inf);
   }
+
 
   void all_reduce(std::vector<at::Tensor>& tensors, c10d::ReduceOp op) {
     c10d::AllreduceOptions options;
@@ -538,6 +541,7 @@ class Pipeline final : public Strategy {
   std::vector<double> block_costs_;  // empty when the stages are named
   std::vector<BlockRange> cut_;
   std::vector<LocalStage> stages_;
+  std::vector<HeldLayout> held_layouts_;  // stage_layouts(stages_), made at the first step
   double local_flops_per_sample_ = 0;  // of this rank's stages: what StepResult::flops counts
   TiedWeights tied_;
   std::unique_ptr<StageChannel> channel_;

@@ -61,6 +61,15 @@ TensorMap broadcast_map(const TensorMap& tensors, int source, const PipelinePlac
 
 }  // namespace
 
+std::vector<HeldLayout> stage_layouts(const std::vector<LocalStage>& stages) {
+  std::vector<HeldLayout> layouts;
+  for (const auto& stage : stages) {
+    const std::vector<HeldLayout> held = stage.held->layouts(stage.whole_names);
+    layouts.insert(layouts.end(), held.begin(), held.end());
+  }
+  return layouts;
+}
+
 // Data-parallel peers hold the same and each writes its own file, so that a resume on the same
 // layout reads one file per rank; a resume on another cut reads every rank's files and takes
 // what it holds.
@@ -68,13 +77,11 @@ void save_stages(const std::vector<LocalStage>& stages, const Optimizer& plugin,
                  const torch::optim::Optimizer& optimizer, const std::string& replicas,
                  CheckpointState& out) {
   mark_pieces_format(out.shared);
-  std::vector<HeldLayout> layouts;
+  const std::vector<HeldLayout> layouts = stage_layouts(stages);
+  std::size_t next = 0;
   for (const auto& stage : stages) {
-    const std::vector<at::Tensor> held = stage.held->optimized();
-    const std::vector<HeldLayout> stage_layouts = stage.held->layouts(stage.whole_names);
-    for (std::size_t i = 0; i < held.size(); ++i) {
-      put_held_pieces(out.local, "model.", held[i].detach(), stage_layouts[i], replicas);
-      layouts.push_back(stage_layouts[i]);
+    for (const at::Tensor& held : stage.held->optimized()) {
+      put_held_pieces(out.local, "model.", held.detach(), layouts[next++], replicas);
     }
     for (std::size_t i = 0; i < stage.buffers.size(); ++i) {
       TensorPlacement placement = TensorPlacement::whole(stage.buffers[i].sizes().vec());

@@ -20,6 +20,9 @@ namespace trainyard {
 
 class Optimizer;
 
+// How each optimized tensor of `stages` maps onto the whole model's parameters, in stage order.
+std::vector<HeldLayout> stage_layouts(const std::vector<LocalStage>& stages);
+
 // Saves this rank's stages' parameters, buffers and optimizer state as pieces of the whole
 // model's (a stage's copy of a tied parameter as another piece of it, equal to the owner's).
 // `replicas`: the mesh group whose ranks hold the same pieces (empty: none do).

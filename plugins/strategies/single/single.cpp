@@ -37,6 +37,7 @@ class Single final : public Strategy {
     blocks_ = with_activation_checkpointing(held_blocks(*model_), context.step.activation_checkpointing,
                                             context.device_backend);
     parameters_ = model_->module().parameters(true);
+    layouts_ = parameter_layouts(*model_);
     optimizer_ = context.optimizer->create(parameters_);
     autocast_dtype_ = context.precision->autocast_dtype();
   }
@@ -52,7 +53,7 @@ class Single final : public Strategy {
       loss_sum = loss_sum.defined() ? loss_sum + detached : detached;
       result.samples += batch.size;
     }
-    finish_replicated_step(parameters_, context_, *optimizer_, loss_sum, count, result);
+    finish_replicated_step(parameters_, layouts_, context_, *optimizer_, loss_sum, count, result);
     return result;
   }
 
@@ -95,6 +96,7 @@ class Single final : public Strategy {
   std::shared_ptr<Model> model_;
   std::vector<Block> blocks_;
   std::vector<torch::Tensor> parameters_;
+  std::vector<HeldLayout> layouts_;  // whole parameters, for naming a non-finite gradient
   std::unique_ptr<torch::optim::Optimizer> optimizer_;
   std::optional<torch::ScalarType> autocast_dtype_;
 };

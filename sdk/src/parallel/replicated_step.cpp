@@ -4,25 +4,30 @@
 #include <ATen/core/grad_mode.h>
 #include <torch/optim/optimizer.h>
 
+#include "trainyard/parallel/gradient_verdict.hpp"
 #include "trainyard/parallel/gradients.hpp"
 #include "trainyard/api/precision.hpp"
 
 namespace trainyard {
 
 void finish_replicated_step(const std::vector<torch::Tensor>& parameters,
+                            const std::vector<HeldLayout>& layouts,
                             const StrategyContext& context, torch::optim::Optimizer& optimizer,
                             const torch::Tensor& loss_sum, std::int64_t micro_batches,
                             StepResult& result) {
   Precision& precision = *context.precision;
+  std::vector<torch::Tensor> held_gradients;
+  held_gradients.reserve(parameters.size());
+  for (const auto& parameter : parameters) held_gradients.push_back(parameter.grad());
+  test_nonfinite_hook(held_gradients, layouts);
   std::vector<torch::Tensor> gradients = gradients_of(parameters);
-  const bool finite = precision.unscale_and_check(gradients);
-  if (context.step.max_grad_norm > 0) {
-    result.grad_norm = clip_to_norm(gradients, global_norm(gradients), context.step.max_grad_norm);
-  }
+  const torch::Tensor found_inf = precision.unscale(gradients);
+  const GradientVerdict verdict =
+      judge_gradients(context, found_inf, global_norm(gradients), gradients,
+                      [&] { return first_nonfinite_parameter(held_gradients, layouts); }, result);
   context.before_optimizer_step();
-  if (finite) optimizer.step();
-  precision.update(!finite);
-  result.skipped = !finite;
+  if (verdict.step) optimizer.step();
+  precision.update(verdict.found_inf);
   result.loss = micro_batches > 1 ? loss_sum / static_cast<double>(micro_batches) : loss_sum;
 }
 

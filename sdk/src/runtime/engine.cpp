@@ -15,13 +15,16 @@
 #include "evaluation.hpp"
 #include "metrics_reporter.hpp"
 #include "model_export.hpp"
+#include "nonfinite_guard.hpp"
 #include "run_options.hpp"
 #include "step_record.hpp"
 #include "stop_signals.hpp"
 #include "training_data.hpp"
 #include "trainyard/parallel/collective_counter.hpp"
+#include "trainyard/parallel/gradient_verdict.hpp"
 #include "trainyard/api/device.hpp"
 #include "trainyard/api/error.hpp"
+#include "trainyard/api/precision.hpp"
 #include "trainyard/runtime/loader.hpp"
 #include "trainyard/runtime/loader_tuning.hpp"
 #include "trainyard/runtime/optimizer_step_gate.hpp"
@@ -50,11 +53,13 @@ struct Engine::State {
   std::unique_ptr<Checkpointing> checkpointing;  // null without [checkpoint]
   std::unique_ptr<Evaluation> evaluation;        // null without evaluation
   std::unique_ptr<MetricsReporter> reporter;
+  std::unique_ptr<NonfiniteGuard> nonfinite;
   // Chooses the loader's workers and the compute threads over the first steps; null when the
   // recipe sets the workers or the split is a stream.
   std::unique_ptr<LoaderTuner> loader_tuner;
   std::int64_t step = 0;
-  // run.step_record_file, on rank 0; the indices of the micro-batches taken for the next step.
+  // run.step_record_file, on rank 0; the indices of the micro-batches taken for the next step
+  // (for the record and for the report of a non-finite step).
   std::unique_ptr<StepRecord> step_record;
   std::vector<std::vector<std::int64_t>> micro_batch_indices;
   double learning_rate = 0;
@@ -177,6 +182,13 @@ Engine::Engine(Recipe recipe, const Registry& registry, RunControls controls)
   s.reporter =
       std::make_unique<MetricsReporter>(s.recipe, registry, build, *s.phases, meter,
                                         s.run.peak_tflops, std::move(reported), s.logger());
+  NonfiniteSettings nonfinite;
+  nonfinite.skip = s.run.on_nonfinite == "skip";
+  nonfinite.max_in_a_row = s.run.max_nonfinite_in_a_row;
+  nonfinite.precision_scales = s.components.precision->scales_loss();
+  // Every rank stops alike; a skip is told once.
+  s.nonfinite = std::make_unique<NonfiniteGuard>(
+      nonfinite, s.runtime->rank() == 0 ? s.logger() : [](const std::string&) {});
 }
 
 Engine::~Engine() = default;
@@ -192,10 +204,9 @@ std::vector<Batch> Engine::next_micro_batches() {
   phases.begin_step(s.step);
   std::vector<Batch> host;
   host.reserve(static_cast<std::size_t>(s.run.grad_accumulation));
-  if (s.step_record) s.micro_batch_indices.clear();
+  s.micro_batch_indices.clear();
   for (std::int64_t i = 0; i < s.run.grad_accumulation; ++i) {
-    std::vector<std::int64_t> indices;
-    if (s.step_record) indices = s.data->loader().next_batch_indices();
+    std::vector<std::int64_t> indices = s.data->loader().next_batch_indices();
     std::optional<Batch> batch = s.data->loader().next();
     if (!batch) {
       phases.cancel_step();
@@ -204,14 +215,12 @@ std::vector<Batch> Engine::next_micro_batches() {
     // A stream names its samples in the batch (map-style splits are named by the loader); the
     // name is not the model's input.
     if (auto named = batch->tensors.find(kSampleIndexKey); named != batch->tensors.end()) {
-      if (s.step_record) {
-        const at::Tensor values = named->second.to(at::kLong).contiguous();
-        indices.assign(values.data_ptr<std::int64_t>(),
-                       values.data_ptr<std::int64_t>() + values.numel());
-      }
+      const at::Tensor values = named->second.to(at::kLong).contiguous();
+      indices.assign(values.data_ptr<std::int64_t>(),
+                     values.data_ptr<std::int64_t>() + values.numel());
       batch->tensors.erase(named);
     }
-    if (s.step_record) s.micro_batch_indices.push_back(std::move(indices));
+    s.micro_batch_indices.push_back(std::move(indices));
     host.push_back(std::move(*batch));
   }
   phases.end_data_wait();
@@ -235,6 +244,7 @@ StepResult Engine::train_one_step(std::span<const Batch> micro_batches) {
   s.learning_rate =
       s.components.scheduler->learning_rate(s.step, s.data->total_steps(), s.components.base_lr);
   s.strategy().set_learning_rate(s.learning_rate);
+  set_test_hook_step(s.step);
   StepResult result = s.strategy().train_step(micro_batches);
   if (s.optimizer_step_gate.held()) {
     // Its optimizer may have changed tensors while a checkpoint was copying them.
@@ -249,6 +259,7 @@ StepResult Engine::train_one_step(std::span<const Batch> micro_batches) {
                                               : std::numeric_limits<double>::quiet_NaN();
     s.step_record->write(s.step, s.learning_rate, loss, s.micro_batch_indices);
   }
+  s.nonfinite->after_step(s.step + 1, result, s.micro_batch_indices);
   if (collectives) {
     for (const auto& [group, count] : per_group(collectives->take())) {
       result.metrics.emplace_back("comm_" + group + "_calls", static_cast<double>(count.calls));

@@ -138,6 +138,14 @@ const OptionSpecs& run_options() {
       option("grad_accumulation", 1, "micro-batches per optimizer step").at_least(1),
       option("max_grad_norm", 0.0, "clip gradients to this global norm (0: no clipping)")
           .at_least(0),
+      option("on_nonfinite", "stop",
+             "a step whose loss or gradients hold inf or nan never steps the optimizer; then: "
+             "stop (exit naming the step, the parameter and the batch) or skip (count it and "
+             "train on). fp16 skips by its loss scale instead")
+          .one_of({"stop", "skip"}),
+      option("max_nonfinite_in_a_row", 5,
+             "with on_nonfinite = skip, stop after this many non-finite steps in a row")
+          .at_least(1),
       option("activation_checkpointing", "none",
              "blocks recomputed in backward: none, all, every:K, blocks:NAME,NAME..."),
       option("output_dir", "", "where the run writes (default: runs/<recipe name>)"),

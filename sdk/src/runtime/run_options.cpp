@@ -20,6 +20,8 @@ RunOptions RunOptions::read(const Recipe& recipe) {
   options.eval_max_batches = run.get_int("eval_max_batches");
   options.grad_accumulation = run.get_int("grad_accumulation");
   options.max_grad_norm = run.get_float("max_grad_norm");
+  options.on_nonfinite = run.get_string("on_nonfinite");
+  options.max_nonfinite_in_a_row = run.get_int("max_nonfinite_in_a_row");
   try {
     options.activation_checkpointing =
         ActivationCheckpointing::parse(run.get_string("activation_checkpointing"));

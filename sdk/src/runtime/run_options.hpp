@@ -28,6 +28,8 @@ struct RunOptions {
   std::int64_t eval_max_batches = 0;  // 0: all
   std::int64_t grad_accumulation = 1;
   double max_grad_norm = 0;
+  std::string on_nonfinite = "stop";       // stop | skip, for precisions that do not scale
+  std::int64_t max_nonfinite_in_a_row = 5;  // skip: steps skipped in a row before stopping
   ActivationCheckpointing activation_checkpointing;
   std::filesystem::path output_dir;        // runs/<recipe name> unless the recipe says
   std::filesystem::path final_model_file;  // empty: none

@@ -16,7 +16,12 @@ void TrainingMeter::add_step(const StepResult& result) {
     loss_sum_ = loss_sum_.defined() ? loss_sum_.add_(result.loss) : result.loss.detach().clone();
     ++loss_steps_;
   }
-  if (result.grad_norm.defined()) last_grad_norm_ = result.grad_norm;
+  if (result.grad_norm.defined()) {
+    last_grad_norm_ = result.grad_norm;
+    // On the device, so that no step waits: a spike between two records still shows.
+    max_grad_norm_ = max_grad_norm_.defined() ? at::fmax(max_grad_norm_, result.grad_norm)
+                                              : result.grad_norm.detach().clone();
+  }
   ++steps_;
   samples_ += result.samples;
   flops_ += result.flops > 0 ? result.flops
@@ -64,7 +69,10 @@ IntervalFigures TrainingMeter::close_interval() {
   }
   const double wait_s = rollup.at(StepPhase::DataWait) / 1000.0;
   values.emplace_back("data_wait_share", seconds > 0 ? std::min(1.0, wait_s / seconds) : 0);
-  if (last_grad_norm_.defined()) values.emplace_back("grad_norm", last_grad_norm_.item<double>());
+  if (last_grad_norm_.defined()) {
+    values.emplace_back("grad_norm", last_grad_norm_.item<double>());
+    values.emplace_back("grad_norm_max", max_grad_norm_.item<double>());
+  }
   if (skipped_ > 0) values.emplace_back("skipped_steps", static_cast<double>(skipped_));
   for (const auto& [name, sum] : metric_sums_) values.emplace_back(name, sum / steps);
   figures.spans = std::move(rollup.spans);
@@ -77,6 +85,8 @@ IntervalFigures TrainingMeter::close_interval() {
   samples_ = 0;
   flops_ = 0;
   skipped_ = 0;
+  last_grad_norm_ = at::Tensor();
+  max_grad_norm_ = at::Tensor();
   metric_sums_.clear();
   interval_start_ = Clock::now();
   return figures;

@@ -66,7 +66,8 @@ class TrainingMeter {
   PhaseClock& phases_;
   at::Tensor loss_sum_;
   std::int64_t loss_steps_ = 0;  // steps whose loss this rank holds
-  at::Tensor last_grad_norm_;
+  at::Tensor last_grad_norm_;  // the interval's last step's
+  at::Tensor max_grad_norm_;   // over the interval's steps, nan left out (fmax)
   std::int64_t steps_ = 0;
   std::int64_t samples_ = 0;
   double flops_ = 0;  // this rank's, over the interval

@@ -32,6 +32,10 @@ class Precision : public Component {
   virtual void check_device(const torch::Device& device) const {}
   // The autocast dtype, or nullopt to run in the parameters' own dtype.
   virtual std::optional<torch::ScalarType> autocast_dtype() const = 0;
+  // Whether this precision scales the loss, skipping the steps whose scaled gradients overflow
+  // as its scale adapts (fp16): the engine's non-finite policy ([run] on_nonfinite) is then
+  // left to it.
+  virtual bool scales_loss() const { return false; }
   virtual torch::Tensor scale_loss(const torch::Tensor& loss) { return loss; }
   // Unscales `gradients` in place. Returns a one-element float tensor, 1 when any of them is inf
   // or nan and 0 otherwise, on the device of the loss scale; or an undefined tensor when this

@@ -30,8 +30,10 @@ class OptimizerStepGate;
 // Step mechanics every strategy honours:
 // - accumulation: train_step gets K micro-batches; each one's loss is divided by K and gradients
 //   are synchronised across ranks only after the last one (no_sync before); one optimizer step.
-// - max_grad_norm: gradients (unscaled, synchronised) are clipped to this global norm, the norm
-//   over every gradient of every shard; StepResult::grad_norm reports it before clipping.
+// - every step, the global norm over every gradient of every shard (unscaled, synchronised) is
+//   reported in StepResult::grad_norm; a step whose gradients hold inf or nan does not step the
+//   optimizer (StepResult::skipped), on every rank alike; otherwise, with max_grad_norm, the
+//   gradients are clipped to it (judge_gradients in trainyard/parallel/gradient_verdict.hpp).
 // - activation_checkpointing: the strategy passes its model's blocks through
 //   with_activation_checkpointing before running them.
 struct StepOptions {
@@ -71,7 +73,7 @@ struct StepResult {
   // engine logs the mean over the ranks that hold one, which is the global batch's mean when
   // each holds the mean of equally many samples.
   torch::Tensor loss;
-  torch::Tensor grad_norm;  // before clipping; undefined when not computed
+  torch::Tensor grad_norm;  // before clipping
   std::int64_t samples = 0;
   // Forward + backward FLOPs this rank ran in the step, for utilisation. 0: the engine reckons
   // samples x the model's flops_per_sample(), right for a strategy that holds one model built
@@ -79,6 +81,9 @@ struct StepResult {
   // stages) says what they did.
   double flops = 0;
   bool skipped = false;     // the optimizer step was skipped (non-finite gradients)
+  // For a skipped step, the first parameter whose gradient on this rank holds inf or nan; empty
+  // when this rank's part of the gradients was finite.
+  std::string nonfinite_parameter;
   // Host-side figures of this step (such as comm_wait_ms); the engine logs their interval mean.
   std::vector<std::pair<std::string, double>> metrics;
 };

@@ -9,6 +9,7 @@
 
 #include "trainyard/api/batch.hpp"
 #include "trainyard/api/model.hpp"
+#include "trainyard/api/parameter_pieces.hpp"
 #include "trainyard/api/strategy.hpp"
 
 namespace torch::optim {
@@ -19,12 +20,13 @@ namespace trainyard {
 
 class Precision;
 
-// After backward of `micro_batches` micro-batches: unscales and checks the gradients, clips them
-// to the global norm when asked (context.step), passes the optimizer step gate, steps the
+// After backward of `micro_batches` micro-batches: unscales the gradients, judges them
+// (judge_gradients: norm, non-finite check, clipping), passes the optimizer step gate, steps the
 // optimizer unless a gradient is non-finite, and moves the precision's state. Sets
 // result.grad_norm, result.skipped and result.loss (the mean of `loss_sum` over the
-// micro-batches).
+// micro-batches). `layouts[i]` is how parameters[i] is held (whole, for these strategies).
 void finish_replicated_step(const std::vector<torch::Tensor>& parameters,
+                            const std::vector<HeldLayout>& layouts,
                             const StrategyContext& context, torch::optim::Optimizer& optimizer,
                             const torch::Tensor& loss_sum, std::int64_t micro_batches,
                             StepResult& result);
