@@ -1,8 +1,9 @@
 // [run] on_nonfinite on whole runs: a nan planted in one parameter's gradient at one step (the
 // TRAINYARD_TEST_NONFINITE hook) stops the run with one line naming the step, the parameter,
 // the loss and the batch, on one process and on two; or, with skip, is counted and trained past,
-// until too many come in a row.
+// until too many come in a row; or, with rollback, gone back from.
 
+#include <ATen/ATen.h>
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -11,6 +12,7 @@
 
 #include "metrics_file.hpp"
 #include "test_support.hpp"
+#include "trainyard/parallel/distributed.hpp"
 
 namespace trainyard::testing {
 namespace {
@@ -106,6 +108,43 @@ TEST(NonfiniteRun, SkipStopsAfterTooManyInARow) {
   EXPECT_HAS(nonfinite_line(result), "step 4: non-finite gradients");
   EXPECT_HAS(nonfinite_line(result),
              "2 steps in a row were non-finite (run.max_nonfinite_in_a_row)");
+}
+
+// on_nonfinite = "rollback": a batch of nans (TRAINYARD_TEST_CORRUPT_BATCH) sends the run back to
+// its last checkpoint, never to train on that batch again: it ends bit for bit where a run ends
+// that skipped the batch from the start.
+TEST(NonfiniteRun, RollbackEndsAsARunThatNeverSawTheBatch) {
+  const auto run = [](const TempDir& dir, const std::vector<std::string>& sets,
+                      const std::vector<std::string>& env) {
+    std::vector<std::string> argv = {host_binary().string(), "run", kRecipe};
+    for (const auto& set : sets) argv.insert(argv.end(), {"--set", set});
+    argv.insert(argv.end(),
+                {"--set", "run.max_steps=24", "--set", "run.eval=false", "--set", "run.threads=1",
+                 "--set", "loader.workers=0", "--set", "checkpoint.every_steps=10", "--set",
+                 "run.output_dir=" + dir.path().string(), "--set",
+                 "run.final_model_file=" + (dir / "final.pt").string()});
+    return run_command(argv, source_dir(), 300, env);
+  };
+  TempDir rolled;
+  const CommandResult rollback =
+      run(rolled, {"run.on_nonfinite=\"rollback\""}, {"TRAINYARD_TEST_CORRUPT_BATCH=0:13:nan"});
+  ASSERT_EQ(rollback.exit_code, 0) << describe(rollback);
+  EXPECT_HAS(rollback.err + rollback.out, "step 14: non-finite gradients");
+  EXPECT_HAS(rollback.err + rollback.out,
+             "(loader batches 0:13): rolled back to the checkpoint of step 10");
+  const auto events = of_phase(read_metrics(rolled / "metrics.jsonl"), "nonfinite");
+  ASSERT_EQ(events.size(), 1u);
+  EXPECT_EQ(events.front().at("step"), 14);
+  EXPECT_EQ(events.front().at("batch_index"), 13);
+
+  TempDir skipping;
+  const CommandResult reference = run(skipping, {"run.skip_batches=[\"0:13\"]"}, {});
+  ASSERT_EQ(reference.exit_code, 0) << describe(reference);
+  const TensorMap expected = read_tensor_file(skipping / "final.pt");
+  const TensorMap actual = read_tensor_file(rolled / "final.pt");
+  ASSERT_EQ(expected.size(), actual.size());
+  for (const auto& [name, tensor] : expected)
+    EXPECT_TRUE(at::equal(tensor, actual.at(name))) << name;
 }
 
 }  // namespace

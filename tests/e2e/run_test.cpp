@@ -105,14 +105,16 @@ TEST(RunTest, ValidateAcceptsEveryShippedRecipe) {
   }
 }
 
-// A run whose loss overflows: every line of the step record and of metrics.jsonl is valid JSON
-// (JSON has no NaN), the non-finite loss written as null with its spelling beside it.
+// A run whose loss overflows (and trains on past its non-finite steps): every line of the step
+// record and of metrics.jsonl is valid JSON (JSON has no NaN), the non-finite loss written as
+// null with its spelling beside it.
 TEST(RunTest, NonFiniteLossesAreWrittenAsValidJson) {
   TempDir dir;
   auto result =
       run_host({"run", "recipes/fashion_mnist_mlp.toml", "--set", "run.max_steps=6", "--set",
                 "run.log_every=1", "--set", "run.eval=false", "--set", "optimizer.plugin=sgd",
-                "--set", "optimizer.lr=1e30", "--set", "run.output_dir=" + dir.path().string(),
+                "--set", "optimizer.lr=1e30", "--set", "run.on_nonfinite=skip", "--set",
+                "run.max_nonfinite_in_a_row=6", "--set", "run.output_dir=" + dir.path().string(),
                 "--set", "run.step_record_file=" + (dir / "steps.jsonl").string()});
   ASSERT_EQ(result.exit_code, 0) << describe(result);
   int nonfinite = 0;

@@ -15,7 +15,7 @@ TEST(MetricKindTest, CountsAreKnownByTheirNames) {
   for (const char* count :
        {"steps", "samples", "tokens", "epoch", "skipped_steps", "skipped_steps_total",
         "memory_peak_bytes", "comm_dp_calls", "eval_samples", "eval_correct_count",
-        "loader_workers", "compute_threads"}) {
+        "loader_workers", "compute_threads", "batch_index"}) {
     EXPECT_TRUE(is_count_metric(count)) << count;
   }
   for (const char* figure :

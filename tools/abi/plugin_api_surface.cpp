@@ -31,6 +31,7 @@
 #include "trainyard/api/error.hpp"
 #include "trainyard/support/files.hpp"
 #include "trainyard/parallel/gradient_reducer.hpp"
+#include "trainyard/parallel/gradient_verdict.hpp"
 #include "trainyard/parallel/gradients.hpp"
 #include "trainyard/parallel/held_blocks.hpp"
 #include "trainyard/api/held_bytes.hpp"
@@ -120,6 +121,11 @@ struct FreeFunctions {
   decltype(&describe_stages) describe_stages_fn;
   decltype(&stage_cut_key) stage_cut_key_fn;
   decltype(&finish_replicated_step) finish_replicated_step_fn;
+  decltype(&judge_gradients) judge_gradients_fn;
+  decltype(&first_nonfinite_parameter) first_nonfinite_parameter_fn;
+  decltype(&test_nonfinite_hook) test_nonfinite_hook_fn;
+  decltype(&set_test_hook_step) set_test_hook_step_fn;
+  decltype(&table_option) table_option_fn;
   decltype(&evaluate_blocks) evaluate_blocks_fn;
   decltype(&parse_strict_json) parse_strict_json_fn;
   decltype(&squares_over_group) squares_over_group_fn;

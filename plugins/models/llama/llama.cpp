@@ -424,16 +424,6 @@ class Llama final : public Model {
   }
 };
 
-// An option holding a TOML table, empty unless the recipe gives one.
-OptionSpec table_option(std::string name, std::string help) {
-  OptionSpec spec;
-  spec.name = std::move(name);
-  spec.type = OptionType::kTable;
-  spec.default_value = Value(std::make_shared<const Table>());
-  spec.help = std::move(help);
-  return spec;
-}
-
 void register_components(Registry& registry) {
   registry.add<Model>(
       "llama",

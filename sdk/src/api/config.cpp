@@ -260,6 +260,15 @@ OptionSpec option(std::string name, std::vector<std::string> v, std::string help
   return make_option(std::move(name), OptionType::kStringList, Value(to_array(v)),
                      std::move(help));
 }
+
+OptionSpec table_option(std::string name, std::string help) {
+  OptionSpec spec;
+  spec.name = std::move(name);
+  spec.type = OptionType::kTable;
+  spec.default_value = Value(std::make_shared<const Table>());
+  spec.help = std::move(help);
+  return spec;
+}
 OptionSpec required_option(std::string name, OptionType type, std::string help) {
   OptionSpec spec;
   spec.name = std::move(name);

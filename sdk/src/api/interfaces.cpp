@@ -182,7 +182,7 @@ bool is_count_metric(std::string_view name) {
     if (name == count) return true;
   }
   for (std::string_view suffix : {"_steps", "_samples", "_tokens", "_bytes", "_calls", "_count",
-                                  "_total", "_workers", "_threads", "_ranks"}) {
+                                  "_total", "_workers", "_threads", "_ranks", "_index"}) {
     if (name.ends_with(suffix)) return true;
   }
   return false;

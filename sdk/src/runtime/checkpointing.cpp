@@ -168,6 +168,10 @@ std::optional<TrainingPosition> Checkpointing::resume(
   position.step = number("engine.step");
   position.epoch = number("engine.epoch");
   position.batch_in_epoch = number("engine.batch_in_epoch");
+  const std::string state_prefix = "engine.state.";
+  for (const auto& [key, text] : state.shared.metadata) {
+    if (key.rfind(state_prefix, 0) == 0) position.engine_state[key.substr(state_prefix.size())] = text;
+  }
   // The position counts this rank's micro-batches: steps taken times the accumulation then.
   if (auto saved = state.shared.metadata.find(kAccumulationKey);
       saved != state.shared.metadata.end() && std::stoll(saved->second) != run_.accumulation) {
@@ -231,6 +235,7 @@ void Checkpointing::save(const TrainingPosition& position) {
   meta["engine.step"] = std::to_string(position.step);
   meta["engine.epoch"] = std::to_string(position.epoch);
   meta["engine.batch_in_epoch"] = std::to_string(position.batch_in_epoch);
+  for (const auto& [name, text] : position.engine_state) meta["engine.state." + name] = text;
   meta["engine.global_batch"] = std::to_string(run_.global_batch);
   meta["engine.steps_per_epoch"] = std::to_string(run_.steps_per_epoch);
   meta[kAccumulationKey] = std::to_string(run_.accumulation);

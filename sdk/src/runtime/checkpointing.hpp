@@ -43,6 +43,9 @@ struct TrainingPosition {
   std::int64_t step = 0;
   std::int64_t epoch = 0;
   std::int64_t batch_in_epoch = 0;
+  // The engine's own state that must carry over with the position (the batches it skips, the
+  // spike guard's window), by name; saved as "engine.state.<name>" metadata.
+  std::map<std::string, std::string> engine_state;
 };
 
 // The run's parts whose state a checkpoint holds, and the figures that decide whether a saved

@@ -8,92 +8,30 @@
 #include <iostream>
 #include <limits>
 
-#include "checkpointing.hpp"
-#include "components.hpp"
-#include "device_placement.hpp"
-#include "distributed_runtime.hpp"
-#include "evaluation.hpp"
-#include "metrics_reporter.hpp"
+#include "engine_state.hpp"
 #include "model_export.hpp"
-#include "nonfinite_guard.hpp"
-#include "run_options.hpp"
-#include "step_record.hpp"
 #include "stop_signals.hpp"
-#include "training_data.hpp"
-#include "trainyard/parallel/collective_counter.hpp"
-#include "trainyard/parallel/gradient_verdict.hpp"
 #include "trainyard/api/device.hpp"
 #include "trainyard/api/error.hpp"
 #include "trainyard/api/precision.hpp"
-#include "trainyard/runtime/loader.hpp"
-#include "trainyard/runtime/loader_tuning.hpp"
-#include "trainyard/runtime/optimizer_step_gate.hpp"
 #include "trainyard/api/sample_index.hpp"
 #include "trainyard/api/scheduler.hpp"
 #include "trainyard/api/step_phases.hpp"
+#include "trainyard/parallel/collective_counter.hpp"
+#include "trainyard/parallel/gradient_verdict.hpp"
+#include "trainyard/runtime/loader.hpp"
+#include "trainyard/runtime/loader_tuning.hpp"
+#include "trainyard/runtime/optimizer_step_gate.hpp"
 
 namespace trainyard {
 
 using Clock = std::chrono::steady_clock;
 
-struct Engine::State {
-  Recipe recipe;
-  RunControls controls;
-  Clock::time_point run_start = Clock::now();
-  RunOptions run;
-  LoaderSettings loader;
-  std::unique_ptr<DistributedRuntime> runtime;
-  DevicePlacement placement;
-  Components components;
-  // The step phases the strategy marks.
-  std::unique_ptr<PhaseClock> phases;
-  // Held by an asynchronous checkpoint until it has copied what the next optimizer step changes.
-  OptimizerStepGate optimizer_step_gate;
-  std::unique_ptr<TrainingData> data;
-  std::unique_ptr<Checkpointing> checkpointing;  // null without [checkpoint]
-  std::unique_ptr<Evaluation> evaluation;        // null without evaluation
-  std::unique_ptr<MetricsReporter> reporter;
-  std::unique_ptr<NonfiniteGuard> nonfinite;
-  // Chooses the loader's workers and the compute threads over the first steps; null when the
-  // recipe sets the workers or the split is a stream.
-  std::unique_ptr<LoaderTuner> loader_tuner;
-  std::int64_t step = 0;
-  // run.step_record_file, on rank 0; the indices of the micro-batches taken for the next step
-  // (for the record and for the report of a non-finite step).
-  std::unique_ptr<StepRecord> step_record;
-  std::vector<std::vector<std::int64_t>> micro_batch_indices;
-  double learning_rate = 0;
-
-  State(Recipe r, RunControls c) : recipe(std::move(r)), controls(std::move(c)) {}
-
-  void log(const std::string& message) const {
-    if (controls.log) {
-      controls.log(message);
-    } else {
-      std::cerr << message << std::endl;
-    }
-  }
-  std::function<void(const std::string&)> logger() const {
-    return [this](const std::string& message) { log(message); };
-  }
-
-  double elapsed() const { return std::chrono::duration<double>(Clock::now() - run_start).count(); }
-  Strategy& strategy() const { return *components.strategy; }
-  // Samples per optimizer step over every data-parallel rank.
-  std::int64_t global_batch() const {
-    return static_cast<std::int64_t>(runtime->data_parallel_place().size) * run.grad_accumulation *
-           loader.batch_size;
-  }
-  TrainingPosition position(std::int64_t epoch) const {
-    return {step, epoch, data->loader().position()};
-  }
-};
-
 Engine::Engine(Recipe recipe, const Registry& registry, RunControls controls)
     : state_(std::make_unique<State>(std::move(recipe), std::move(controls))) {
   State& s = *state_;
-  s.run = RunOptions::read(s.recipe);
   s.loader = LoaderSettings::read(s.recipe);
+  s.skipped_batches.add_entries(s.run.skip_batches);
   s.runtime = std::make_unique<DistributedRuntime>(s.run, s.recipe.section("parallel"));
 
   BuildContext build;
@@ -127,8 +65,8 @@ Engine::Engine(Recipe recipe, const Registry& registry, RunControls controls)
       s.placement, s.runtime->data_parallel_place(), s.runtime->cores(), s.runtime->local_ranks());
   if (s.data->chooses_workers()) {
     LoaderTuningSettings tuning;
-    tuning.cores = std::max(1, static_cast<int>(s.runtime->cores()) /
-                                   std::max(1, s.runtime->local_ranks()));
+    tuning.cores =
+        std::max(1, static_cast<int>(s.runtime->cores()) / std::max(1, s.runtime->local_ranks()));
     tuning.threads = at::get_num_threads();
     tuning.tune_threads = s.run.threads == 0;
     s.loader_tuner = std::make_unique<LoaderTuner>(tuning);
@@ -182,13 +120,7 @@ Engine::Engine(Recipe recipe, const Registry& registry, RunControls controls)
   s.reporter =
       std::make_unique<MetricsReporter>(s.recipe, registry, build, *s.phases, meter,
                                         s.run.peak_tflops, std::move(reported), s.logger());
-  NonfiniteSettings nonfinite;
-  nonfinite.skip = s.run.on_nonfinite == "skip";
-  nonfinite.max_in_a_row = s.run.max_nonfinite_in_a_row;
-  nonfinite.precision_scales = s.components.precision->scales_loss();
-  // Every rank stops alike; a skip is told once.
-  s.nonfinite = std::make_unique<NonfiniteGuard>(
-      nonfinite, s.runtime->rank() == 0 ? s.logger() : [](const std::string&) {});
+  set_up_guards();
 }
 
 Engine::~Engine() = default;
@@ -205,13 +137,24 @@ std::vector<Batch> Engine::next_micro_batches() {
   std::vector<Batch> host;
   host.reserve(static_cast<std::size_t>(s.run.grad_accumulation));
   s.micro_batch_indices.clear();
+  s.step_batches.clear();
+  Loader& loader = s.data->loader();
   for (std::int64_t i = 0; i < s.run.grad_accumulation; ++i) {
-    std::vector<std::int64_t> indices = s.data->loader().next_batch_indices();
-    std::optional<Batch> batch = s.data->loader().next();
+    // Batches the run never trains on are read and dropped, so that every later batch is the
+    // one an uninterrupted reading gives.
+    bool ended = false;
+    while (!ended && s.skipped_batches.contains(loader.epoch(), loader.position())) {
+      ended = !loader.next();
+    }
+    std::vector<std::int64_t> indices = loader.next_batch_indices();
+    s.step_batches.emplace_back(loader.epoch(), loader.position());
+    std::optional<Batch> batch;
+    if (!ended) batch = loader.next();
     if (!batch) {
       phases.cancel_step();
       return {};
     }
+    test_corrupt_batch_hook(s.step_batches.back().first, s.step_batches.back().second, *batch);
     // A stream names its samples in the batch (map-style splits are named by the loader); the
     // name is not the model's input.
     if (auto named = batch->tensors.find(kSampleIndexKey); named != batch->tensors.end()) {
@@ -259,7 +202,14 @@ StepResult Engine::train_one_step(std::span<const Batch> micro_batches) {
                                               : std::numeric_limits<double>::quiet_NaN();
     s.step_record->write(s.step, s.learning_rate, loss, s.micro_batch_indices);
   }
-  s.nonfinite->after_step(s.step + 1, result, s.micro_batch_indices);
+  if (s.nonfinite->applies(result)) {
+    const double loss = result.loss.defined() ? result.loss.item<double>()
+                                              : std::numeric_limits<double>::quiet_NaN();
+    record_step_event("nonfinite", s.step + 1, loss, s.data->loader().epoch());
+  }
+  if (auto why = s.nonfinite->after_step(s.step + 1, result, s.micro_batch_indices)) {
+    s.rollback_reason = std::move(*why);
+  }
   if (collectives) {
     for (const auto& [group, count] : per_group(collectives->take())) {
       result.metrics.emplace_back("comm_" + group + "_calls", static_cast<double>(count.calls));
@@ -289,8 +239,9 @@ void Engine::announce_loader() {
           " workers (loader.eval_workers)");
   }
   if (s.loader_tuner) {
-    s.log("trainyard: loader.workers = -1: timing batch preparation in line over the first "
-          "steps, then choosing the workers");
+    s.log(
+        "trainyard: loader.workers = -1: timing batch preparation in line over the first "
+        "steps, then choosing the workers");
     return;
   }
   const std::string why = s.loader.workers == -1
@@ -342,19 +293,27 @@ RunSummary Engine::run() {
   });
 }
 
+std::optional<TrainingPosition> Engine::resume_if_asked() {
+  State& s = *state_;
+  if (!s.controls.resume) return std::nullopt;
+  if (!s.checkpointing) {
+    throw Error(
+        "--resume needs checkpoints, and the recipe has no [checkpoint] section: add one "
+        "(`[checkpoint]` with `plugin = \"torch\"`, or --set checkpoint.plugin=torch) so that "
+        "runs save checkpoints to resume from");
+  }
+  std::optional<TrainingPosition> resumed = s.checkpointing->resume(*s.controls.resume, s.logger());
+  if (resumed) {
+    s.step = resumed->step;
+    s.restore(*resumed);
+  }
+  return resumed;
+}
+
 RunSummary Engine::run_steps() {
   State& s = *state_;
-  TrainingPosition start;
-  if (s.controls.resume) {
-    if (!s.checkpointing) {
-      throw Error(
-          "--resume needs checkpoints, and the recipe has no [checkpoint] section: add one "
-          "(`[checkpoint]` with `plugin = \"torch\"`, or --set checkpoint.plugin=torch) so that "
-          "runs save checkpoints to resume from");
-    }
-    start = s.checkpointing->resume(*s.controls.resume, s.logger()).value_or(start);
-    s.step = start.step;
-  }
+  const std::optional<TrainingPosition> resumed = resume_if_asked();
+  const TrainingPosition start = resumed.value_or(TrainingPosition{});
   const std::int64_t total_steps = s.data->total_steps();
   if (!s.run.initial_model_file.empty()) {
     export_final_model(s.strategy(), s.runtime->rank(), s.run.initial_model_file);
@@ -366,6 +325,10 @@ RunSummary Engine::run_steps() {
                      s.runtime->rank(), s.runtime->world_size(), s.run.output_dir.string(),
                      start.step});
   announce_loader();
+  if (rolls_back() && !resumed) {
+    // A spike before the first save rolls back to the start.
+    s.checkpointing->save(s.position_at(start.epoch, start.batch_in_epoch));
+  }
   if (s.checkpointing) s.checkpointing->start_clock();
   const auto run_started = Clock::now();
   const std::int64_t first_step = s.step;
@@ -374,16 +337,18 @@ RunSummary Engine::run_steps() {
   const StopSignals stop_signals(s.run.stop_signals);
   int stopped_by = 0;  // the signal the ranks agreed to stop on
   std::int64_t epoch = start.epoch;
-  for (std::int64_t first_batch = start.batch_in_epoch;
-       epoch < s.run.epochs && s.step < total_steps; ++epoch, first_batch = 0) {
+  std::int64_t first_batch = start.batch_in_epoch;
+  while (epoch < s.run.epochs && s.step < total_steps) {
     s.data->loader().start_epoch(epoch, first_batch);
+    std::optional<TrainingPosition> rolled_back;
     while (s.step < total_steps) {
       const auto step_started = Clock::now();
       std::vector<Batch> micro = next_micro_batches();
       if (micro.empty()) break;
       const auto batches_ready = Clock::now();
       s.runtime->before_step(s.step);
-      train_one_step(micro);
+      const StepResult result = train_one_step(micro);
+      if ((rolled_back = roll_back_if_needed(result, epoch))) break;
       if (s.loader_tuner && !s.loader_tuner->settled()) {
         using Seconds = std::chrono::duration<double>;
         tune_loader(Seconds(batches_ready - step_started).count(),
@@ -399,6 +364,12 @@ RunSummary Engine::run_steps() {
       stopped_by = s.runtime->agreed_stop_signal(StopSignals::received());
       if (stopped_by != 0) break;
     }
+    if (rolled_back) {
+      epoch = rolled_back->epoch;
+      first_batch = rolled_back->batch_in_epoch;
+      meter.restart_clock();
+      continue;
+    }
     if (stopped_by != 0) {
       stop_on_signal(stopped_by, epoch);
       break;
@@ -412,9 +383,10 @@ RunSummary Engine::run_steps() {
     }
     // A completed epoch resumes at the start of the next one.
     if (finished && s.checkpointing) {
-      s.checkpointing->at_end(epoch_complete ? TrainingPosition{s.step, epoch + 1, 0}
-                                             : s.position(epoch));
+      s.checkpointing->at_end(epoch_complete ? s.position_at(epoch + 1, 0) : s.position(epoch));
     }
+    ++epoch;
+    first_batch = 0;
   }
 
   if (s.checkpointing) s.checkpointing->commit_pending();

@@ -183,6 +183,18 @@ void MetricsReporter::write_eval(std::int64_t step, std::int64_t epoch, double e
   emit(record);
 }
 
+void MetricsReporter::write_event(const std::string& phase, std::int64_t step, std::int64_t epoch,
+                                  double elapsed_s,
+                                  std::vector<std::pair<std::string, double>> values) {
+  MetricRecord record;
+  record.phase = phase;
+  record.step = step;
+  record.epoch = epoch;
+  record.elapsed_s = elapsed_s;
+  record.values = std::move(values);
+  emit(record);
+}
+
 RunSummary MetricsReporter::finish(RunSummary summary, std::int64_t epoch, double elapsed_s) {
   summary.final_train_loss = final_train_loss_;
   summary.eval = last_eval_;

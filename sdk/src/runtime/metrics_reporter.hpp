@@ -61,6 +61,9 @@ class MetricsReporter {
   void flush_train(std::int64_t step, std::int64_t epoch, double elapsed_s);
   void write_eval(std::int64_t step, std::int64_t epoch, double elapsed_s,
                   std::vector<std::pair<std::string, double>> values);
+  // A record of something that happened at `step` (phase "spike": a loss spike), in every sink.
+  void write_event(const std::string& phase, std::int64_t step, std::int64_t epoch,
+                   double elapsed_s, std::vector<std::pair<std::string, double>> values);
   // Adds the last train loss and evaluation to `summary`, writes the summary record (rank 0 logs
   // the bottleneck report) and ends every sink.
   RunSummary finish(RunSummary summary, std::int64_t epoch, double elapsed_s);

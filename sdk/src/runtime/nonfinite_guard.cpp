@@ -31,25 +31,30 @@ NonfiniteGuard::NonfiniteGuard(const NonfiniteSettings& settings,
                                std::function<void(const std::string&)> log)
     : settings_(settings), log_(std::move(log)) {}
 
-void NonfiniteGuard::after_step(std::int64_t step, const StepResult& result,
-                                const std::vector<std::vector<std::int64_t>>& samples) {
-  if (settings_.precision_scales) return;
-  if (!result.skipped) {
+std::optional<std::string> NonfiniteGuard::after_step(
+    std::int64_t step, const StepResult& result,
+    const std::vector<std::vector<std::int64_t>>& samples) {
+  if (!applies(result)) {
     in_a_row_ = 0;
-    return;
+    return std::nullopt;
   }
   ++skipped_;
   ++in_a_row_;
   const std::string where = describe(step, result, samples);
-  if (!settings_.skip) {
-    throw Error(where + "; the optimizer did not step. [run] on_nonfinite = \"skip\" trains on");
+  using Action = NonfiniteSettings::Action;
+  if (settings_.action == Action::kStop) {
+    throw Error(where +
+                "; the optimizer did not step. [run] on_nonfinite = \"skip\" trains on, "
+                "\"rollback\" goes back to the last checkpoint without this batch");
   }
+  if (settings_.action == Action::kRollback) return where;
   if (in_a_row_ >= settings_.max_in_a_row) {
     throw Error(where + "; " + std::to_string(in_a_row_) +
                 " steps in a row were non-finite (run.max_nonfinite_in_a_row), stopping");
   }
   log_("trainyard: " + where + "; skipped (on_nonfinite = skip, " + std::to_string(skipped_) +
        " so far)");
+  return std::nullopt;
 }
 
 std::string NonfiniteGuard::describe(std::int64_t step, const StepResult& result,

@@ -6,15 +6,17 @@
 
 #include <cstdint>
 #include <functional>
+#include <optional>
 #include <string>
 #include <vector>
 
+#include "trainyard/api/strategy.hpp"
+
 namespace trainyard {
 
-struct StepResult;
-
 struct NonfiniteSettings {
-  bool skip = false;              // on_nonfinite: skip, or stop
+  enum class Action { kStop, kSkip, kRollback };
+  Action action = Action::kStop;  // on_nonfinite
   std::int64_t max_in_a_row = 5;  // skip: non-finite steps in a row before stopping
   bool precision_scales = false;  // fp16: its loss scale skips such steps itself
 };
@@ -23,10 +25,15 @@ class NonfiniteGuard {
  public:
   NonfiniteGuard(const NonfiniteSettings& settings, std::function<void(const std::string&)> log);
 
+  // Whether a skipped step is this guard's to act on (fp16's loss scale keeps its own).
+  bool applies(const StepResult& result) const {
+    return result.skipped && !settings_.precision_scales;
+  }
   // After step `step` (counted from 1, as the console and the metrics count), trained on the
-  // micro-batches whose samples are `samples` on this rank. Throws Error when the run must stop.
-  void after_step(std::int64_t step, const StepResult& result,
-                  const std::vector<std::vector<std::int64_t>>& samples);
+  // micro-batches whose samples are `samples` on this rank. Throws Error when the run must stop;
+  // returns what went wrong when it must roll back (on_nonfinite = rollback).
+  std::optional<std::string> after_step(std::int64_t step, const StepResult& result,
+                                        const std::vector<std::vector<std::int64_t>>& samples);
 
   std::int64_t skipped() const { return skipped_; }
 

@@ -1,5 +1,7 @@
 #include "trainyard/runtime/recipe.hpp"
 
+#include "skipped_batches.hpp"
+
 #include <algorithm>
 #include <set>
 
@@ -139,13 +141,20 @@ const OptionSpecs& run_options() {
       option("max_grad_norm", 0.0, "clip gradients to this global norm (0: no clipping)")
           .at_least(0),
       option("on_nonfinite", "stop",
-             "a step whose loss or gradients hold inf or nan never steps the optimizer; then: "
-             "stop (exit naming the step, the parameter and the batch) or skip (count it and "
-             "train on). fp16 skips by its loss scale instead")
-          .one_of({"stop", "skip"}),
+             "a step whose gradients hold inf or nan never steps the optimizer; then: stop "
+             "(exit naming the step, the parameter and the batch), skip (count it and train on) "
+             "or rollback (reload the last checkpoint, never to train on the step's batches). "
+             "fp16 skips by its loss scale instead")
+          .one_of({"stop", "skip", "rollback"}),
       option("max_nonfinite_in_a_row", 5,
              "with on_nonfinite = skip, stop after this many non-finite steps in a row")
           .at_least(1),
+      table_option("spike",
+                   "loss spike guard: {factor, window, action}; a step's loss above factor x the "
+                   "median of the last window steps stops the run or rolls it back (spike_options)"),
+      option("skip_batches", std::vector<std::string>{},
+             "loader batches never trained on, as EPOCH:BATCH (the batch's index within its "
+             "epoch), as a spike rollback reports them"),
       option("activation_checkpointing", "none",
              "blocks recomputed in backward: none, all, every:K, blocks:NAME,NAME..."),
       option("output_dir", "", "where the run writes (default: runs/<recipe name>)"),
@@ -164,6 +173,19 @@ const OptionSpecs& run_options() {
       option("step_record_file", "",
              "rank 0 writes one JSON line per optimizer step here: its learning rate, loss and "
              "the sample indices of each micro-batch (tools/parity/replay.py replays them)"),
+  };
+  return specs;
+}
+
+const OptionSpecs& spike_options() {
+  static const OptionSpecs specs = {
+      option("factor", 0.0, "a loss above factor x the window's median is a spike (0: off)")
+          .at_least(0),
+      option("window", 50, "steps whose losses' median is the yardstick").at_least(1),
+      option("action", "rollback",
+             "rollback (reload the last checkpoint and never train on the spike's batches "
+             "again) or stop")
+          .one_of({"rollback", "stop"}),
   };
   return specs;
 }
@@ -326,10 +348,20 @@ void put_section(Table& out, const std::string& name, const Config& config) {
 // fails here, at its place in the recipe, rather than once the run has started.
 Config resolve_run_section(const Table& root) {
   Config run = validate_section(require_table(root, "run"), run_options(), {});
+  // The spike guard's table, checked and completed in place.
+  auto completed = std::make_shared<Table>(run.table());
+  const Config spike = validate_section(run.get_table("spike"), spike_options(), {});
+  completed->set("spike", Value(spike.table_ptr(), run.table().at("spike").where()));
+  run = Config(completed, run.name());
   try {
     ActivationCheckpointing::parse(run.get_string("activation_checkpointing"));
   } catch (const Error& error) {
     run.fail("activation_checkpointing", error.what());
+  }
+  try {
+    SkippedBatches().add_entries(run.get_string_list("skip_batches"));
+  } catch (const Error& error) {
+    run.fail("skip_batches", error.what());
   }
   for (const auto& name : run.get_string_list("stop_signals")) {
     try {

@@ -22,6 +22,11 @@ RunOptions RunOptions::read(const Recipe& recipe) {
   options.max_grad_norm = run.get_float("max_grad_norm");
   options.on_nonfinite = run.get_string("on_nonfinite");
   options.max_nonfinite_in_a_row = run.get_int("max_nonfinite_in_a_row");
+  const Config spike = run.get_table("spike");
+  options.spike.factor = spike.get_float("factor");
+  options.spike.window = spike.get_int("window");
+  options.spike.rollback = spike.get_string("action") == "rollback";
+  options.skip_batches = run.get_string_list("skip_batches");
   try {
     options.activation_checkpointing =
         ActivationCheckpointing::parse(run.get_string("activation_checkpointing"));

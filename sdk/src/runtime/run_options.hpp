@@ -12,6 +12,7 @@
 #include "trainyard/api/config.hpp"
 #include "trainyard/runtime/cpu_binding.hpp"
 #include "trainyard/runtime/default_plugins.hpp"
+#include "spike_guard.hpp"
 #include "trainyard/runtime/recipe.hpp"
 
 namespace trainyard {
@@ -30,6 +31,8 @@ struct RunOptions {
   double max_grad_norm = 0;
   std::string on_nonfinite = "stop";       // stop | skip, for precisions that do not scale
   std::int64_t max_nonfinite_in_a_row = 5;  // skip: steps skipped in a row before stopping
+  SpikeSettings spike;                      // run.spike
+  std::vector<std::string> skip_batches;    // "EPOCH:BATCH"
   ActivationCheckpointing activation_checkpointing;
   std::filesystem::path output_dir;        // runs/<recipe name> unless the recipe says
   std::filesystem::path final_model_file;  // empty: none

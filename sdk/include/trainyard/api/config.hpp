@@ -156,6 +156,9 @@ OptionSpec option(std::string name, const char* default_value, std::string help)
 OptionSpec option(std::string name, std::vector<std::int64_t> default_value, std::string help);
 OptionSpec option(std::string name, std::vector<double> default_value, std::string help);
 OptionSpec option(std::string name, std::vector<std::string> default_value, std::string help);
+// An option holding a TOML table, empty unless the recipe gives one; its keys are checked by
+// whoever reads it.
+OptionSpec table_option(std::string name, std::string help);
 OptionSpec required_option(std::string name, OptionType type, std::string help);
 
 // A section of a recipe after validation: every declared option present (defaults filled in),

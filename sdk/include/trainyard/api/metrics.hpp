@@ -48,8 +48,8 @@ struct MetricRecord {
 // Whether the metric called `name` counts something, so that sinks show it as a whole number
 // ("steps 2811", not "steps 2811.0000"). The kind is declared by the name: "steps", "samples",
 // "tokens", "epoch", or a name ending in _steps, _samples, _tokens, _bytes, _calls, _count,
-// _total, _workers, _threads or _ranks; an "eval_" prefix (the summary's copy of an evaluation
-// figure) is looked through. Rates and means ("samples_per_s", "loss") are not counts.
+// _total, _workers, _threads, _ranks or _index; an "eval_" prefix (the summary's copy of an
+// evaluation figure) is looked through. Rates and means ("samples_per_s", "loss") are not counts.
 bool is_count_metric(std::string_view name);
 
 // A metrics sink plugin. Records arrive in order from the engine's thread; write() must not

@@ -14,13 +14,14 @@
 
 #include "trainyard/api/batch.hpp"
 #include "trainyard/api/registry.hpp"
-#include "trainyard/runtime/recipe.hpp"
 #include "trainyard/api/strategy.hpp"
+#include "trainyard/runtime/recipe.hpp"
 
 namespace trainyard {
 
 class Loader;
 class MetricsSink;
+struct TrainingPosition;
 
 struct RunControls {
   // A checkpoint folder, or "auto" for the newest valid one in the checkpoint folder (starting
@@ -73,6 +74,23 @@ class Engine {
   void tune_loader(double wait_s, double step_s);
   // The ranks agreed to stop on `signal` after this step: its metrics, a checkpoint of it.
   void stop_on_signal(int signal, std::int64_t epoch);
+  // The checkpoint --resume names (loaded, with the engine's state taken up), or nullopt: the
+  // run starts at the beginning.
+  std::optional<TrainingPosition> resume_if_asked();
+  // The non-finite guard, and the refusal of a rollback without checkpoints.
+  void set_up_guards();
+  // After a step that was non-finite under on_nonfinite = "rollback", or whose loss spiked
+  // (run.spike, whose "stop" throws Error): reloads the last checkpoint, marks the step's
+  // batches never to be trained on and returns where training continues. Nullopt otherwise.
+  std::optional<TrainingPosition> roll_back_if_needed(const StepResult& result, std::int64_t epoch);
+  // With run.spike on: what is wrong when the step's loss spiked (collective).
+  std::optional<std::string> loss_spike(const StepResult& result, std::int64_t epoch);
+  // A metrics record of `phase` about step `step` (counted from 1), the last one, and its
+  // batches.
+  void record_step_event(const std::string& phase, std::int64_t step, double loss,
+                         std::int64_t epoch);
+  // Whether a step may be rolled back (run.spike's or on_nonfinite's rollback).
+  bool rolls_back() const;
   struct State;
   std::unique_ptr<State> state_;
 };
