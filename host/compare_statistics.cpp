@@ -150,18 +150,6 @@ std::string ratio_text(double value) {
 
 }  // namespace
 
-double median(std::vector<double> values) {
-  if (values.empty()) return 0;
-  const std::size_t middle = values.size() / 2;
-  std::nth_element(values.begin(), values.begin() + static_cast<std::ptrdiff_t>(middle),
-                   values.end());
-  const double upper = values[middle];
-  if (values.size() % 2 == 1) return upper;
-  const double lower =
-      *std::max_element(values.begin(), values.begin() + static_cast<std::ptrdiff_t>(middle));
-  return (lower + upper) / 2;
-}
-
 StepTimeEstimate estimate_step_time(const RunStepTimes& runs, const BootstrapSettings& settings) {
   const RunStepTimes kept = without_empty_runs(runs);
   if (kept.empty()) throw Error("compare: no step time to estimate");

@@ -9,6 +9,8 @@
 #include <string>
 #include <vector>
 
+#include "trainyard/runtime/median.hpp"
+
 namespace trainyard {
 
 // The step times of one variant: per run (repeat), the mean step time of each logging interval
@@ -36,8 +38,6 @@ struct BootstrapSettings {
   std::uint64_t seed = 1;         // the same data give the same interval
   double noise_threshold = 0.02;  // a difference under 2% is never called one
 };
-
-double median(std::vector<double> values);
 
 // The median step time and its interval; runs without intervals are ignored. Throws Error when
 // there is no interval at all.

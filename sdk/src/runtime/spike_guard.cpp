@@ -1,11 +1,12 @@
 #include "spike_guard.hpp"
 
-#include <algorithm>
 #include <cstdio>
 #include <sstream>
+#include <utility>
 #include <vector>
 
 #include "trainyard/api/error.hpp"
+#include "trainyard/runtime/median.hpp"
 
 namespace trainyard {
 
@@ -35,14 +36,7 @@ double SpikeGuard::median() const {
   std::vector<double> values;
   values.reserve(losses_.size());
   for (const auto& [step, loss] : losses_) values.push_back(loss);
-  const std::size_t middle = values.size() / 2;
-  std::nth_element(values.begin(), values.begin() + static_cast<std::ptrdiff_t>(middle),
-                   values.end());
-  const double upper = values[middle];
-  if (values.size() % 2 == 1) return upper;
-  const double lower =
-      *std::max_element(values.begin(), values.begin() + static_cast<std::ptrdiff_t>(middle));
-  return (lower + upper) / 2;
+  return trainyard::median(std::move(values));
 }
 
 std::string SpikeGuard::save() const {
