@@ -121,6 +121,8 @@ Engine::Engine(Recipe recipe, const Registry& registry, RunControls controls)
       std::make_unique<MetricsReporter>(s.recipe, registry, build, *s.phases, meter,
                                         s.run.peak_tflops, std::move(reported), s.logger());
   set_up_guards();
+  s.profiler = make_step_profiler(s.run.profile_steps, s.run.output_dir, s.runtime->rank(),
+                                  s.placement.device.is_cuda(), s.logger());
 }
 
 Engine::~Engine() = default;
@@ -188,6 +190,7 @@ StepResult Engine::train_one_step(std::span<const Batch> micro_batches) {
       s.components.scheduler->learning_rate(s.step, s.data->total_steps(), s.components.base_lr);
   s.strategy().set_learning_rate(s.learning_rate);
   set_test_hook_step(s.step);
+  if (s.profiler) s.profiler->before_step(s.step + 1);
   StepResult result = s.strategy().train_step(micro_batches);
   if (s.optimizer_step_gate.held()) {
     // Its optimizer may have changed tensors while a checkpoint was copying them.
@@ -218,6 +221,7 @@ StepResult Engine::train_one_step(std::span<const Batch> micro_batches) {
   }
   s.reporter->meter().phases().end_step();
   ++s.step;
+  if (s.profiler) s.profiler->after_step(s.step);
   s.reporter->meter().add_step(result);
   return result;
 }

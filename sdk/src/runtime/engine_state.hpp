@@ -22,6 +22,7 @@
 #include "run_options.hpp"
 #include "skipped_batches.hpp"
 #include "spike_guard.hpp"
+#include "step_profiler.hpp"
 #include "step_record.hpp"
 #include "training_data.hpp"
 #include "trainyard/api/step_phases.hpp"
@@ -51,6 +52,7 @@ struct Engine::State {
   std::unique_ptr<MetricsReporter> reporter;
   std::unique_ptr<NonfiniteGuard> nonfinite;
   SpikeGuard spike;
+  std::unique_ptr<StepProfiler> profiler;  // run.profile_steps; null without
   // Set by a non-finite step under on_nonfinite = "rollback": what went wrong.
   std::optional<std::string> rollback_reason;
   SkippedBatches skipped_batches;

@@ -152,6 +152,9 @@ const OptionSpecs& run_options() {
       table_option("spike",
                    "loss spike guard: {factor, window, action}; a step's loss above factor x the "
                    "median of the last window steps stops the run or rolls it back (spike_options)"),
+      option("profile_steps", std::vector<std::int64_t>{},
+             "[FIRST, LAST]: record every op of steps FIRST..LAST (counted from 1) with the Kineto "
+             "profiler into <output_dir>/profile.rank<R>.json, a Chrome trace ([]: none)"),
       option("skip_batches", std::vector<std::string>{},
              "loader batches never trained on, as EPOCH:BATCH (the batch's index within its "
              "epoch), as a spike rollback reports them"),
@@ -362,6 +365,10 @@ Config resolve_run_section(const Table& root) {
     SkippedBatches().add_entries(run.get_string_list("skip_batches"));
   } catch (const Error& error) {
     run.fail("skip_batches", error.what());
+  }
+  if (const auto steps = run.get_int_list("profile_steps");
+      !steps.empty() && (steps.size() != 2 || steps[0] < 1 || steps[1] < steps[0])) {
+    run.fail("profile_steps", "must be [FIRST, LAST] with 1 <= FIRST <= LAST");
   }
   for (const auto& name : run.get_string_list("stop_signals")) {
     try {
