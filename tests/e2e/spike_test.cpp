@@ -112,6 +112,25 @@ TEST(SpikeRun, AResumeAfterTheRollbackSkipsTheBatch) {
   expect_same_bits(skipping, rolled);
 }
 
+// A run resumed from a checkpoint of another run's folder saves one in its own before its first
+// step, so that a spike before its first save has somewhere to go back to.
+TEST(SpikeRun, ARunResumedFromElsewhereRollsBackToItsStart) {
+  TempDir first;
+  const CommandResult earlier = run_guarded({"run"}, first, 10, {"run.spike={}"}, {});
+  ASSERT_EQ(earlier.exit_code, 0) << describe(earlier);
+  std::filesystem::path saved;
+  for (const auto& entry : std::filesystem::directory_iterator(first / "checkpoints")) {
+    if (entry.path().filename().string().rfind("step-", 0) == 0) saved = entry.path();
+  }
+  ASSERT_FALSE(saved.empty());
+  TempDir second;
+  const CommandResult resumed =
+      run_guarded({"run"}, second, 20, {}, {kCorrupted}, {"--resume", saved.string()});
+  ASSERT_EQ(resumed.exit_code, 0) << describe(resumed);
+  EXPECT_HAS(resumed.err + resumed.out,
+             "(loader batches 0:17): rolled back to the checkpoint of step 10");
+}
+
 TEST(SpikeRun, StopNamesTheStepAndTheBatches) {
   TempDir dir;
   const CommandResult result =

@@ -329,8 +329,9 @@ RunSummary Engine::run_steps() {
                      s.runtime->rank(), s.runtime->world_size(), s.run.output_dir.string(),
                      start.step});
   announce_loader();
-  if (rolls_back() && !resumed) {
-    // A spike before the first save rolls back to the start.
+  if (rolls_back() && (!resumed || *s.controls.resume != "auto")) {
+    // A rollback before the first save goes back to the start, which the checkpoint folder
+    // holds only when the run resumed from it.
     s.checkpointing->save(s.position_at(start.epoch, start.batch_in_epoch));
   }
   if (s.checkpointing) s.checkpointing->start_clock();

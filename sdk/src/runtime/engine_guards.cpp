@@ -87,7 +87,14 @@ std::optional<TrainingPosition> Engine::roll_back_if_needed(const StepResult& re
   if (!why) return std::nullopt;
   s.skipped_batches.load(batches_of(s.step_batches).save());
   s.checkpointing->commit_pending();
-  TrainingPosition back = s.checkpointing->resume("auto", [](const std::string&) {}).value();
+  const std::optional<TrainingPosition> saved =
+      s.checkpointing->resume("auto", [](const std::string&) {});
+  if (!saved) {
+    // A run resumed from a checkpoint outside its folder has saved none there yet.
+    throw Error(*why + ", and " + s.checkpointing->policy().folder.string() +
+                " holds no checkpoint to roll back to yet");
+  }
+  TrainingPosition back = *saved;
   s.step = back.step;
   s.restore(back);  // adds the checkpoint's skipped batches to these
   s.spike.rewind(back.step);
