@@ -18,6 +18,7 @@
 #include <torch/csrc/distributed/c10d/Backend.hpp>
 
 #include <cmath>
+#include <filesystem>
 #include <iostream>
 #include <map>
 #include <optional>
@@ -27,6 +28,7 @@
 #include "local_stage.hpp"
 #include "model_cut.hpp"
 #include "pipeline_state.hpp"
+#include "schedule_choice.hpp"
 #include "stage_channel.hpp"
 #include "stage_executor.hpp"
 #include "stage_parameters.hpp"
@@ -57,6 +59,7 @@ namespace {
 
 struct PipelineOptions {
   std::string schedule;
+  std::filesystem::path schedule_file;  // empty: build `schedule`
   std::int64_t micro_batches = 0;  // 0: as many as the pipeline has ranks
   std::int64_t virtual_stages = 1;
   std::vector<std::string> stages;  // empty: balanced by cost
@@ -90,6 +93,7 @@ class Pipeline final : public Strategy {
  public:
   explicit Pipeline(const Config& config) {
     options_.schedule = config.get_string("schedule");
+    options_.schedule_file = config.get_path("schedule_file");
     options_.micro_batches = config.get_int("micro_batches");
     options_.virtual_stages = config.get_int("virtual_stages");
     options_.stages = config.get_string_list("stages");
@@ -109,12 +113,11 @@ class Pipeline final : public Strategy {
     tp_group_ = mesh_->group(MeshGroup::kTensor);
     pp_rank_ = mesh_->rank(MeshGroup::kPipeline);
     place_ = {mesh_->rank(MeshGroup::kData), mesh_->size(MeshGroup::kData)};
-    const int ranks = mesh_->size(MeshGroup::kPipeline);
-    shape_ = PipelineShape{
-        ranks, static_cast<int>(options_.micro_batches == 0 ? ranks : options_.micro_batches),
-        static_cast<int>(options_.virtual_stages)};
-    schedule_ = build_pipeline_schedule(options_.schedule, shape_);
-    validate_schedule(schedule_);
+    schedule_ = choose_schedule({options_.schedule, options_.schedule_file,
+                                 mesh_->size(MeshGroup::kPipeline),
+                                 static_cast<int>(options_.micro_batches),
+                                 static_cast<int>(options_.virtual_stages)});
+    shape_ = schedule_.shape;
     const PipelineSimulation simulation = simulate_schedule(schedule_);
     if (pp_group_) channel_ = std::make_unique<StageChannel>(pp_group_, context.build.device);
 
@@ -558,6 +561,10 @@ void register_components(Registry& registry) {
               "the order of forwards and backwards: gpipe, 1f1b, interleaved_1f1b or "
               "zero_bubble")
            .one_of({"gpipe", "1f1b", "interleaved_1f1b", "zero_bubble"}),
+       option("schedule_file", "",
+              "a schedule written out, one line per pp rank of actions such as 0F1, 1SEND_B0 "
+              "(torch.distributed.pipelining's spelling; `trainyard schedule NAME --csv` "
+              "writes one to start from), run instead of `schedule` after validation"),
        option("micro_batches", 0,
               "micro-batches each batch is split into (0: as many as the pipeline has ranks)")
            .at_least(0),

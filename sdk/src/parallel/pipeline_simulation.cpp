@@ -153,6 +153,11 @@ IdleShareFormula idle_share_formula(const PipelineSchedule& schedule, const Pipe
     const double bubble = (p - 1) * std::max(0.0, f + i - w);
     return {"(p-1)(F+I-W)/(m(F+I+W)+(p-1)(F+I-W))", bubble / (m * (f + i + w) + bubble), false};
   }
+  const auto& names = pipeline_schedule_names();
+  if (std::find(names.begin(), names.end(), schedule.name) == names.end()) {
+    // A schedule from a file has no formula of its own: 1F1B's is the yardstick.
+    return {"1F1B's (p-1)/(m+p-1)", (p - 1) / (m + p - 1), false};
+  }
   return {"(p-1)/(m+p-1)", (p - 1) / (m + p - 1), false};
 }
 

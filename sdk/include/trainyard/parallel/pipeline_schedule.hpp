@@ -79,6 +79,17 @@ PipelineSchedule zero_bubble_schedule(const PipelineShape& shape);
 const std::vector<std::string>& pipeline_schedule_names();
 PipelineSchedule build_pipeline_schedule(std::string_view name, const PipelineShape& shape);
 
+// A schedule written out, one line per rank holding its actions in order, comma-separated, each
+// as torch.distributed.pipelining writes an action: <stage><kind><micro-batch> with kind F, B
+// (a full backward), I (input gradient), W (weight gradient), SEND_F, RECV_F, SEND_B or RECV_B,
+// e.g. "0F1" or "1SEND_B0". parse_schedule_csv skips blank lines and lines starting with '#'. The
+// shape follows from the actions: ranks = lines, stages = the largest stage + 1 (a multiple of
+// the ranks; stage s lives on rank s % ranks), micro-batches = the largest + 1. It throws Error
+// naming the line and the entry that does not read, or a stage on the wrong rank; what the
+// actions do is validate_schedule's to check.
+PipelineSchedule parse_schedule_csv(std::string_view text, const std::string& name);
+std::string format_schedule_csv(const PipelineSchedule& schedule);
+
 // Checks that `schedule` computes one training step: per stage and micro-batch one Forward, and
 // one Backward or one BackwardInput and one BackwardWeight (W after I), on the stage's rank;
 // backward after forward; a forward after the previous stage's forward (on the same rank, or
