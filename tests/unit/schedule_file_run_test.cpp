@@ -1,14 +1,17 @@
 // The pipeline strategy running a schedule read from a file (strategy.schedule_file): zero
 // bubble's own lists written out train bit for bit as the built schedule does, and a schedule no
 // builder makes (every weight gradient deferred to the end of its rank's step) trains as one
-// process does on the same batches, on 2 and 4 stages. Ranks run as threads over gloo.
+// process does on the same batches, on 2 and 4 stages, and with tied embeddings across stages
+// and activation checkpointing. Ranks run as threads over gloo.
 
 #include <ATen/ATen.h>
+#include <ATen/CPUGeneratorImpl.h>
 #include <ATen/Parallel.h>
 #include <gtest/gtest.h>
 
 #include <algorithm>
 #include <fstream>
+#include <functional>
 #include <string>
 
 #include "step_harness.hpp"
@@ -36,15 +39,17 @@ Batch batch_of(int step) {
   return random_batch(16, kFeatures, kClasses, 300 + static_cast<std::uint64_t>(step));
 }
 
-// The parameters after kSteps steps of `options` on `ranks` ranks (rank 0's gathered copy).
-TensorMap train(HarnessOptions options, int ranks) {
+// The parameters after kSteps steps of `options` on `ranks` ranks (rank 0's gathered copy),
+// each step on `batch_at(step)`.
+TensorMap train(HarnessOptions options, int ranks,
+                const std::function<Batch(int)>& batch_at = batch_of) {
   at::set_num_threads(1);
   const auto results = run_threaded_ranks<TensorMap>(ranks, [&](int rank, int port) {
     HarnessOptions mine = options;
     if (ranks > 1) mine.as_rank(rank, ranks, port);
     StepHarness harness(mine);
     for (int step = 0; step < kSteps; ++step) {
-      Batch batch = batch_of(step);
+      Batch batch = batch_at(step);
       harness.strategy->train_step(std::span<const Batch>(&batch, 1));
     }
     TensorMap parameters = harness.parameters();
@@ -106,6 +111,33 @@ TEST(ScheduleFileRun, AScheduleOfNoBuilderMatchesOneProcess) {
         train(pipeline_options(stages, written(dir, weights_last(stages))), stages);
     EXPECT_TRUE(all_close_fp32(from_file, single)) << stages << " stages";
   }
+}
+
+// The gpt, whose head is tied to the token embedding across the two stages, with every block
+// recomputed in backward, on the weights-last schedule: as one process on the same tokens.
+TEST(ScheduleFileRun, TiedEmbeddingsAndActivationCheckpointingMatchOneProcess) {
+  const auto gpt = [](HarnessOptions options) {
+    options.model = "gpt";
+    options.model_options = "n_layers = 2\nn_heads = 2\nd_model = 16\ndropout = 0.0";
+    options.input_shape = {8};
+    options.vocab_size = 32;
+    options.step.activation_checkpointing = ActivationCheckpointing::parse("all");
+    return options;
+  };
+  const auto tokens = [](int step) {
+    at::Generator generator =
+        at::detail::createCPUGenerator(500 + static_cast<std::uint64_t>(step));
+    Batch batch;
+    batch.size = 8;
+    batch.tensors["input"] = at::randint(32, {8, 8}, generator, at::kLong);
+    batch.tensors["target"] = batch.tensors["input"].roll(-1, 1);
+    return batch;
+  };
+  const TensorMap single = train(gpt(base_options()), 1, tokens);
+  TempDir dir;
+  const TensorMap from_file =
+      train(gpt(pipeline_options(2, written(dir, weights_last(2)))), 2, tokens);
+  EXPECT_TRUE(all_close_fp32(from_file, single));
 }
 
 TEST(ScheduleFileRun, AFileForAnotherPipelineIsRefused) {
