@@ -131,6 +131,18 @@ TEST(SpikeRun, ARunResumedFromElsewhereRollsBackToItsStart) {
              "(loader batches 0:17): rolled back to the checkpoint of step 10");
 }
 
+// Spikes on every batch after a checkpoint are not the batches' fault: after run.max_rollbacks
+// rollbacks to the same checkpoint the run stops instead of skipping on.
+TEST(SpikeRun, TooManyRollbacksToOneCheckpointStop) {
+  TempDir dir;
+  const CommandResult result = run_guarded({"run"}, dir, 30, {"run.max_rollbacks=2"},
+                                           {"TRAINYARD_TEST_CORRUPT_BATCH=0:12,0:13,0:14,0:15"});
+  EXPECT_NE(result.exit_code, 0) << describe(result);
+  EXPECT_HAS(result.err,
+             "(loader batches 0:14); that is 3 rollbacks to the checkpoint of step 10 "
+             "(run.max_rollbacks)");
+}
+
 TEST(SpikeRun, StopNamesTheStepAndTheBatches) {
   TempDir dir;
   const CommandResult result =

@@ -95,6 +95,13 @@ std::optional<TrainingPosition> Engine::roll_back_if_needed(const StepResult& re
                 " holds no checkpoint to roll back to yet");
   }
   TrainingPosition back = *saved;
+  s.rollbacks_to_target = back.step == s.rollback_target ? s.rollbacks_to_target + 1 : 1;
+  s.rollback_target = back.step;
+  if (s.rollbacks_to_target > s.run.max_rollbacks) {
+    throw Error(*why + "; that is " + std::to_string(s.rollbacks_to_target) +
+                " rollbacks to the checkpoint of step " + std::to_string(back.step) +
+                " (run.max_rollbacks), so the trouble is not in single batches: stopping");
+  }
   s.step = back.step;
   s.restore(back);  // adds the checkpoint's skipped batches to these
   s.spike.rewind(back.step);

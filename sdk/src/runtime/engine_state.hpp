@@ -55,6 +55,9 @@ struct Engine::State {
   std::unique_ptr<StepProfiler> profiler;  // run.profile_steps; null without
   // Set by a non-finite step under on_nonfinite = "rollback": what went wrong.
   std::optional<std::string> rollback_reason;
+  // The checkpoint step the last rollback went back to, and how many went back to it in a row.
+  std::int64_t rollback_target = -1;
+  std::int64_t rollbacks_to_target = 0;
   SkippedBatches skipped_batches;
   // The loader batches (epoch, index) the last step trained on.
   std::vector<std::pair<std::int64_t, std::int64_t>> step_batches;

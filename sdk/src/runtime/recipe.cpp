@@ -152,6 +152,10 @@ const OptionSpecs& run_options() {
       table_option("spike",
                    "loss spike guard: {factor, window, action}; a step's loss above factor x the "
                    "median of the last window steps stops the run or rolls it back (spike_options)"),
+      option("max_rollbacks", 3,
+             "rollbacks (run.spike, on_nonfinite) to one checkpoint before the run stops: the "
+             "trouble is then not in single batches")
+          .at_least(1),
       option("profile_steps", std::vector<std::int64_t>{},
              "[FIRST, LAST]: record every op of steps FIRST..LAST (counted from 1) with the Kineto "
              "profiler into <output_dir>/profile.rank<R>.json, a Chrome trace ([]: none)"),

@@ -27,6 +27,7 @@ RunOptions RunOptions::read(const Recipe& recipe) {
   options.spike.window = spike.get_int("window");
   options.spike.rollback = spike.get_string("action") == "rollback";
   options.skip_batches = run.get_string_list("skip_batches");
+  options.max_rollbacks = run.get_int("max_rollbacks");
   options.profile_steps = run.get_int_list("profile_steps");
   try {
     options.activation_checkpointing =

@@ -33,6 +33,7 @@ struct RunOptions {
   std::int64_t max_nonfinite_in_a_row = 5;  // skip: steps skipped in a row before stopping
   SpikeSettings spike;                      // run.spike
   std::vector<std::string> skip_batches;    // "EPOCH:BATCH"
+  std::int64_t max_rollbacks = 3;           // to one checkpoint
   std::vector<std::int64_t> profile_steps;  // [first, last] or empty
   ActivationCheckpointing activation_checkpointing;
   std::filesystem::path output_dir;        // runs/<recipe name> unless the recipe says
