@@ -19,7 +19,7 @@ constexpr const char* kScheduleUsage =
        trainyard schedule --file FILE [options]
 
 NAME is gpipe, 1f1b, interleaved_1f1b or zero_bubble; FILE a schedule written out, one line per
-rank (as --csv prints one, and strategy.schedule_file reads it). Prints one row per rank, one
+rank (as --as-file prints one, and strategy.schedule_file reads it). Prints one row per rank, one
 column per time unit (F3: forward of micro-batch 3, B full backward, I input gradient, W weight
 gradient, 2F3: stage 2's when ranks hold several stages, '.' idle), each rank's idle share, and
 the share the literature gives. Exits 1 when the schedule cannot be built for these numbers, or
@@ -30,13 +30,14 @@ the file does not read or is not one training step (naming the rank, the action 
 int command_schedule(const std::vector<std::string>& args) {
   std::string name;
   std::string file;
-  bool csv = false;
+  bool as_file = false;
   PipelineShape shape;
   PipelineCosts costs;
   po::options_description options("schedule options");
   options.add_options()("name", po::value(&name), "the schedule")(
       "file", po::value(&file), "a schedule file to check and simulate instead of NAME")(
-      "csv", po::bool_switch(&csv), "print the schedule as a file instead of its timeline")(
+      "as-file", po::bool_switch(&as_file),
+      "print the schedule as a schedule file instead of its timeline")(
       "stages", po::value(&shape.ranks)->default_value(0),
       "P: pipeline ranks (the stages, with one stage per rank)")(
       "micro-batches", po::value(&shape.micro_batches)->default_value(0),
@@ -68,7 +69,7 @@ int command_schedule(const std::vector<std::string>& args) {
         std::string((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>()), file);
   }
   validate_schedule(schedule);
-  if (csv) {
+  if (as_file) {
     std::cout << format_schedule_csv(schedule);
     return 0;
   }

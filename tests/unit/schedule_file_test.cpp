@@ -1,5 +1,5 @@
 // Schedules written out and read back (parse_schedule_csv, format_schedule_csv, `trainyard
-// schedule --csv / --file`): every built schedule round-trips, and a file that is not one
+// schedule --as-file / --file`): every built schedule round-trips, and a file that is not one
 // training step is refused naming the rank, the action and the reason.
 
 #include <gtest/gtest.h>
@@ -68,7 +68,7 @@ TEST(ScheduleFile, MalformedSchedulesAreRefusedNamingRankActionAndReason) {
 TEST(ScheduleFile, HostCommandWritesAndChecksFiles) {
   TempDir dir;
   const CommandResult written = run_host(
-      {"schedule", "zero_bubble", "--stages", "2", "--micro-batches", "4", "--csv"}, {}, 60);
+      {"schedule", "zero_bubble", "--stages", "2", "--micro-batches", "4", "--as-file"}, {}, 60);
   ASSERT_EQ(written.exit_code, 0) << describe(written);
   const auto file = dir.write("zb.csv", written.out);
   const CommandResult checked = run_host({"schedule", "--file", file.string()}, {}, 60);

@@ -57,6 +57,8 @@ class Cuda final : public DeviceBackend {
   std::optional<int> device_for_local_rank(int local_rank) const override { return local_rank; }
   std::string default_comm() const override { return "nccl"; }
   // The CUDA and cuDNN versions LibTorch was built with, and the driver's, when one is loaded.
+  std::vector<std::string> profiler_activities() const override { return {"CUDA"}; }
+
   std::vector<std::string> doctor_report() const override {
     if (!libtorch_built_with("USE_CUDA")) return {"LibTorch was built without CUDA"};
     std::string line = "LibTorch built with CUDA " + libtorch_build_setting("CUDA_VERSION") +

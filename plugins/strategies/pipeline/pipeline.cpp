@@ -563,7 +563,7 @@ void register_components(Registry& registry) {
            .one_of({"gpipe", "1f1b", "interleaved_1f1b", "zero_bubble"}),
        option("schedule_file", "",
               "a schedule written out, one line per pp rank of actions such as 0F1, 1SEND_B0 "
-              "(torch.distributed.pipelining's spelling; `trainyard schedule NAME --csv` "
+              "(torch.distributed.pipelining's spelling; `trainyard schedule NAME --as-file` "
               "writes one to start from), run instead of `schedule` after validation"),
        option("micro_batches", 0,
               "micro-batches each batch is split into (0: as many as the pipeline has ranks)")

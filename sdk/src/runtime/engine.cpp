@@ -122,7 +122,7 @@ Engine::Engine(Recipe recipe, const Registry& registry, RunControls controls)
                                         s.run.peak_tflops, std::move(reported), s.logger());
   set_up_guards();
   s.profiler = make_step_profiler(s.run.profile_steps, s.run.output_dir, s.runtime->rank(),
-                                  s.placement.device.is_cuda(), s.logger());
+                                  s.placement.backend->profiler_activities(), s.logger());
 }
 
 Engine::~Engine() = default;

@@ -16,6 +16,29 @@ namespace trainyard {
 
 namespace profiler = torch::profiler::impl;
 
+namespace {
+
+// The host's activity, and the device's by Kineto's names for them. Throws Error naming one
+// Kineto does not know.
+std::set<profiler::ActivityType> activities_named(const std::vector<std::string>& names) {
+  std::set<profiler::ActivityType> activities = {profiler::ActivityType::CPU};
+  for (const std::string& name : names) {
+    bool known = false;
+    for (int index = 0; index < static_cast<int>(profiler::ActivityType::NUM_KINETO_ACTIVITIES);
+         ++index) {
+      const auto type = static_cast<profiler::ActivityType>(index);
+      if (profiler::actToString(type) == name) {
+        activities.insert(type);
+        known = true;
+      }
+    }
+    if (!known) throw Error("run.profile_steps: the profiler knows no activity '" + name + "'");
+  }
+  return activities;
+}
+
+}  // namespace
+
 // The range of the step being recorded, open from before_step to after_step.
 struct StepProfiler::Recording {
   std::string step_name;  // outlives the range that names itself after it
@@ -37,12 +60,11 @@ StepProfiler::~StepProfiler() {
 void StepProfiler::before_step(std::int64_t step) {
   if (step < settings_.first || step > settings_.last) return;
   if (!recording_) {
-    std::set<profiler::ActivityType> activities = {profiler::ActivityType::CPU};
-    if (settings_.device_kernels) activities.insert(profiler::ActivityType::CUDA);
+    std::set<profiler::ActivityType> activities = activities_named(settings_.device_activities);
     // Kineto looks for a GPU even when asked for CPU activities alone, and logs an error line
     // where there is none: a profile of the host alone keeps it quiet (unless the user set the
     // level; 5 is past its last, ERROR).
-    if (!settings_.device_kernels) ::setenv("KINETO_LOG_LEVEL", "5", /*overwrite=*/0);
+    if (activities.size() == 1) ::setenv("KINETO_LOG_LEVEL", "5", /*overwrite=*/0);
     const profiler::ProfilerConfig config(profiler::ProfilerState::KINETO);
     torch::autograd::profiler::prepareProfiler(config, activities);
     torch::autograd::profiler::enableProfiler(config, activities);
@@ -70,14 +92,14 @@ void StepProfiler::after_step(std::int64_t step) {
 
 std::unique_ptr<StepProfiler> make_step_profiler(const std::vector<std::int64_t>& steps,
                                                  const std::filesystem::path& output_dir, int rank,
-                                                 bool device_kernels,
+                                                 std::vector<std::string> device_activities,
                                                  std::function<void(const std::string&)> log) {
   if (steps.size() != 2) return nullptr;
   StepProfilerSettings settings;
   settings.first = steps[0];
   settings.last = steps[1];
   settings.file = output_dir / ("profile.rank" + std::to_string(rank) + ".json");
-  settings.device_kernels = device_kernels;
+  settings.device_activities = std::move(device_activities);
   return std::make_unique<StepProfiler>(std::move(settings), std::move(log));
 }
 

@@ -1,8 +1,9 @@
 #pragma once
 // An op-level profile of chosen steps ([run] profile_steps): the Kineto profiler, as
-// torch.profiler runs it, records every ATen op (and, on a CUDA device, every kernel) of those
-// steps, each step under its own range, and writes a Chrome trace JSON that chrome://tracing
-// and ui.perfetto.dev open. Off, it costs a comparison per step. Internal to the SDK library.
+// torch.profiler runs it, records every ATen op (and the device's own work, where its backend
+// names the activities that record it) of those steps, each step under its own range, and
+// writes a Chrome trace JSON that chrome://tracing and ui.perfetto.dev open. Off, it costs a
+// comparison per step. Internal to the SDK library.
 
 #include <cstdint>
 #include <filesystem>
@@ -16,8 +17,9 @@ namespace trainyard {
 struct StepProfilerSettings {
   std::int64_t first = 0;  // steps counted from 1, as the console counts; 0: no profile
   std::int64_t last = 0;
-  std::filesystem::path file;   // where the trace goes
-  bool device_kernels = false;  // record the CUDA device's kernels too
+  std::filesystem::path file;  // where the trace goes
+  // Kineto activities beyond the host's (DeviceBackend::profiler_activities).
+  std::vector<std::string> device_activities;
 };
 
 class StepProfiler {
@@ -39,11 +41,12 @@ class StepProfiler {
   std::unique_ptr<Recording> recording_;  // while profiling
 };
 
-// A profiler of steps `steps` ([first, last]) writing `<output_dir>/profile.rank<rank>.json`, or
-// null for none (`steps` empty).
+// A profiler of steps `steps` ([first, last]) writing `<output_dir>/profile.rank<rank>.json`,
+// recording the host and `device_activities` (the device backend's profiler_activities), or null
+// for none (`steps` empty).
 std::unique_ptr<StepProfiler> make_step_profiler(const std::vector<std::int64_t>& steps,
                                                  const std::filesystem::path& output_dir, int rank,
-                                                 bool device_kernels,
+                                                 std::vector<std::string> device_activities,
                                                  std::function<void(const std::string&)> log);
 
 }  // namespace trainyard

@@ -98,6 +98,9 @@ class DeviceBackend : public Component {
   // What `trainyard doctor` reports of the software driving this kind of device (runtime and
   // library versions), one line each; asked even when no device is available.
   virtual std::vector<std::string> doctor_report() const { return {}; }
+  // The Kineto activities that record this device's own work beside the host's ops, by the
+  // profiler's names for them (torch::profiler::impl::actToString); none by default.
+  virtual std::vector<std::string> profiler_activities() const { return {}; }
   // A host copy in page-locked memory when the device copies from it faster; else `host`.
   virtual torch::Tensor pin(const torch::Tensor& host) const { return host; }
   // `host` on device `index`, for the work queued on the current stream after this call. The
