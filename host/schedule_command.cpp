@@ -1,8 +1,6 @@
 #include "schedule_command.hpp"
 
-#include <fstream>
 #include <iostream>
-#include <iterator>
 #include <string>
 
 #include "cli.hpp"
@@ -63,10 +61,7 @@ int command_schedule(const std::vector<std::string>& args) {
     }
     schedule = build_pipeline_schedule(name, shape);
   } else {
-    std::ifstream in(file);
-    if (!in) throw Error("schedule: cannot read " + file);
-    schedule = parse_schedule_csv(
-        std::string((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>()), file);
+    schedule = read_schedule_file(file);
   }
   validate_schedule(schedule);
   if (as_file) {

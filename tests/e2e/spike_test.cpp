@@ -56,6 +56,17 @@ void expect_same_bits(const TempDir& expected, const TempDir& actual) {
   }
 }
 
+// `rolled` ended bit for bit where a run ends that skipped the corrupted batch from the start.
+void expect_same_bits_as_skipping(const std::vector<std::string>& launcher,
+                                  const std::vector<std::string>& sets, const TempDir& rolled) {
+  TempDir skipping;
+  std::vector<std::string> skip_sets = sets;
+  skip_sets.push_back("run.skip_batches=[\"0:17\"]");
+  const CommandResult reference = run_guarded(launcher, skipping, 30, skip_sets, {});
+  ASSERT_EQ(reference.exit_code, 0) << describe(reference);
+  expect_same_bits(skipping, rolled);
+}
+
 void expect_rollback_equals_skipping(const std::vector<std::string>& launcher,
                                      const std::vector<std::string>& sets) {
   TempDir rolled;
@@ -71,12 +82,7 @@ void expect_rollback_equals_skipping(const std::vector<std::string>& launcher,
   ASSERT_EQ(events.size(), 1u);
   EXPECT_EQ(events.front().at("batch_index"), 17);
 
-  TempDir skipping;
-  std::vector<std::string> skip_sets = sets;
-  skip_sets.push_back("run.skip_batches=[\"0:17\"]");
-  const CommandResult reference = run_guarded(launcher, skipping, 30, skip_sets, {});
-  ASSERT_EQ(reference.exit_code, 0) << describe(reference);
-  expect_same_bits(skipping, rolled);
+  expect_same_bits_as_skipping(launcher, sets, rolled);
 }
 
 TEST(SpikeRun, RollbackEndsAsARunThatNeverSawTheBatch) {
@@ -104,12 +110,7 @@ TEST(SpikeRun, AResumeAfterTheRollbackSkipsTheBatch) {
   ASSERT_EQ(resumed.exit_code, 0) << describe(resumed);
   EXPECT_HAS(resumed.err + resumed.out, "at step 10");
 
-  TempDir skipping;
-  std::vector<std::string> skip_sets = ddp;
-  skip_sets.push_back("run.skip_batches=[\"0:17\"]");
-  const CommandResult reference = run_guarded(launcher, skipping, 30, skip_sets, {});
-  ASSERT_EQ(reference.exit_code, 0) << describe(reference);
-  expect_same_bits(skipping, rolled);
+  expect_same_bits_as_skipping(launcher, ddp, rolled);
 }
 
 // A run resumed from a checkpoint of another run's folder saves one in its own before its first

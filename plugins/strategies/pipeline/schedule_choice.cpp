@@ -1,7 +1,5 @@
 #include "schedule_choice.hpp"
 
-#include <fstream>
-#include <iterator>
 #include <string>
 
 #include "trainyard/api/error.hpp"
@@ -11,10 +9,7 @@ namespace {
 
 // A file's schedule, its shape checked against what the recipe and the mesh say.
 PipelineSchedule read_schedule(const ScheduleRequest& request) {
-  std::ifstream in(request.file);
-  if (!in) throw Error("strategy.schedule_file: cannot read " + request.file.string());
-  const std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-  PipelineSchedule schedule = parse_schedule_csv(text, request.file.string());
+  PipelineSchedule schedule = read_schedule_file(request.file);
   const PipelineShape& shape = schedule.shape;
   const auto refuse = [&](const std::string& what) {
     throw Error(request.file.string() + ": " + what);

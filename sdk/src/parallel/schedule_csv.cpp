@@ -1,6 +1,8 @@
 #include <algorithm>
 #include <array>
 #include <cctype>
+#include <fstream>
+#include <iterator>
 #include <sstream>
 #include <string>
 #include <utility>
@@ -103,6 +105,13 @@ PipelineSchedule parse_schedule_csv(std::string_view text, const std::string& na
     }
   }
   return schedule;
+}
+
+PipelineSchedule read_schedule_file(const std::filesystem::path& file) {
+  std::ifstream in(file);
+  if (!in) throw Error("cannot read schedule file " + file.string());
+  const std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  return parse_schedule_csv(text, file.string());
 }
 
 std::string format_schedule_csv(const PipelineSchedule& schedule) {

@@ -12,10 +12,11 @@
 namespace trainyard {
 namespace {
 
-SkippedBatches batches_of(const std::vector<std::pair<std::int64_t, std::int64_t>>& batches) {
-  SkippedBatches out;
-  for (const auto& [epoch, batch] : batches) out.add(epoch, batch);
-  return out;
+// "(loader batches E:B,E:B)": the batches of the step, as run.skip_batches spells them.
+std::string describe_batches(const std::vector<std::pair<std::int64_t, std::int64_t>>& batches) {
+  SkippedBatches listed;
+  for (const auto& [epoch, batch] : batches) listed.add(epoch, batch);
+  return " (loader batches " + listed.save() + ")";
 }
 
 }  // namespace
@@ -65,7 +66,7 @@ std::optional<std::string> Engine::loss_spike(const StepResult& result, std::int
   if (!spike) return std::nullopt;
   s.reporter->flush_train(s.step, epoch, s.elapsed());
   record_step_event("spike", s.step, loss, epoch);
-  const std::string where = *spike + " (loader batches " + batches_of(s.step_batches).save() + ")";
+  const std::string where = *spike + describe_batches(s.step_batches);
   if (!s.spike.rolls_back()) {
     throw Error(where +
                 "; run.spike.action = \"rollback\" would reload the last checkpoint "
@@ -80,12 +81,12 @@ std::optional<TrainingPosition> Engine::roll_back_if_needed(const StepResult& re
   std::optional<std::string> why = std::exchange(s.rollback_reason, std::nullopt);
   if (why) {
     s.reporter->flush_train(s.step, epoch, s.elapsed());
-    *why += " (loader batches " + batches_of(s.step_batches).save() + ")";
+    *why += describe_batches(s.step_batches);
   } else {
     why = loss_spike(result, epoch);
   }
   if (!why) return std::nullopt;
-  s.skipped_batches.load(batches_of(s.step_batches).save());
+  for (const auto& [epoch_index, batch] : s.step_batches) s.skipped_batches.add(epoch_index, batch);
   s.checkpointing->commit_pending();
   const std::optional<TrainingPosition> saved =
       s.checkpointing->resume("auto", [](const std::string&) {});

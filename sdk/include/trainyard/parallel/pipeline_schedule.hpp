@@ -4,6 +4,7 @@
 // validated, and simulated with a cost model to measure bubbles, activation memory and
 // deadlocks before a pipeline strategy executes them. Pure logic: no tensors, no communication.
 
+#include <filesystem>
 #include <optional>
 #include <string>
 #include <string_view>
@@ -88,6 +89,8 @@ PipelineSchedule build_pipeline_schedule(std::string_view name, const PipelineSh
 // naming the line and the entry that does not read, or a stage on the wrong rank; what the
 // actions do is validate_schedule's to check.
 PipelineSchedule parse_schedule_csv(std::string_view text, const std::string& name);
+// parse_schedule_csv of `file`'s text, named by its path; throws Error when it cannot be read.
+PipelineSchedule read_schedule_file(const std::filesystem::path& file);
 std::string format_schedule_csv(const PipelineSchedule& schedule);
 
 // Checks that `schedule` computes one training step: per stage and micro-batch one Forward, and
