@@ -18,6 +18,7 @@
 #include "test_support.hpp"
 #include "trainyard/api/communicator.hpp"
 #include "trainyard/api/device.hpp"
+#include "trainyard/api/gradient_compression.hpp"
 #include "trainyard/parallel/distributed.hpp"
 #include "trainyard/api/model.hpp"
 #include "trainyard/api/optimizer.hpp"
@@ -68,6 +69,9 @@ struct HarnessOptions {
   std::optional<MeshRequest> mesh;
   // The gate the strategy passes before each optimizer step, as the engine's (none when null).
   OptimizerStepGate* optimizer_step_gate = nullptr;
+  // A gradient-compression plugin ([compression]) and its options; empty: none.
+  std::string compression;
+  std::string compression_options;
 
   // This options object for rank `rank_of_world` of `ranks` meeting at `store_port`.
   HarnessOptions& as_rank(int rank_of_world, int ranks, int store_port) {
@@ -105,6 +109,11 @@ struct StepHarness {
         registry.create<DeviceBackend>("cpu", options_section("device", ""), build);
     context.step = options.step;
     context.optimizer_step_gate = options.optimizer_step_gate;
+    if (!options.compression.empty()) {
+      context.compression = registry.create<GradientCompression>(
+          options.compression, options_section("compression", options.compression_options),
+          build);
+    }
     if (options.world_size > 1) {
       context.communicator =
           registry.create<Communicator>("gloo", options_section("comm", ""), build);
@@ -186,33 +195,49 @@ std::vector<Result> run_threaded_ranks(int world_size,
   return out;
 }
 
-// Runs `body` on `tp` ranks as threads, each given `base` with the mesh of a tp group of all of
-// them (and its communicator); the results in rank order.
+// Runs `body` on the ranks of `request` as threads, each given `base` with the mesh they form
+// (and its communicator); the results in rank order.
 template <class Result>
-std::vector<Result> on_tp_ranks(int tp, const BuildContext& base,
-                                const std::function<Result(const BuildContext&)>& body) {
-  return run_threaded_ranks<Result>(tp, [&](int rank, int port) {
+std::vector<Result> on_mesh_ranks(const MeshRequest& request, int world_size,
+                                  const BuildContext& base,
+                                  const std::function<Result(const BuildContext&)>& body) {
+  return run_threaded_ranks<Result>(world_size, [&](int rank, int port) {
     BuildContext context = base;
     context.rank = rank;
-    context.world_size = tp;
+    context.world_size = world_size;
     auto communicator =
         bundled_registry().create<Communicator>("gloo", options_section("comm", ""), context);
     Rendezvous meet;
     meet.rank = rank;
-    meet.world_size = tp;
+    meet.world_size = world_size;
     meet.local_rank = rank;
-    meet.local_world_size = tp;
+    meet.local_world_size = world_size;
     meet.master_port = port;
     meet.timeout = std::chrono::seconds(120);
     communicator->connect(meet, c10::Device(c10::kCPU));
     context.communicator = communicator;
-    context.mesh = std::make_shared<ProcessMesh>(
-        MeshLayout::resolve(MeshRequest{.pp = 1, .dp_replicate = 1, .dp_shard = 1, .tp = tp}, tp),
-        *communicator);
+    context.mesh =
+        std::make_shared<ProcessMesh>(MeshLayout::resolve(request, world_size), *communicator);
     Result result = body(context);
     communicator->barrier();
     return result;
   });
+}
+
+// on_mesh_ranks over a tp group of `tp` ranks.
+template <class Result>
+std::vector<Result> on_tp_ranks(int tp, const BuildContext& base,
+                                const std::function<Result(const BuildContext&)>& body) {
+  return on_mesh_ranks<Result>(MeshRequest{.pp = 1, .dp_replicate = 1, .dp_shard = 1, .tp = tp},
+                               tp, base, body);
+}
+
+// on_mesh_ranks over a data-parallel group of `ranks` ranks.
+template <class Result>
+std::vector<Result> on_data_parallel_ranks(int ranks, const BuildContext& base,
+                                           const std::function<Result(const BuildContext&)>& body) {
+  return on_mesh_ranks<Result>(
+      MeshRequest{.pp = 1, .dp_replicate = 1, .dp_shard = ranks, .tp = 1}, ranks, base, body);
 }
 
 // A batch of `size` random samples of `shape` with targets below `classes`.

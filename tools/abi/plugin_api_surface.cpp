@@ -29,6 +29,7 @@
 #include "trainyard/parallel/mesh_layout.hpp"
 #include "trainyard/parallel/distributed.hpp"
 #include "trainyard/api/error.hpp"
+#include "trainyard/api/gradient_compression.hpp"
 #include "trainyard/support/files.hpp"
 #include "trainyard/parallel/gradient_reducer.hpp"
 #include "trainyard/parallel/gradient_verdict.hpp"
@@ -88,7 +89,8 @@ extern "C" __attribute__((visibility("default"))) void trainyard_plugin_api_surf
     trainyard::Optimizer*, trainyard::LrScheduler*, trainyard::Strategy*,
     trainyard::StrategyContext*, trainyard::StepResult*, trainyard::EvalResult*,
     trainyard::Precision*, trainyard::CheckpointBackend*, trainyard::MetricsSink*,
-    trainyard::RunInfo*, trainyard::MetricRecord*) {}
+    trainyard::RunInfo*, trainyard::MetricRecord*, trainyard::GradientCompression*,
+    trainyard::BucketCompressor*, trainyard::GradientBucket*, trainyard::BucketShapes*) {}
 
 namespace trainyard::abi {
 

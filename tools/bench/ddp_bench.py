@@ -30,6 +30,39 @@ def load_batches(rank, count):
     return [(x[i * BATCH:(i + 1) * BATCH], y[i * BATCH:(i + 1) * BATCH]) for i in range(count)]
 
 
+def median_step_ms(step, steps, warmup):
+    """Runs `warmup` steps, then `steps` steps in windows that start together on every rank;
+    the median over the windows of the milliseconds per step."""
+    for i in range(warmup):
+        step(i)
+    windows = []
+    window = max(10, steps // 10)
+    done = 0
+    while done < steps:
+        dist.barrier()
+        start = time.perf_counter()
+        for i in range(window):
+            step(done + i)
+        windows.append(1000.0 * (time.perf_counter() - start) / window)
+        done += window
+    return statistics.median(windows)
+
+
+def time_training(model, steps, warmup):
+    """Trains `model` with AdamW on this rank's Fashion-MNIST batches: median_step_ms."""
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3, weight_decay=1e-4)
+    batches = load_batches(dist.get_rank(), 32)
+
+    def step(i):
+        x, y = batches[i % len(batches)]
+        optimizer.zero_grad()
+        loss = nn.functional.cross_entropy(model(x), y)
+        loss.backward()
+        optimizer.step()
+
+    return median_step_ms(step, steps, warmup)
+
+
 def cnn():
     # plugins/models/cnn with channels [32, 64], hidden 128, batch_norm.
     return nn.Sequential(
@@ -44,31 +77,9 @@ def main():
     dist.init_process_group("gloo")
     rank = dist.get_rank()
     torch.manual_seed(0)
-    model = DistributedDataParallel(cnn())
-    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3, weight_decay=1e-4)
-    batches = load_batches(rank, 32)
-
-    def step(i):
-        x, y = batches[i % len(batches)]
-        optimizer.zero_grad()
-        loss = nn.functional.cross_entropy(model(x), y)
-        loss.backward()
-        optimizer.step()
-
-    for i in range(20):
-        step(i)
-    windows = []
-    window = max(10, steps // 10)
-    done = 0
-    while done < steps:
-        dist.barrier()
-        start = time.perf_counter()
-        for i in range(window):
-            step(done + i)
-        windows.append(1000.0 * (time.perf_counter() - start) / window)
-        done += window
+    step_ms = time_training(DistributedDataParallel(cnn()), steps, warmup=20)
     if rank == 0:
-        print(f"python_ddp_step_ms {statistics.median(windows):.3f}", flush=True)
+        print(f"python_ddp_step_ms {step_ms:.3f}", flush=True)
     dist.destroy_process_group()
 
 

@@ -15,6 +15,7 @@
 #include "trainyard/api/activation_checkpoint.hpp"
 #include "trainyard/parallel/distributed.hpp"
 #include "trainyard/api/error.hpp"
+#include "trainyard/api/gradient_compression.hpp"
 #include "trainyard/parallel/gradient_reducer.hpp"
 #include "trainyard/parallel/gradient_verdict.hpp"
 #include "trainyard/parallel/gradients.hpp"
@@ -34,6 +35,9 @@
 
 namespace trainyard {
 namespace {
+
+// Where this rank's compression state lives in its checkpoint files.
+constexpr const char* kCompressionPrefix = "compression.";
 
 struct DdpOptions {
   GradientReducerOptions reducer;
@@ -127,6 +131,11 @@ class Ddp final : public Strategy {
       trainable.push_back(parameters_[i]);
       trainable_names_.push_back(names_[i]);
     }
+    options_.reducer.compression = context.compression;
+    if (context.compression && options_.reducer.wire_dtype) {
+      throw Error("ddp: [compression] replaces the all-reduce that strategy.compression narrows; "
+                  "set strategy.compression = \"none\" or remove [compression]");
+    }
     reducer_ =
         std::make_unique<GradientReducer>(trainable, trainable_names_, group_, options_.reducer);
     if (options_.zero1) {
@@ -175,6 +184,9 @@ class Ddp final : public Strategy {
       if (context_.phases) context_.phases->mark(StepPhase::CommWait);
       result.metrics.emplace_back("allreduces_per_step",
                                   static_cast<double>(reducer_->take_launch_count()));
+      // What plain all-reduces would have carried, beside the collective counter's bytes.
+      result.metrics.emplace_back("gradient_bytes",
+                                  static_cast<double>(reducer_->bucket_bytes()));
     }
     // Gradients are identical on every rank from here, so the local norm is the global one and
     // every rank takes the same decisions (skip, clip) as a single process would.
@@ -215,6 +227,9 @@ class Ddp final : public Strategy {
       save_optimizer_pieces(*context_.optimizer, zero1_->optimizer(), {zero1_layout()}, out.local,
                             out.local);
     }
+    if (BucketCompressor* compressor = reducer_ ? reducer_->compressor() : nullptr) {
+      compressor->save_state(out.local, kCompressionPrefix);
+    }
   }
 
   void load_state(const CheckpointState& in) override {
@@ -225,6 +240,9 @@ class Ddp final : public Strategy {
     if (zero1_) {
       read_held_pieces(placed, "model.", zero1_layout(), zero1_->master());
       load_optimizer_pieces(*context_.optimizer, zero1_->optimizer(), {zero1_layout()}, placed);
+    }
+    if (BucketCompressor* compressor = reducer_ ? reducer_->compressor() : nullptr) {
+      compressor->load_state(in.local, kCompressionPrefix);
     }
   }
 

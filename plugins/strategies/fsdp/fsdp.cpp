@@ -126,6 +126,11 @@ class Fsdp final : public Strategy {
   }
 
   void setup(StrategyContext& context) override {
+    if (context.compression) {
+      throw Error("fsdp: [compression] replaces all-reduces of gradients, and fsdp "
+                  "reduce-scatters them: use ddp (or pipeline) with compression, or remove "
+                  "[compression]");
+    }
     context_ = context;
     // Units are sharded over the dp_shard ranks, replicated over dp_replicate (hybrid sharding);
     // a tp rank's units hold its tensor-parallel pieces.

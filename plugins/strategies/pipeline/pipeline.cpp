@@ -28,6 +28,7 @@
 #include "local_stage.hpp"
 #include "model_cut.hpp"
 #include "pipeline_state.hpp"
+#include "split_batch.hpp"
 #include "schedule_choice.hpp"
 #include "stage_channel.hpp"
 #include "stage_executor.hpp"
@@ -68,27 +69,6 @@ struct PipelineOptions {
   std::optional<UnitSharding> sharding;  // parameters sharded over dp_shard; unset: replicated
 };
 
-// Splits a batch along its first dimension into `count` micro-batches whose sizes differ by at
-// most one, as torch.tensor_split does.
-std::vector<Batch> split_batch(const Batch& batch, std::int64_t count) {
-  if (batch.size < count) {
-    throw Error("pipeline: a batch of " + std::to_string(batch.size) +
-                " samples cannot be split into " + std::to_string(count) +
-                " micro-batches; use batches of at least micro_batches samples");
-  }
-  std::vector<Batch> parts(static_cast<std::size_t>(count));
-  for (std::int64_t i = 0; i < count; ++i) {
-    const std::int64_t begin = batch.size * i / count;
-    const std::int64_t end = batch.size * (i + 1) / count;
-    Batch& part = parts[static_cast<std::size_t>(i)];
-    part.size = end - begin;
-    for (const auto& [name, tensor] : batch.tensors) {
-      part.tensors.emplace(name, tensor.narrow(0, begin, end - begin));
-    }
-  }
-  return parts;
-}
-
 class Pipeline final : public Strategy {
  public:
   explicit Pipeline(const Config& config) {
@@ -122,6 +102,11 @@ class Pipeline final : public Strategy {
     if (pp_group_) channel_ = std::make_unique<StageChannel>(pp_group_, context.build.device);
 
     autocast_dtype_ = context.precision->autocast_dtype();
+    if (context.compression && options_.sharding) {
+      throw Error("pipeline: [compression] replaces all-reduces of gradients, and dp_sharding "
+                  "reduce-scatters them: set strategy.dp_sharding = \"none\"");
+    }
+    options_.reducer.compression = context.compression;
     cut_model();
     build_local_stages();
     std::vector<at::Tensor> all;
@@ -163,6 +148,10 @@ class Pipeline final : public Strategy {
     if (recording) finish_recording();
     finish_step(result);
     if (has_last_stage()) result.loss = loss_sum;
+    // What plain all-reduces over the dp group carry, beside the collective counter's bytes.
+    if (const std::int64_t bytes = gradient_bytes(stages_)) {
+      result.metrics.emplace_back("gradient_bytes", static_cast<double>(bytes));
+    }
     ++steps_;
     return result;
   }

@@ -9,6 +9,7 @@
 #include "trainyard/parallel/mesh_layout.hpp"
 #include "trainyard/parallel/distributed.hpp"
 #include "trainyard/api/error.hpp"
+#include "trainyard/api/gradient_compression.hpp"
 #include "trainyard/api/placed_state.hpp"
 #include "trainyard/parallel/tensor_parallel_step.hpp"
 
@@ -70,6 +71,21 @@ std::vector<HeldLayout> stage_layouts(const std::vector<LocalStage>& stages) {
   return layouts;
 }
 
+std::int64_t gradient_bytes(const std::vector<LocalStage>& stages) {
+  std::int64_t bytes = 0;
+  for (const auto& stage : stages) bytes += stage.held->gradient_bytes();
+  return bytes;
+}
+
+namespace {
+
+// Each local stage's compression state under its own prefix: an interleaved rank holds several.
+std::string compression_prefix(const LocalStage& stage) {
+  return "compression.stage" + std::to_string(stage.index) + ".";
+}
+
+}  // namespace
+
 // Data-parallel peers hold the same and each writes its own file, so that a resume on the same
 // layout reads one file per rank; a resume on another cut reads every rank's files and takes
 // what it holds.
@@ -90,6 +106,11 @@ void save_stages(const std::vector<LocalStage>& stages, const Optimizer& plugin,
     }
   }
   save_optimizer_pieces(plugin, optimizer, layouts, out.local, out.local, replicas);
+  for (const auto& stage : stages) {
+    if (BucketCompressor* compressor = stage.held->compressor()) {
+      compressor->save_state(out.local, compression_prefix(stage));
+    }
+  }
 }
 
 void load_stages(std::vector<LocalStage>& stages, const Optimizer& plugin,
@@ -115,7 +136,12 @@ void load_stages(std::vector<LocalStage>& stages, const Optimizer& plugin,
     }
   }
   load_optimizer_pieces(plugin, optimizer, layouts, placed);
-  for (auto& stage : stages) stage.held->release();
+  for (auto& stage : stages) {
+    stage.held->release();
+    if (BucketCompressor* compressor = stage.held->compressor()) {
+      compressor->load_state(in.local, compression_prefix(stage));
+    }
+  }
 }
 
 TensorMap gather_whole_model(const std::vector<LocalStage>& stages, bool buffers,

@@ -23,8 +23,12 @@ class Optimizer;
 // How each optimized tensor of `stages` maps onto the whole model's parameters, in stage order.
 std::vector<HeldLayout> stage_layouts(const std::vector<LocalStage>& stages);
 
+// The bytes plain all-reduces of `stages`' gradient buckets carry per step (0: none).
+std::int64_t gradient_bytes(const std::vector<LocalStage>& stages);
+
 // Saves this rank's stages' parameters, buffers and optimizer state as pieces of the whole
-// model's (a stage's copy of a tied parameter as another piece of it, equal to the owner's).
+// model's (a stage's copy of a tied parameter as another piece of it, equal to the owner's),
+// and each stage's gradient-compression state as this rank's own.
 // `replicas`: the mesh group whose ranks hold the same pieces (empty: none do).
 void save_stages(const std::vector<LocalStage>& stages, const Optimizer& plugin,
                  const torch::optim::Optimizer& optimizer, const std::string& replicas,

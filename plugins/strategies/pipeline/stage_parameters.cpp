@@ -109,6 +109,10 @@ class ReplicatedStageParameters final : public StageParameters {
     return out;
   }
   void release() override {}
+  BucketCompressor* compressor() const override {
+    return reducer_ ? reducer_->compressor() : nullptr;
+  }
+  std::int64_t gradient_bytes() const override { return reducer_ ? reducer_->bucket_bytes() : 0; }
   HeldBytes held_bytes(const torch::optim::Optimizer* optimizer,
                        const Optimizer& plugin) const override {
     return count_held_bytes(parameters_, optimizer, plugin,

@@ -8,6 +8,7 @@
 #include <ATen/core/Tensor.h>
 #include <c10/util/intrusive_ptr.h>
 
+#include <cstdint>
 #include <memory>
 #include <string>
 #include <vector>
@@ -26,6 +27,8 @@ class Optimizer;
 }
 
 namespace trainyard {
+
+class BucketCompressor;
 
 class Optimizer;
 
@@ -71,6 +74,10 @@ class StageParameters {
   virtual std::vector<at::Tensor> whole_parameters() const = 0;
   // Frees gathered parameters (after evaluation or loading).
   virtual void release() = 0;
+  // The compressor of the stage's gradient buckets, whose state checkpoints hold (null without).
+  virtual BucketCompressor* compressor() const { return nullptr; }
+  // The bytes plain all-reduces of the stage's gradient buckets carry per step (0: none).
+  virtual std::int64_t gradient_bytes() const { return 0; }
   // `optimizer` (null: count no optimizer state) was made by `plugin`.
   virtual HeldBytes held_bytes(const torch::optim::Optimizer* optimizer,
                                const Optimizer& plugin) const = 0;

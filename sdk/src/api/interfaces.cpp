@@ -19,6 +19,7 @@
 #include "trainyard/api/dataset.hpp"
 #include "trainyard/api/device.hpp"
 #include "trainyard/api/error.hpp"
+#include "trainyard/api/gradient_compression.hpp"
 #include "trainyard/api/held_bytes.hpp"
 #include "trainyard/api/metrics.hpp"
 #include "trainyard/api/model.hpp"
@@ -34,6 +35,7 @@ MapSource::~MapSource() = default;
 SampleStream::~SampleStream() = default;
 StreamSource::~StreamSource() = default;
 DeviceEvent::~DeviceEvent() = default;
+BucketCompressor::~BucketCompressor() = default;
 
 void HostClockEvent::record() { time_ = std::chrono::steady_clock::now(); }
 

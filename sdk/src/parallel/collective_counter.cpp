@@ -3,6 +3,8 @@
 #include <sstream>
 #include <vector>
 
+#include "emulated_link.hpp"
+
 namespace trainyard {
 
 namespace {
@@ -71,93 +73,109 @@ class CountingBackend final : public c10d::Backend {
 
   c10::intrusive_ptr<c10d::Work> broadcast(std::vector<at::Tensor>& tensors,
                                            const c10d::BroadcastOptions& opts) override {
-    count("broadcast", bytes_of(tensors));
-    return inner_->broadcast(tensors, opts);
+    const std::int64_t bytes = bytes_of(tensors);
+    count("broadcast", bytes);
+    return paced("broadcast", bytes, inner_->broadcast(tensors, opts));
   }
   c10::intrusive_ptr<c10d::Work> allreduce(std::vector<at::Tensor>& tensors,
                                            const c10d::AllreduceOptions& opts) override {
-    count("allreduce", bytes_of(tensors));
-    return inner_->allreduce(tensors, opts);
+    const std::int64_t bytes = bytes_of(tensors);
+    count("allreduce", bytes);
+    return paced("allreduce", bytes, inner_->allreduce(tensors, opts));
   }
   c10::intrusive_ptr<c10d::Work> allreduce_sparse(std::vector<at::Tensor>& tensors,
                                                   const c10d::AllreduceOptions& opts) override {
-    count("allreduce_sparse", bytes_of(tensors));
-    return inner_->allreduce_sparse(tensors, opts);
+    const std::int64_t bytes = bytes_of(tensors);
+    count("allreduce_sparse", bytes);
+    return paced("allreduce_sparse", bytes, inner_->allreduce_sparse(tensors, opts));
   }
   c10::intrusive_ptr<c10d::Work> allreduce_coalesced(
       std::vector<at::Tensor>& tensors, const c10d::AllreduceCoalescedOptions& opts) override {
-    count("allreduce_coalesced", bytes_of(tensors));
-    return inner_->allreduce_coalesced(tensors, opts);
+    const std::int64_t bytes = bytes_of(tensors);
+    count("allreduce_coalesced", bytes);
+    return paced("allreduce_coalesced", bytes, inner_->allreduce_coalesced(tensors, opts));
   }
   c10::intrusive_ptr<c10d::Work> reduce(std::vector<at::Tensor>& tensors,
                                         const c10d::ReduceOptions& opts) override {
-    count("reduce", bytes_of(tensors));
-    return inner_->reduce(tensors, opts);
+    const std::int64_t bytes = bytes_of(tensors);
+    count("reduce", bytes);
+    return paced("reduce", bytes, inner_->reduce(tensors, opts));
   }
   c10::intrusive_ptr<c10d::Work> allgather(std::vector<std::vector<at::Tensor>>& outputs,
                                            std::vector<at::Tensor>& inputs,
                                            const c10d::AllgatherOptions& opts) override {
-    count("allgather", bytes_of(inputs));
-    return inner_->allgather(outputs, inputs, opts);
+    const std::int64_t bytes = bytes_of(inputs);
+    count("allgather", bytes);
+    return paced("allgather", bytes, inner_->allgather(outputs, inputs, opts));
   }
   c10::intrusive_ptr<c10d::Work> _allgather_base(at::Tensor& output, at::Tensor& input,
                                                  const c10d::AllgatherOptions& opts) override {
-    count("_allgather_base", bytes_of(input));
-    return inner_->_allgather_base(output, input, opts);
+    const std::int64_t bytes = bytes_of(input);
+    count("_allgather_base", bytes);
+    return paced("_allgather_base", bytes, inner_->_allgather_base(output, input, opts));
   }
   c10::intrusive_ptr<c10d::Work> allgather_coalesced(std::vector<std::vector<at::Tensor>>& outputs,
                                                      std::vector<at::Tensor>& inputs,
                                                      const c10d::AllgatherOptions& opts) override {
-    count("allgather_coalesced", bytes_of(inputs));
-    return inner_->allgather_coalesced(outputs, inputs, opts);
+    const std::int64_t bytes = bytes_of(inputs);
+    count("allgather_coalesced", bytes);
+    return paced("allgather_coalesced", bytes, inner_->allgather_coalesced(outputs, inputs, opts));
   }
   c10::intrusive_ptr<c10d::Work> allgather_into_tensor_coalesced(
       std::vector<at::Tensor>& outputs, std::vector<at::Tensor>& inputs,
       const c10d::AllgatherOptions& opts) override {
-    count("allgather_into_tensor_coalesced", bytes_of(inputs));
-    return inner_->allgather_into_tensor_coalesced(outputs, inputs, opts);
+    const std::int64_t bytes = bytes_of(inputs);
+    count("allgather_into_tensor_coalesced", bytes);
+    return paced("allgather_into_tensor_coalesced", bytes, inner_->allgather_into_tensor_coalesced(outputs, inputs, opts));
   }
   c10::intrusive_ptr<c10d::Work> gather(std::vector<std::vector<at::Tensor>>& outputs,
                                         std::vector<at::Tensor>& inputs,
                                         const c10d::GatherOptions& opts) override {
-    count("gather", bytes_of(inputs));
-    return inner_->gather(outputs, inputs, opts);
+    const std::int64_t bytes = bytes_of(inputs);
+    count("gather", bytes);
+    return paced("gather", bytes, inner_->gather(outputs, inputs, opts));
   }
   c10::intrusive_ptr<c10d::Work> scatter(std::vector<at::Tensor>& outputs,
                                          std::vector<std::vector<at::Tensor>>& inputs,
                                          const c10d::ScatterOptions& opts) override {
-    count("scatter", bytes_of(inputs));
-    return inner_->scatter(outputs, inputs, opts);
+    const std::int64_t bytes = bytes_of(inputs);
+    count("scatter", bytes);
+    return paced("scatter", bytes, inner_->scatter(outputs, inputs, opts));
   }
   c10::intrusive_ptr<c10d::Work> reduce_scatter(std::vector<at::Tensor>& outputs,
                                                 std::vector<std::vector<at::Tensor>>& inputs,
                                                 const c10d::ReduceScatterOptions& opts) override {
-    count("reduce_scatter", bytes_of(inputs));
-    return inner_->reduce_scatter(outputs, inputs, opts);
+    const std::int64_t bytes = bytes_of(inputs);
+    count("reduce_scatter", bytes);
+    return paced("reduce_scatter", bytes, inner_->reduce_scatter(outputs, inputs, opts));
   }
   c10::intrusive_ptr<c10d::Work> _reduce_scatter_base(
       at::Tensor& output, at::Tensor& input, const c10d::ReduceScatterOptions& opts) override {
-    count("_reduce_scatter_base", bytes_of(input));
-    return inner_->_reduce_scatter_base(output, input, opts);
+    const std::int64_t bytes = bytes_of(input);
+    count("_reduce_scatter_base", bytes);
+    return paced("_reduce_scatter_base", bytes, inner_->_reduce_scatter_base(output, input, opts));
   }
   c10::intrusive_ptr<c10d::Work> reduce_scatter_tensor_coalesced(
       std::vector<at::Tensor>& outputs, std::vector<at::Tensor>& inputs,
       const c10d::ReduceScatterOptions& opts) override {
-    count("reduce_scatter_tensor_coalesced", bytes_of(inputs));
-    return inner_->reduce_scatter_tensor_coalesced(outputs, inputs, opts);
+    const std::int64_t bytes = bytes_of(inputs);
+    count("reduce_scatter_tensor_coalesced", bytes);
+    return paced("reduce_scatter_tensor_coalesced", bytes, inner_->reduce_scatter_tensor_coalesced(outputs, inputs, opts));
   }
   c10::intrusive_ptr<c10d::Work> alltoall_base(at::Tensor& output, at::Tensor& input,
                                                std::vector<int64_t>& output_split_sizes,
                                                std::vector<int64_t>& input_split_sizes,
                                                const c10d::AllToAllOptions& opts) override {
-    count("alltoall_base", bytes_of(input));
-    return inner_->alltoall_base(output, input, output_split_sizes, input_split_sizes, opts);
+    const std::int64_t bytes = bytes_of(input);
+    count("alltoall_base", bytes);
+    return paced("alltoall_base", bytes, inner_->alltoall_base(output, input, output_split_sizes, input_split_sizes, opts));
   }
   c10::intrusive_ptr<c10d::Work> alltoall(std::vector<at::Tensor>& outputs,
                                           std::vector<at::Tensor>& inputs,
                                           const c10d::AllToAllOptions& opts) override {
-    count("alltoall", bytes_of(inputs));
-    return inner_->alltoall(outputs, inputs, opts);
+    const std::int64_t bytes = bytes_of(inputs);
+    count("alltoall", bytes);
+    return paced("alltoall", bytes, inner_->alltoall(outputs, inputs, opts));
   }
   void monitoredBarrier(const c10d::BarrierOptions& opts, bool wait_all_ranks) override {
     count("monitoredBarrier", 0);
@@ -167,17 +185,20 @@ class CountingBackend final : public c10d::Backend {
   uint64_t getSequenceNumberForGroup() override { return inner_->getSequenceNumberForGroup(); }
   c10::intrusive_ptr<c10d::Work> send(std::vector<at::Tensor>& tensors, int dst_rank,
                                       int tag) override {
-    count("send", bytes_of(tensors));
-    return inner_->send(tensors, dst_rank, tag);
+    const std::int64_t bytes = bytes_of(tensors);
+    count("send", bytes);
+    return paced("send", bytes, inner_->send(tensors, dst_rank, tag));
   }
   c10::intrusive_ptr<c10d::Work> recv(std::vector<at::Tensor>& tensors, int src_rank,
                                       int tag) override {
-    count("recv", bytes_of(tensors));
-    return inner_->recv(tensors, src_rank, tag);
+    const std::int64_t bytes = bytes_of(tensors);
+    count("recv", bytes);
+    return paced("recv", bytes, inner_->recv(tensors, src_rank, tag));
   }
   c10::intrusive_ptr<c10d::Work> recvAnysource(std::vector<at::Tensor>& tensors, int tag) override {
-    count("recvAnysource", bytes_of(tensors));
-    return inner_->recvAnysource(tensors, tag);
+    const std::int64_t bytes = bytes_of(tensors);
+    count("recvAnysource", bytes);
+    return paced("recvAnysource", bytes, inner_->recvAnysource(tensors, tag));
   }
   c10::intrusive_ptr<c10d::Work> barrier(const c10d::BarrierOptions& opts) override {
     count("barrier", 0);
@@ -221,6 +242,13 @@ class CountingBackend final : public c10d::Backend {
   // Counted before forwarding: a call that throws was still issued.
   void count(const char* operation, std::int64_t bytes) {
     counter_->add(group_name_, operation, bytes);
+  }
+
+  // The work as it finishes over the counter's emulated link, if it has one.
+  c10::intrusive_ptr<c10d::Work> paced(const char* operation, std::int64_t bytes,
+                                       c10::intrusive_ptr<c10d::Work> work) {
+    const std::shared_ptr<EmulatedLink> link = counter_->link();
+    return link ? link->pace(operation, bytes, getSize(), std::move(work)) : work;
   }
 
   c10::intrusive_ptr<c10d::Backend> inner_;
@@ -277,6 +305,16 @@ CollectiveCounts CollectiveCounter::take() {
 }
 
 std::string CollectiveCounter::describe() const { return trainyard::describe(snapshot()); }
+
+void CollectiveCounter::emulate_link(double bytes_per_second) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  link_ = bytes_per_second > 0 ? std::make_shared<EmulatedLink>(bytes_per_second) : nullptr;
+}
+
+std::shared_ptr<EmulatedLink> CollectiveCounter::link() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return link_;
+}
 
 c10::intrusive_ptr<c10d::Backend> counting_backend(c10::intrusive_ptr<c10d::Backend> inner,
                                                    std::string group_name,

@@ -9,6 +9,7 @@
 #include <map>
 #include <utility>
 
+#include "trainyard/api/gradient_compression.hpp"
 #include "trainyard/parallel/distributed.hpp"
 #include "trainyard/parallel/gradients.hpp"
 
@@ -23,7 +24,7 @@ std::string joined(const std::vector<std::string>& names) {
 }
 
 // Gradients of several parameters laid out in one flat tensor, all-reduced as one.
-struct GradientBucket {
+struct Bucket {
   std::vector<std::size_t> parameters;  // indices into the reducer's parameter list
   std::vector<std::int64_t> offsets;
   at::Tensor flat;
@@ -46,6 +47,10 @@ struct GradientReducer::State {
         names(std::move(names_in)),
         group(std::move(group_in)),
         options(options_in) {
+    if (options.compression && options.wire_dtype) {
+      throw Error("gradient compression replaces the all-reduce that a wire dtype narrows: use "
+                  "one or the other");
+    }
     assign_buckets();
     bucket_of.assign(parameters.size(), {0, 0});
     for (std::size_t b = 0; b < buckets.size(); ++b) {
@@ -54,6 +59,7 @@ struct GradientReducer::State {
       }
     }
     ready.assign(parameters.size(), false);
+    if (options.compression && group) start_compression();
     accumulators = trainyard::on_gradient_ready(
         parameters, [this](std::size_t index) { on_gradient_ready(index); });
   }
@@ -73,7 +79,7 @@ struct GradientReducer::State {
         buckets.emplace_back();
         it = open.emplace(key, buckets.size() - 1).first;
       }
-      GradientBucket& bucket = buckets[it->second];
+      Bucket& bucket = buckets[it->second];
       std::int64_t used = bucket.offsets.empty() ? 0
                                                  : bucket.offsets.back() +
                                                        parameters[bucket.parameters.back()].numel();
@@ -84,6 +90,14 @@ struct GradientReducer::State {
       if (used * parameter.element_size() >= limit) open.erase(it);
     }
     for (auto& bucket : buckets) {
+      // Inside a bucket, parameters keep registration order, as in PyTorch's buckets (what a
+      // compression hook sees as the bucket's gradients).
+      std::reverse(bucket.parameters.begin(), bucket.parameters.end());
+      std::int64_t offset = 0;
+      for (std::size_t i = 0; i < bucket.parameters.size(); ++i) {
+        bucket.offsets[i] = offset;
+        offset += parameters[bucket.parameters[i]].numel();
+      }
       const at::Tensor& last = parameters[bucket.parameters.back()];
       bucket.flat = at::zeros({bucket.offsets.back() + last.numel()}, last.options());
       // Only floating-point gradients wider than the wire dtype are compressed.
@@ -95,7 +109,24 @@ struct GradientReducer::State {
     }
   }
 
-  at::Tensor view_of(GradientBucket& bucket, std::size_t i) {
+  // The compressor sees each bucket's flat gradients and their views, made once: the flat
+  // buffers live as long as the reducer.
+  void start_compression() {
+    BucketShapes shapes;
+    for (auto& bucket : buckets) {
+      GradientBucket view{views.size(), bucket.flat, {}};
+      std::vector<std::vector<std::int64_t>> sizes;
+      for (std::size_t i = 0; i < bucket.parameters.size(); ++i) {
+        view.gradients.push_back(view_of(bucket, i));
+        sizes.push_back(parameters[bucket.parameters[i]].sizes().vec());
+      }
+      views.push_back(std::move(view));
+      shapes.buckets.push_back(std::move(sizes));
+    }
+    compressor = options.compression->make_compressor(shapes, group);
+  }
+
+  at::Tensor view_of(Bucket& bucket, std::size_t i) {
     const at::Tensor& parameter = parameters[bucket.parameters[i]];
     return bucket.flat.narrow(0, bucket.offsets[i], parameter.numel()).view(parameter.sizes());
   }
@@ -104,7 +135,7 @@ struct GradientReducer::State {
     if (!synchronise || ready[index]) return;
     ready[index] = true;
     auto [b, i] = bucket_of[index];
-    GradientBucket& bucket = buckets[b];
+    Bucket& bucket = buckets[b];
     if (!options.gradient_as_bucket_view) {
       at::NoGradGuard no_grad;
       at::Tensor slot = view_of(bucket, i);
@@ -126,8 +157,12 @@ struct GradientReducer::State {
   void launch(std::size_t b) {
     ++launches;
     if (!group) return;  // one rank: its gradients are the average
-    GradientBucket& bucket = buckets[b];
+    Bucket& bucket = buckets[b];
     at::NoGradGuard no_grad;
+    if (compressor) {
+      compressor->begin(views[b]);
+      return;
+    }
     // Averaged before any compression, so the sum cannot leave the narrower dtype's range
     // where each rank's share is inside it.
     bucket.flat.div_(group->getSize());
@@ -167,6 +202,11 @@ struct GradientReducer::State {
       for (auto& bucket : buckets) {
         if (bucket.work) bucket.work->wait();
       }
+      if (compressor) {
+        at::NoGradGuard no_grad;
+        for (auto& view : views) compressor->end(view);
+        compressor->end_step();
+      }
       if (usage) usage->wait();
     }
     for (auto& bucket : buckets) {
@@ -199,10 +239,12 @@ struct GradientReducer::State {
   std::vector<std::string> names;
   c10::intrusive_ptr<c10d::Backend> group;
   GradientReducerOptions options;
-  std::vector<GradientBucket> buckets;
+  std::vector<Bucket> buckets;
   std::vector<std::pair<std::size_t, std::size_t>> bucket_of;
   std::vector<bool> ready;
   std::vector<std::shared_ptr<torch::autograd::Node>> accumulators;
+  std::vector<GradientBucket> views;  // what the compressor sees of each bucket
+  std::unique_ptr<BucketCompressor> compressor;
   std::size_t next_launch = 0;
   std::int64_t launches = 0;
   bool synchronise = false;
@@ -216,6 +258,22 @@ GradientReducer::GradientReducer(std::vector<at::Tensor> parameters, std::vector
 GradientReducer::~GradientReducer() = default;
 
 std::size_t GradientReducer::bucket_count() const { return state_->buckets.size(); }
+
+std::vector<std::vector<std::size_t>> GradientReducer::bucket_parameters() const {
+  std::vector<std::vector<std::size_t>> out;
+  for (const auto& bucket : state_->buckets) out.push_back(bucket.parameters);
+  return out;
+}
+
+std::int64_t GradientReducer::bucket_bytes() const {
+  std::int64_t bytes = 0;
+  for (const auto& bucket : state_->buckets) {
+    bytes += bucket.flat.numel() * static_cast<std::int64_t>(bucket.flat.element_size());
+  }
+  return bytes;
+}
+
+BucketCompressor* GradientReducer::compressor() const { return state_->compressor.get(); }
 
 std::int64_t GradientReducer::take_launch_count() { return std::exchange(state_->launches, 0); }
 

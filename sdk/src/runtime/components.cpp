@@ -1,6 +1,7 @@
 #include "components.hpp"
 
 #include "trainyard/api/dataset.hpp"
+#include "trainyard/api/gradient_compression.hpp"
 #include "trainyard/api/model.hpp"
 #include "trainyard/api/optimizer.hpp"
 #include "trainyard/api/precision.hpp"
@@ -32,6 +33,9 @@ Components Components::build(const Recipe& recipe, const Registry& registry, Bui
   built.base_lr = built.optimizer->learning_rate();
   built.scheduler = create<LrScheduler>(recipe, registry, "scheduler", build);
   built.strategy = create<Strategy>(recipe, registry, "strategy", build);
+  if (recipe.has_section("compression")) {
+    built.compression = create<GradientCompression>(recipe, registry, "compression", build);
+  }
   return built;
 }
 
@@ -51,6 +55,7 @@ StrategyContext Components::strategy_context(const Recipe& recipe, const Registr
   };
   context.optimizer = optimizer;
   context.precision = precision;
+  context.compression = compression;
   context.communicator = build.communicator;
   context.build = build;
   return context;

@@ -15,6 +15,7 @@ namespace trainyard {
 
 class Dataset;
 class LrScheduler;
+class GradientCompression;
 
 struct Components {
   std::shared_ptr<Dataset> dataset;
@@ -22,6 +23,7 @@ struct Components {
   std::shared_ptr<Optimizer> optimizer;
   std::shared_ptr<LrScheduler> scheduler;
   std::shared_ptr<Strategy> strategy;
+  std::shared_ptr<GradientCompression> compression;  // null without [compression]
   double base_lr = 0;  // the optimizer's learning rate, which the scheduler scales
   // FLOPs per sample of the first model the strategy builds (0 until then, or unknown).
   std::shared_ptr<double> flops_per_sample = std::make_shared<double>(0);

@@ -89,6 +89,9 @@ void DistributedRuntime::connect(const Recipe& recipe, const Registry& registry,
   monitor_ = std::make_unique<FailureMonitor>(communicator_->store(), meet.rank, meet.world_size,
                                               meet.timeout, hosts_store);
   naming_failures([&] { mesh_ = std::make_shared<ProcessMesh>(layout_, *communicator_); });
+  if (comm.has("emulated_bandwidth_mb_s")) {
+    mesh_->collectives().emulate_link(comm.get_float("emulated_bandwidth_mb_s") * 1e6);
+  }
   log("trainyard: rank " + std::to_string(meet.rank) + " of " + std::to_string(meet.world_size) +
       " (local " + std::to_string(meet.local_rank) + " of " +
       std::to_string(meet.local_world_size) + "), store " + meet.master_addr + ":" +

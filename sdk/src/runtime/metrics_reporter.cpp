@@ -215,6 +215,7 @@ RunSummary MetricsReporter::finish(RunSummary summary, std::int64_t epoch, doubl
   append_loader_figures(record.values);
   for (const auto& figure : loader_choice_) record.values.push_back(figure);
   append_memory_figures(record.values);
+  for (const auto& figure : meter_->traffic_per_step()) record.values.push_back(figure);
   if (peak_) record.values.emplace_back("peak_tflops", peak_->flops_per_s / 1e12);
   if (run_.rank == 0) {
     const DeviceBackend& backend = *run_.placement.backend;

@@ -242,6 +242,10 @@ const OptionSpecs& comm_options() {
              "seconds a collective or the rendezvous may take before the job "
              "fails, naming the rank that stopped")
           .at_least(1),
+      option("emulated_bandwidth_mb_s", 0.0,
+             "for benchmarks and tests: every collective of the run takes at least the time its "
+             "bytes would take over a link of this many MB/s per rank (0: the machine's speed)")
+          .at_least(0),
   };
   return specs;
 }
@@ -310,6 +314,7 @@ const std::vector<PluginSection>& plugin_sections() {
       {"strategy", "strategy", default_plugins::kStrategy, true},
       {"checkpoint", "checkpoint", default_plugins::kCheckpoint, true},
       {"comm", "comm", "", true},
+      {"compression", "compression", "", true},
   };
   return sections;
 }

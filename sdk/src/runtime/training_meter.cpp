@@ -74,7 +74,10 @@ IntervalFigures TrainingMeter::close_interval() {
     values.emplace_back("grad_norm_max", max_grad_norm_.item<double>());
   }
   if (skipped_ > 0) values.emplace_back("skipped_steps", static_cast<double>(skipped_));
-  for (const auto& [name, sum] : metric_sums_) values.emplace_back(name, sum / steps);
+  for (const auto& [name, sum] : metric_sums_) {
+    values.emplace_back(name, sum / steps);
+    if (name.ends_with("_bytes")) total_bytes_[name] += sum;
+  }
   figures.spans = std::move(rollup.spans);
 
   total_train_s_ += seconds;
@@ -96,6 +99,23 @@ double TrainingMeter::phase_share(StepPhase phase) const {
   double total = 0;
   for (double ms : total_phase_ms_) total += ms;
   return total > 0 ? total_phase_ms_[static_cast<std::size_t>(phase)] / total : 0;
+}
+
+std::vector<std::pair<std::string, double>> TrainingMeter::traffic_per_step() const {
+  std::vector<std::pair<std::string, double>> out;
+  if (total_steps_ == 0) return out;
+  const auto steps = static_cast<double>(total_steps_);
+  for (const auto& [name, total] : total_bytes_) out.emplace_back(name + "_per_step", total / steps);
+  // The data-parallel group's counts, under whatever names its members share ("dp/dp_shard").
+  const auto sent = std::find_if(total_bytes_.begin(), total_bytes_.end(), [](const auto& entry) {
+    return entry.first == "comm_dp_bytes" ||
+           (entry.first.starts_with("comm_dp/") && entry.first.ends_with("_bytes"));
+  });
+  const auto buckets = total_bytes_.find("gradient_bytes");
+  if (sent != total_bytes_.end() && buckets != total_bytes_.end() && buckets->second > 0) {
+    out.emplace_back("gradient_traffic_share", sent->second / buckets->second);
+  }
+  return out;
 }
 
 std::vector<std::string> TrainingMeter::bottleneck_report(

@@ -55,6 +55,11 @@ class TrainingMeter {
   // Over the run's closed intervals.
   double train_seconds() const { return total_train_s_; }
   double phase_share(StepPhase phase) const;
+  // The strategies' byte counts (metrics named *_bytes: what each group's collectives carried,
+  // what the gradient buckets hold) per step over the run, as "<name>_per_step"; with both the
+  // data-parallel group's bytes and gradient_bytes, their ratio as "gradient_traffic_share"
+  // (below 1 when a compression sends less than the buckets hold).
+  std::vector<std::pair<std::string, double>> traffic_per_step() const;
   // A few lines naming what bounds the run and what to try, with the numbers behind it;
   // `faster_precision` is the precision plugin to suggest to a compute-bound run, if any.
   std::vector<std::string> bottleneck_report(
@@ -77,6 +82,7 @@ class TrainingMeter {
   double total_train_s_ = 0;
   std::int64_t total_steps_ = 0;
   std::array<double, kStepPhaseCount> total_phase_ms_{};
+  std::map<std::string, double> total_bytes_;  // over the run's closed intervals
 };
 
 }  // namespace trainyard

@@ -22,6 +22,7 @@ namespace trainyard {
 class Model;
 class Optimizer;
 class Precision;
+class GradientCompression;
 class DeviceBackend;
 class Communicator;
 class PhaseClock;
@@ -50,6 +51,9 @@ struct StrategyContext {
   std::shared_ptr<Precision> precision;
   std::shared_ptr<DeviceBackend> device_backend;
   std::shared_ptr<Communicator> communicator;  // null in a single-process run
+  // The recipe's [compression] (null without one): data-parallel strategies that all-reduce
+  // gradients hand it to their reducers; others refuse it in setup.
+  std::shared_ptr<GradientCompression> compression;
   BuildContext build;                          // device, seed, rank, dataset info
   StepOptions step;
   // The engine's step clock (null outside the engine): strategies mark the end of each

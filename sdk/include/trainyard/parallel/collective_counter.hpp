@@ -14,6 +14,8 @@
 
 namespace trainyard {
 
+class EmulatedLink;
+
 // What one operation issued on one group. `bytes` are the bytes of the input tensors each call
 // hands to c10d, summed over the call's tensors: the tensor an all-reduce or a broadcast reduces
 // or sends (on every rank alike), this rank's part of an all-gather, the whole tensor a
@@ -45,9 +47,16 @@ class CollectiveCounter {
   // describe() of the counts so far, on one line.
   std::string describe() const;
 
+  // From now on, the counted groups' collectives finish no faster than their bytes would cross
+  // a link of `bytes_per_second` ([comm] emulated_bandwidth_mb_s, for benchmarks and tests);
+  // 0: the machine's own speed.
+  void emulate_link(double bytes_per_second);
+  std::shared_ptr<EmulatedLink> link() const;
+
  private:
   mutable std::mutex mutex_;
   CollectiveCounts counts_;
+  std::shared_ptr<EmulatedLink> link_;
 };
 
 // A backend that forwards every operation to `inner` and counts each collective and

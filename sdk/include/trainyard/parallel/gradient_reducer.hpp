@@ -23,6 +23,9 @@ class Backend;
 
 namespace trainyard {
 
+class BucketCompressor;
+class GradientCompression;
+
 struct GradientReducerOptions {
   // Bucket size in MiB (one all-reduce per bucket).
   double bucket_cap_mb = 25;
@@ -38,6 +41,9 @@ struct GradientReducerOptions {
   bool overlap = true;
   // The dtype gradients travel in (fp16 or bf16 halve the bytes; unset: their own dtype).
   std::optional<c10::ScalarType> wire_dtype;
+  // Replaces each bucket's all-reduce (gradient_compression.hpp); null: plain all-reduces. Not
+  // with wire_dtype.
+  std::shared_ptr<GradientCompression> compression;
 };
 
 // Thrown by GradientReducer::finish when parameters got no gradient in a synchronised backward
@@ -65,6 +71,14 @@ class GradientReducer {
   GradientReducer& operator=(const GradientReducer&) = delete;
 
   std::size_t bucket_count() const;
+  // Each bucket's parameters (indices into the constructor's list), in the order the bucket lays
+  // out their gradients.
+  std::vector<std::vector<std::size_t>> bucket_parameters() const;
+  // The bytes one synchronised backward's buckets hold: what plain all-reduces would carry.
+  std::int64_t bucket_bytes() const;
+  // The compressor of these buckets (null without compression or without a group), whose state
+  // the strategy checkpoints.
+  BucketCompressor* compressor() const;
   // All-reduces launched since the last call (one per bucket per synchronised backward).
   std::int64_t take_launch_count();
 
