@@ -53,7 +53,7 @@ inline Reduced reduce_on_rank(const BuildContext& context, const ReductionSettin
   std::vector<std::string> names;
   for (std::size_t i = 0; i < kCompressedShapes.size(); ++i) {
     parameters.push_back(at::zeros(kCompressedShapes[i]).requires_grad_());
-    names.push_back("p" + std::to_string(i));
+    names.push_back(std::string("p").append(std::to_string(i)));
   }
   GradientReducerOptions options;
   options.bucket_cap_mb = setting.bucket_cap_mb;

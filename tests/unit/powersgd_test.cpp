@@ -1,9 +1,10 @@
 // PowerSGD against PyTorch's powerSGD_hook: ranks as threads over gloo reduce the same random
-// gradients through the SDK's GradientReducer with the powersgd plugin, and PyTorch's hook, run
-// by the venv's Python on as many gloo ranks (powersgd_hook.py), is fed the same gradients in
-// the same buckets with the same PowerSGDState settings and seed. Every step's averaged buckets
-// must agree within fp32 tolerance, for 20 steps: two of plain all-reduces, then compressed
-// ones whose error feedback and warm-started Q carry from step to step.
+// gradients through the SDK's GradientReducer with the powersgd plugin, and PyTorch's hook,
+// registered on Python DDP by the venv's Python on as many gloo ranks (powersgd_hook.py, which
+// checks that DDP's buckets are the reducer's), gets the same gradients with the same
+// PowerSGDState settings and seed. Every step's averaged buckets must agree within fp32
+// tolerance, for 20 steps: two of plain all-reduces, then compressed ones whose error feedback
+// and warm-started Q carry from step to step.
 
 #include <ATen/ATen.h>
 #include <gtest/gtest.h>
@@ -58,7 +59,8 @@ at::Tensor pytorch_hook(const Setting& setting,
   const CommandResult hook = run_command(
       {python.string(), (source_dir() / "tests/unit/powersgd_hook.py").string(),
        (dir / "spec.txt").string(), std::to_string(setting.ranks), std::to_string(kSteps),
-       std::to_string(setting.matrix_rank), std::to_string(kStartStep), (dir / "out.f32").string()},
+       std::to_string(setting.matrix_rank), std::to_string(kStartStep),
+       std::to_string(setting.bucket_cap_mb), (dir / "out.f32").string()},
       {}, 300);
   EXPECT_EQ(hook.exit_code, 0) << describe(hook);
   at::Tensor values = at::empty({numel}, at::kFloat);
@@ -102,7 +104,9 @@ TEST(PowerSgd, TwoRanksOneBucketMatchPyTorchsHook) {
 
 TEST(PowerSgd, FourRanksTwoBucketsAtRankFourMatchPyTorchsHook) {
   // Rank 4 orthogonalises by QR, rank 2 by Gram-Schmidt, as the hook chooses.
-  const Setting setting{4, 0.002, 4};
+  // 2600-byte buckets: PyTorch's assignment (parameters in order) and the reducer's (in reverse)
+  // both cut the parameters into {0, 1, 2} and {3, 4, 5, 6}.
+  const Setting setting{4, 0.00248, 4};
   ReductionSetting plain_setting{1, 1, setting.bucket_cap_mb, "", ""};
   const std::vector<Reduced> plain = reduce(plain_setting);
   ASSERT_EQ(plain[0].buckets.size(), 2u) << "the setting is meant to make two buckets";
