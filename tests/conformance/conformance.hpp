@@ -13,14 +13,19 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cstdio>
 #include <filesystem>
+#include <functional>
+#include <future>
 
 #include <memory>
 #include <string>
 #include <vector>
 
+#include "test_support.hpp"
 #include "trainyard/api/build_context.hpp"
+#include "trainyard/api/communicator.hpp"
 #include "trainyard/api/config.hpp"
 #include "trainyard/api/registry.hpp"
 
@@ -121,6 +126,33 @@ inline BuildContext classification_context(std::vector<std::int64_t> input_shape
   context.data.input_shape = std::move(input_shape);
   context.data.num_classes = classes;
   return context;
+}
+
+// Runs `body(communicator)` for each of `ranks` ranks, on its own thread with the bundled gloo
+// communicator connected over loopback; the results in rank order.
+template <class Result>
+std::vector<Result> run_gloo_ranks(
+    int ranks, const std::function<Result(const std::shared_ptr<Communicator>&)>& body) {
+  const int port = trainyard::testing::free_loopback_port();
+  std::vector<std::future<Result>> running;
+  for (int rank = 0; rank < ranks; ++rank) {
+    running.push_back(std::async(std::launch::async, [rank, ranks, port, &body] {
+      std::shared_ptr<Communicator> communicator =
+          registry().create<Communicator>("gloo", section("comm"), classification_context());
+      Rendezvous meet;
+      meet.rank = rank;
+      meet.world_size = ranks;
+      meet.local_rank = rank;
+      meet.local_world_size = ranks;
+      meet.master_port = port;
+      meet.timeout = std::chrono::seconds(30);
+      communicator->connect(meet, c10::Device(c10::kCPU));
+      return body(communicator);
+    }));
+  }
+  std::vector<Result> out;
+  for (auto& rank : running) out.push_back(rank.get());
+  return out;
 }
 
 }  // namespace trainyard::conformance

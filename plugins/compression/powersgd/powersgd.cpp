@@ -37,10 +37,7 @@ void check_rank(const BucketShapes& shapes, const PowerSgdOptions& options) {
   for (const auto& bucket : shapes.buckets) {
     for (const auto& shape : bucket) {
       if (shape.size() < 2) continue;
-      std::int64_t numel = 1;
-      for (auto size : shape) numel *= size;
-      const std::int64_t rows = shape[0];
-      const std::int64_t columns = rows == 0 ? 0 : numel / rows;
+      const auto [rows, columns] = matrix_shape(shape);
       if (options.settings.rank <= std::min(rows, columns)) return;
       if (rows * columns > largest_rows * largest_columns) {
         largest_rows = rows;

@@ -2,6 +2,7 @@
 
 #include <ATen/ATen.h>
 #include <ATen/CPUGeneratorImpl.h>
+#include <c10/util/accumulate.h>
 #include <torch/csrc/distributed/c10d/Backend.hpp>
 
 #include <algorithm>
@@ -38,6 +39,11 @@ void gram_schmidt(const at::Tensor& matrices, double epsilon) {
 
 }  // namespace
 
+std::pair<std::int64_t, std::int64_t> matrix_shape(const std::vector<std::int64_t>& shape) {
+  const std::int64_t rows = shape.empty() ? 1 : shape[0];
+  return {rows, rows == 0 ? 0 : c10::multiply_integers(shape) / rows};
+}
+
 bool worth_compressing(std::int64_t rows, std::int64_t columns, std::int64_t rank,
                        double min_compression_rate) {
   const double compressed = static_cast<double>((rows + columns) * rank);
@@ -63,11 +69,7 @@ PowerSgdBucket::PowerSgdBucket(const std::vector<std::vector<std::int64_t>>& gra
   std::vector<std::pair<std::int64_t, std::int64_t>> shapes;
   std::map<std::pair<std::int64_t, std::int64_t>, std::vector<std::size_t>> of_shape;
   for (std::size_t i = 0; i < gradient_shapes.size(); ++i) {
-    const auto& shape = gradient_shapes[i];
-    std::int64_t numel = 1;
-    for (auto size : shape) numel *= size;
-    const std::int64_t rows = shape.empty() ? 1 : shape[0];
-    const std::int64_t columns = rows == 0 ? 0 : numel / rows;
+    const auto [rows, columns] = matrix_shape(gradient_shapes[i]);
     const std::int64_t rank = std::min({rows, columns, settings.rank});
     if (!worth_compressing(rows, columns, rank, settings.min_compression_rate)) {
       uncompressed_.push_back(i);

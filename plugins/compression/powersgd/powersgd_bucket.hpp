@@ -10,6 +10,7 @@
 #include <c10/util/intrusive_ptr.h>
 
 #include <cstdint>
+#include <utility>
 #include <vector>
 
 #include "trainyard/api/gradient_compression.hpp"
@@ -30,6 +31,10 @@ struct PowerSgdSettings {
   bool warm_start = true;
   double orthogonalization_epsilon = 0;
 };
+
+// The matrix a gradient of `shape` is compressed as, as the hook views it: its first dimension
+// by the rest (a scalar as 1 x 1). Rows, then columns.
+std::pair<std::int64_t, std::int64_t> matrix_shape(const std::vector<std::int64_t>& shape);
 
 // Whether a rows x columns matrix is worth compressing at `rank` (already clamped to its
 // dimensions): its factors must be min_compression_rate times smaller than it.

@@ -1,6 +1,7 @@
 #include "staged_compressor.hpp"
 
 #include <ATen/ATen.h>
+#include <c10/util/accumulate.h>
 #include <torch/csrc/distributed/c10d/Backend.hpp>
 
 namespace trainyard {
@@ -9,11 +10,7 @@ std::vector<std::int64_t> bucket_numels(const BucketShapes& shapes) {
   std::vector<std::int64_t> numels;
   for (const auto& bucket : shapes.buckets) {
     std::int64_t numel = 0;
-    for (const auto& shape : bucket) {
-      std::int64_t count = 1;
-      for (auto size : shape) count *= size;
-      numel += count;
-    }
+    for (const auto& shape : bucket) numel += c10::multiply_integers(shape);
     numels.push_back(numel);
   }
   return numels;

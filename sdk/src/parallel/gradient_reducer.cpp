@@ -70,23 +70,20 @@ struct GradientReducer::State {
     const auto cap = static_cast<std::int64_t>(options.bucket_cap_mb * 1024 * 1024);
     const auto first_cap = static_cast<std::int64_t>(
         std::min(options.first_bucket_mb, options.bucket_cap_mb) * 1024 * 1024);
-    std::map<std::pair<at::ScalarType, std::string>, std::size_t> open;
+    // Open buckets by dtype and device: their index and the elements they hold so far.
+    std::map<std::pair<at::ScalarType, std::string>, std::pair<std::size_t, std::int64_t>> open;
     for (std::size_t k = parameters.size(); k-- > 0;) {
       const at::Tensor& parameter = parameters[k];
       auto key = std::make_pair(parameter.scalar_type(), parameter.device().str());
       auto it = open.find(key);
       if (it == open.end()) {
         buckets.emplace_back();
-        it = open.emplace(key, buckets.size() - 1).first;
+        it = open.emplace(key, std::make_pair(buckets.size() - 1, std::int64_t{0})).first;
       }
-      Bucket& bucket = buckets[it->second];
-      std::int64_t used = bucket.offsets.empty() ? 0
-                                                 : bucket.offsets.back() +
-                                                       parameters[bucket.parameters.back()].numel();
-      bucket.parameters.push_back(k);
-      bucket.offsets.push_back(used);
+      auto& [index, used] = it->second;
+      buckets[index].parameters.push_back(k);
       used += parameter.numel();
-      const std::int64_t limit = it->second == 0 ? first_cap : cap;
+      const std::int64_t limit = index == 0 ? first_cap : cap;
       if (used * parameter.element_size() >= limit) open.erase(it);
     }
     for (auto& bucket : buckets) {
@@ -94,12 +91,11 @@ struct GradientReducer::State {
       // compression hook sees as the bucket's gradients).
       std::reverse(bucket.parameters.begin(), bucket.parameters.end());
       std::int64_t offset = 0;
-      for (std::size_t i = 0; i < bucket.parameters.size(); ++i) {
-        bucket.offsets[i] = offset;
-        offset += parameters[bucket.parameters[i]].numel();
+      for (std::size_t k : bucket.parameters) {
+        bucket.offsets.push_back(offset);
+        offset += parameters[k].numel();
       }
-      const at::Tensor& last = parameters[bucket.parameters.back()];
-      bucket.flat = at::zeros({bucket.offsets.back() + last.numel()}, last.options());
+      bucket.flat = at::zeros({offset}, parameters[bucket.parameters.back()].options());
       // Only floating-point gradients wider than the wire dtype are compressed.
       if (options.wire_dtype && bucket.flat.is_floating_point() &&
           bucket.flat.element_size() >

@@ -5,15 +5,13 @@
 
 #include <ATen/ATen.h>
 #include <ATen/CPUGeneratorImpl.h>
+#include <c10/util/accumulate.h>
 
-#include <chrono>
 #include <functional>
-#include <future>
 #include <string>
 #include <vector>
 
 #include "conformance.hpp"
-#include "test_support.hpp"
 #include "trainyard/api/communicator.hpp"
 #include "trainyard/api/error.hpp"
 #include "trainyard/api/gradient_compression.hpp"
@@ -31,23 +29,18 @@ BucketShapes fixture_shapes() {
   return shapes;
 }
 
-std::int64_t numel_of(const std::vector<std::int64_t>& shape) {
-  std::int64_t numel = 1;
-  for (auto size : shape) numel *= size;
-  return numel;
-}
-
 // Bucket `b` at `step` on `rank`: its flat gradients drawn from their own stream, and views.
 GradientBucket drawn_bucket(const BucketShapes& shapes, std::size_t b, int step, int rank) {
   std::int64_t numel = 0;
-  for (const auto& shape : shapes.buckets[b]) numel += numel_of(shape);
+  for (const auto& shape : shapes.buckets[b]) numel += c10::multiply_integers(shape);
   at::Generator generator =
       at::detail::createCPUGenerator(static_cast<std::uint64_t>((step * 8 + rank) * 8) + b);
   GradientBucket bucket{b, at::randn({numel}, generator), {}};
   std::int64_t offset = 0;
   for (const auto& shape : shapes.buckets[b]) {
-    bucket.gradients.push_back(bucket.flat.narrow(0, offset, numel_of(shape)).view(shape));
-    offset += numel_of(shape);
+    bucket.gradients.push_back(
+        bucket.flat.narrow(0, offset, c10::multiply_integers(shape)).view(shape));
+    offset += c10::multiply_integers(shape);
   }
   return bucket;
 }
@@ -95,32 +88,17 @@ class CompressionConformance : public ::testing::TestWithParam<std::string> {
         conformance::classification_context());
   }
 
-  // `body(group)` on each of two ranks, on its own thread over gloo; the results in rank order.
+  // `body(group, rank)` on each of two ranks, on its own thread over gloo; the results in rank
+  // order.
   template <class Result>
   std::vector<Result> run_ranks(
       const std::function<Result(const c10::intrusive_ptr<c10d::Backend>&, int)>& body) {
-    const int port = trainyard::testing::free_loopback_port();
-    std::vector<std::future<Result>> ranks;
-    for (int rank = 0; rank < kRanks; ++rank) {
-      ranks.push_back(std::async(std::launch::async, [rank, port, &body] {
-        auto communicator = conformance::registry().create<Communicator>(
-            "gloo", conformance::section("comm"), conformance::classification_context());
-        Rendezvous meet;
-        meet.rank = rank;
-        meet.world_size = kRanks;
-        meet.local_rank = rank;
-        meet.local_world_size = kRanks;
-        meet.master_port = port;
-        meet.timeout = std::chrono::seconds(60);
-        communicator->connect(meet, c10::Device(c10::kCPU));
-        Result result = body(communicator->world(), rank);
-        communicator->barrier();
-        return result;
-      }));
-    }
-    std::vector<Result> out;
-    for (auto& rank : ranks) out.push_back(rank.get());
-    return out;
+    return conformance::run_gloo_ranks<Result>(
+        kRanks, [&](const std::shared_ptr<Communicator>& communicator) {
+          Result result = body(communicator->world(), communicator->rank());
+          communicator->barrier();
+          return result;
+        });
   }
 };
 

@@ -175,30 +175,9 @@ class StrategyConformance : public ::testing::TestWithParam<std::string> {
   // The optimizer make() sets strategies up with; the bundled sgd when null.
   std::shared_ptr<Optimizer> optimizer_;
 
-  // Runs `body(communicator)` for each of two ranks, on its own thread with a gloo communicator
-  // connected over loopback; the results in rank order.
   template <class Result>
   std::vector<Result> run_ranks(const std::function<Result(const CommunicatorPtr&)>& body) {
-    const int port = trainyard::testing::free_loopback_port();
-    std::vector<std::future<Result>> ranks;
-    for (int rank = 0; rank < kRanks; ++rank) {
-      ranks.push_back(std::async(std::launch::async, [rank, port, &body] {
-        std::shared_ptr<Communicator> communicator = conformance::registry().create<Communicator>(
-            "gloo", conformance::section("comm"), build_context());
-        Rendezvous meet;
-        meet.rank = rank;
-        meet.world_size = kRanks;
-        meet.local_rank = rank;
-        meet.local_world_size = kRanks;
-        meet.master_port = port;
-        meet.timeout = std::chrono::seconds(30);
-        communicator->connect(meet, c10::Device(c10::kCPU));
-        return body(communicator);
-      }));
-    }
-    std::vector<Result> out;
-    for (auto& rank : ranks) out.push_back(rank.get());
-    return out;
+    return conformance::run_gloo_ranks<Result>(kRanks, body);
   }
 
   // Why this strategy is left out of the two-rank checks, nullopt when it takes part: found by
