@@ -16,6 +16,7 @@
 
 #include "group_resize.hpp"
 #include "launch_options.hpp"
+#include "node_rendezvous.hpp"
 #include "progress_watch.hpp"
 #include "trainyard/parallel/distributed.hpp"
 #include "trainyard/api/error.hpp"
@@ -27,6 +28,9 @@ namespace trainyard {
 namespace {
 
 using Clock = std::chrono::steady_clock;
+// How long the ranks have to write their flight records before the watchdog kills hung ones.
+constexpr std::chrono::milliseconds kFlightRecordWait{1500};
+constexpr std::chrono::milliseconds kMachinesWatchPeriod{500};
 
 volatile std::sig_atomic_t g_signal = 0;
 void on_signal(int signal) { g_signal = signal; }
@@ -103,8 +107,10 @@ std::vector<std::string> inherited_environment() {
 // One start of the group.
 struct GroupStart {
   int attempt = 0;
-  int nproc = 0;  // ranks on this machine
+  int nproc = 0;  // ranks on this machine, and on each other one
   int port = 0;
+  int node_rank = 0;  // this machine's place among those taking part
+  int nnodes = 1;
   std::vector<std::string> run_args;
 };
 
@@ -117,17 +123,19 @@ struct GroupOutcome {
   // Ranks that failed on their own (not stopped by the launcher): on a restart that shrinks, the
   // ranks taken as lost.
   int lost = 0;
+  // Another machine's group failed (what it reported): this one was stopped for the restart.
+  std::string remote_failure;
 };
 
 void start_rank(Rank& r, const LaunchOptions& options, const GroupStart& start,
                 const std::vector<std::string>& base_env, int local) {
-  r.rank = options.node_rank * start.nproc + local;
+  r.rank = start.node_rank * start.nproc + local;
   std::vector<std::string> env = base_env;
   env.push_back("RANK=" + std::to_string(r.rank));
   env.push_back("LOCAL_RANK=" + std::to_string(local));
-  env.push_back("WORLD_SIZE=" + std::to_string(start.nproc * options.nnodes));
+  env.push_back("WORLD_SIZE=" + std::to_string(start.nproc * start.nnodes));
   env.push_back("LOCAL_WORLD_SIZE=" + std::to_string(start.nproc));
-  env.push_back("GROUP_RANK=" + std::to_string(options.node_rank));
+  env.push_back("GROUP_RANK=" + std::to_string(start.node_rank));
   env.push_back("MASTER_ADDR=" + options.address);
   env.push_back("MASTER_PORT=" + std::to_string(start.port));
   env.push_back(std::string(kAgentStoreVariable) + "=True");
@@ -153,6 +161,9 @@ void start_rank(Rank& r, const LaunchOptions& options, const GroupStart& start,
     ::dup2(out[1], STDOUT_FILENO);
     ::dup2(err[1], STDERR_FILENO);
     for (int signal : {SIGINT, SIGTERM, SIGHUP, SIGPIPE}) ::signal(signal, SIG_DFL);
+    // The launcher asks for flight records with SIGUSR2: a rank that records none, or has not
+    // yet installed its handler, must not die of it. Ignoring is inherited across exec.
+    ::signal(SIGUSR2, SIG_IGN);
     ::execve(self, c_argv.data(), c_env.data());
     std::fprintf(stderr, "launch: cannot run %s: %s\n", self, std::strerror(errno));
     std::_Exit(127);
@@ -182,8 +193,8 @@ std::string recorded_failure(const c10::intrusive_ptr<c10d::Store>& store) {
 class GroupRun {
  public:
   GroupRun(const LaunchOptions& options, const GroupStart& start,
-           const c10::intrusive_ptr<c10d::Store>& store)
-      : options_(options), start_(start), store_(store) {
+           const c10::intrusive_ptr<c10d::Store>& store, NodeRendezvous* nodes)
+      : options_(options), start_(start), store_(store), nodes_(nodes) {
     const std::vector<std::string> base_env = inherited_environment();
     ranks_.resize(static_cast<std::size_t>(start.nproc));
     for (int local = 0; local < start.nproc; ++local) {
@@ -193,7 +204,7 @@ class GroupRun {
     if (options.watchdog_s > 0 && store) {
       watch_.emplace(
           std::chrono::milliseconds(static_cast<std::int64_t>(options.watchdog_s * 1000)),
-          start.nproc * options.nnodes);
+          start.nproc * start.nnodes);
     }
     last_watch_ = Clock::now();
   }
@@ -205,6 +216,7 @@ class GroupRun {
       forward_launcher_signal();
       forward_ready_output();
       if (!reap_ended_ranks()) break;
+      watch_other_machines();
       watch_for_hangs();
       kill_past_grace_period();
     }
@@ -326,6 +338,11 @@ class GroupRun {
   void stop_after_first_failure(const Rank& r, int status) {
     outcome_.first_failure = std::make_pair(r.rank, status);
     std::cerr << "trainyard launch: rank " << r.rank << " " << describe(status) << std::endl;
+    if (nodes_) {
+      nodes_->report_failure(start_.attempt, "machine " + std::to_string(options_.node_rank) +
+                                                 ": rank " + std::to_string(r.rank) + " " +
+                                                 describe(status));
+    }
     if (std::string recorded = recorded_failure(store_); !recorded.empty()) {
       outcome_.failure = recorded;
     }
@@ -333,25 +350,62 @@ class GroupRun {
       std::cerr << "trainyard launch: failure: " << outcome_.failure << std::endl;
     }
     std::cerr << "trainyard launch: stopping the other ranks" << std::endl;
+    // Their flight records first: one may be stuck in a collective the failed rank never joined.
+    for (auto& other : ranks_) {
+      if (other.running) ::kill(other.pid, SIGUSR2);
+    }
     // A rank that catches SIGTERM (run.stop_signals) ends when its next collective finds the
     // failed rank gone; one that does not within the grace period is killed.
     stop_others(SIGTERM, options_.grace_s);
   }
 
+  // A multi-machine job: another machine's group failed, so this one stops for the restart.
+  // Every 500 ms, as the heartbeats.
+  void watch_other_machines() {
+    if (!nodes_ || stopping_ || !(Clock::now() - last_machines_watch_ > kMachinesWatchPeriod)) {
+      return;
+    }
+    last_machines_watch_ = Clock::now();
+    if (auto failure = nodes_->failure(start_.attempt)) {
+      outcome_.remote_failure = *failure;
+      std::cerr << "trainyard launch: " << *failure << "; stopping this machine's ranks"
+                << std::endl;
+      stop_others(SIGTERM, options_.grace_s);
+    }
+  }
+
   // Every 500 ms rather than every round: reading the heartbeats takes store round trips for each
   // rank. Not once the launcher is stopping the ranks: they stop beating then as expected.
   void watch_for_hangs() {
-    if (!watch_ || stopping_ || !(Clock::now() - last_watch_ > std::chrono::milliseconds(500))) {
+    if (pending_hang_ && Clock::now() >= *kill_hung_at_) {
+      kill_hung_ranks(*pending_hang_);
+      pending_hang_.reset();
+      return;
+    }
+    if (pending_hang_ || !watch_ || stopping_ ||
+        !(Clock::now() - last_watch_ > std::chrono::milliseconds(500))) {
       return;
     }
     last_watch_ = Clock::now();
     std::optional<Hang> hang;
     try {
-      hang = watch_->observe(read_heartbeats(*store_, start_.nproc * options_.nnodes), last_watch_);
+      hang = watch_->observe(read_heartbeats(*store_, start_.nproc * start_.nnodes), last_watch_);
     } catch (const std::exception&) {
       // The store answers again on the next round, or the ranks' own monitors end the job.
     }
-    if (hang) kill_hung_ranks(*hang);
+    if (hang) ask_for_flight_records(*hang);
+  }
+
+  // Every rank still running writes its flight record on SIGUSR2 (a frozen one cannot); the
+  // hung ones are killed once the others have had time to write.
+  void ask_for_flight_records(const Hang& hang) {
+    std::cerr << "trainyard launch: watchdog: " << hang.reason
+              << "; asking every rank for its flight record (SIGUSR2)" << std::endl;
+    for (auto& r : ranks_) {
+      if (r.running) ::kill(r.pid, SIGUSR2);
+    }
+    pending_hang_ = hang;
+    kill_hung_at_ = Clock::now() + kFlightRecordWait;
   }
 
   // SIGKILL, not SIGTERM: a frozen or stuck rank would not get to its next step boundary to stop.
@@ -387,19 +441,23 @@ class GroupRun {
   const LaunchOptions& options_;
   const GroupStart& start_;
   const c10::intrusive_ptr<c10d::Store>& store_;
+  NodeRendezvous* nodes_;  // a multi-machine job that restarts; null otherwise
+  Clock::time_point last_machines_watch_;
   std::vector<Rank> ranks_;
   GroupOutcome outcome_;
   std::optional<ProgressWatch> watch_;
   Clock::time_point last_watch_;
   std::optional<Clock::time_point> kill_at_;
+  std::optional<Hang> pending_hang_;  // found by the watchdog, killed at kill_hung_at_
+  std::optional<Clock::time_point> kill_hung_at_;
   bool stopping_ = false;  // the launcher has asked the ranks to stop
   char buffer_[65536];
 };
 
 // Starts the ranks of one start, forwards their output and signals, and waits for all of them.
 GroupOutcome run_group(const LaunchOptions& options, const GroupStart& start,
-                       const c10::intrusive_ptr<c10d::Store>& store) {
-  return GroupRun(options, start, store).wait();
+                       const c10::intrusive_ptr<c10d::Store>& store, NodeRendezvous* nodes) {
+  return GroupRun(options, start, store, nodes).wait();
 }
 
 // The run arguments of a restart: resume from the newest valid checkpoint (a --resume PATH of
@@ -426,8 +484,17 @@ std::vector<std::string> restart_arguments(const std::vector<std::string>& run_a
 int exit_code_of(const GroupOutcome& outcome) {
   if (outcome.first_failure) return exit_code_of(outcome.first_failure->second);
   if (outcome.forwarded_signal != 0) return 128 + outcome.forwarded_signal;
+  if (!outcome.remote_failure.empty()) return 1;
   if (outcome.stopped_by != 0) return 128 + outcome.stopped_by;
   return 0;
+}
+
+// What ended a start, for the restart's log line.
+std::string failure_text(const GroupOutcome& outcome) {
+  if (!outcome.first_failure) return outcome.remote_failure;
+  const auto [rank, status] = *outcome.first_failure;
+  return "rank " + std::to_string(rank) + " " + describe(status) +
+         (outcome.failure.empty() ? "" : ": " + outcome.failure);
 }
 
 }  // namespace
@@ -438,13 +505,25 @@ int command_launch(const std::vector<std::string>& args) {
   const LaunchOptions& options = *parsed;
 
   // Machine 0's launcher hosts the store (as torchrun's agent does), so it outlives any rank and
-  // can tell what failed. It serves every start of the group, each under its own prefix.
+  // can tell what failed. It serves every start of the group, each under its own prefix. The
+  // other machines' launchers join it when they must agree on restarts.
   c10::intrusive_ptr<c10d::Store> store;
   int port = options.port;
   if (options.node_rank == 0) {
     auto [hosted, bound] = host_store(options.address, port, std::chrono::minutes(5));
     store = hosted;
     port = bound;
+  } else if (options.max_restarts > 0) {
+    Rendezvous meet;
+    meet.master_addr = options.address;
+    meet.master_port = port;
+    store = open_store(meet, false);
+  }
+  std::unique_ptr<NodeRendezvous> machines;
+  if (options.nnodes > 1 && options.max_restarts > 0) {
+    machines = std::make_unique<NodeRendezvous>(
+        store, options.node_rank,
+        NodePlanRules{options.nnodes, options.nproc, options.min_nproc, options.run_args});
   }
 
   struct sigaction action {};
@@ -453,11 +532,13 @@ int command_launch(const std::vector<std::string>& args) {
   for (int signal : {SIGINT, SIGTERM, SIGHUP}) sigaction(signal, &action, nullptr);
   ::signal(SIGPIPE, SIG_IGN);
 
-  GroupStart start{0, options.nproc, port, options.run_args};
+  GroupStart start{0, options.nproc, port, options.node_rank, options.nnodes, options.run_args};
   double backoff_s = options.restart_backoff_s;
   for (;;) {
-    GroupOutcome outcome = run_group(options, start, store_for_attempt(store, start.attempt));
-    if (!outcome.first_failure || outcome.forwarded_signal != 0) return exit_code_of(outcome);
+    GroupOutcome outcome =
+        run_group(options, start, store_for_attempt(store, start.attempt), machines.get());
+    const bool failed = outcome.first_failure || !outcome.remote_failure.empty();
+    if (!failed || outcome.forwarded_signal != 0) return exit_code_of(outcome);
     if (start.attempt >= options.max_restarts) {
       if (options.max_restarts > 0) {
         std::cerr << "trainyard launch: giving up after " << options.max_restarts << " restart"
@@ -465,9 +546,24 @@ int command_launch(const std::vector<std::string>& args) {
       }
       return exit_code_of(outcome);
     }
-    const auto [failed_rank, status] = *outcome.first_failure;
     std::optional<std::int64_t> accumulation;
-    if (options.min_nproc > 0) {
+    if (machines) {
+      const NodeMembership next = machines->join(start.attempt + 1);
+      if (!next.included) {
+        std::cerr << "trainyard launch: the restart goes on without this machine ("
+                  << next.description << ")" << std::endl;
+        return exit_code_of(outcome);
+      }
+      if (next.nnodes != start.nnodes || next.nproc != start.nproc) {
+        std::cerr << "trainyard launch: continuing on " << next.description
+                  << " with grad_accumulation " << next.grad_accumulation.value_or(1)
+                  << " (the same global batch)" << std::endl;
+      }
+      start.node_rank = next.node_rank;
+      start.nnodes = next.nnodes;
+      start.nproc = next.nproc;
+      accumulation = next.grad_accumulation;
+    } else if (options.min_nproc > 0) {
       const int survivors = start.nproc - std::max(outcome.lost, 1);
       GroupSize size = resize_group(options.run_args, options.nproc, survivors, options.min_nproc);
       if (size.world_size != start.nproc) {
@@ -482,8 +578,7 @@ int command_launch(const std::vector<std::string>& args) {
     ++start.attempt;
     start.run_args = restart_arguments(options.run_args, accumulation);
     std::cerr << "trainyard launch: restart " << start.attempt << " of " << options.max_restarts
-              << " in " << backoff_s << " s (rank " << failed_rank << " " << describe(status)
-              << (outcome.failure.empty() ? "" : ": " + outcome.failure)
+              << " in " << backoff_s << " s (" << failure_text(outcome)
               << "), resuming from the newest valid checkpoint" << std::endl;
     const auto wake = Clock::now() + std::chrono::duration<double>(backoff_s);
     while (Clock::now() < wake && g_signal == 0) {

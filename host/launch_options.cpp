@@ -29,13 +29,17 @@ options:
                            the stuck ranks (then restarts with --max-restarts). Longer than the
                            longest evaluation or checkpoint save (default 0: off)
   --max-restarts K         when a rank fails, stop the group and start it again, up to K times,
-                           resuming from the newest valid checkpoint (--resume auto; default 0)
+                           resuming from the newest valid checkpoint (--resume auto; default 0).
+                           With --nnodes > 1 every machine's launcher stops and restarts its
+                           ranks together (they agree through machine 0's store)
   --restart-backoff S      seconds before the first restart, doubled for each next one, at
                            most 60 (default 1)
   --min-nproc N            with --max-restarts: a rank that fails is taken as lost and the group
                            restarts on the survivors, down to N ranks, with the gradient
                            accumulation raised to keep the global batch (default: restart at
-                           full size)
+                           full size). With --nnodes > 1 a machine is lost when its launcher
+                           stops beating for 5 s; the job continues on the others (N counts
+                           the ranks of all machines)
 )";
 
 int parse_int(const std::string& option, const std::string& text) {
@@ -119,17 +123,12 @@ std::optional<LaunchOptions> parse_launch_options(const std::vector<std::string>
   if (options.grace_s < 0) throw Error("launch: --grace-period must be >= 0");
   if (options.stop_grace_s < 0) throw Error("launch: --stop-grace-period must be >= 0");
   if (options.max_restarts < 0) throw Error("launch: --max-restarts must be >= 0");
-  if (options.min_nproc < 0 || options.min_nproc > options.nproc) {
-    throw Error("launch: --min-nproc must be in 1..--nproc-per-node");
+  if (options.min_nproc < 0 || options.min_nproc > options.nproc * options.nnodes) {
+    throw Error("launch: --min-nproc must be in 1..--nproc-per-node x --nnodes");
   }
   if (options.min_nproc > 0 && options.max_restarts == 0) {
     throw Error(
         "launch: --min-nproc needs --max-restarts (the restarts that may shrink the group)");
-  }
-  if (options.nnodes > 1 && options.max_restarts > 0) {
-    throw Error(
-        "launch: --max-restarts restarts the ranks of one machine; with --nnodes > 1 "
-        "restart the job from the scheduler (--resume auto continues it)");
   }
   options.run_args.assign(args.begin() + static_cast<std::ptrdiff_t>(i), args.end());
   return options;

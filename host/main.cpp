@@ -17,6 +17,7 @@
 #include "checkpoint_command.hpp"
 #include "cli.hpp"
 #include "compare.hpp"
+#include "diagnose_command.hpp"
 #include "doctor.hpp"
 #include "launch.hpp"
 #include "schedule_command.hpp"
@@ -53,6 +54,8 @@ commands:
   schedule NAME --stages P --micro-batches M [--virtual-stages V]
                     a pipeline schedule's timeline per rank and its idle share
                     (gpipe, 1f1b, interleaved_1f1b, zero_bubble)
+  diagnose DIR      which rank and collective a hung or failed multi-process run stopped at,
+                    from the flight records its ranks wrote
 
 Run 'trainyard <command> --help' for a command's options.
 Plugins are loaded from the install's plugin folder, TRAINYARD_PLUGIN_PATH (colon-separated),
@@ -167,6 +170,7 @@ int dispatch(int argc, char** argv, Registry& registry) {
   if (command == "launch") return command_launch(args);
   if (command == "compare") return command_compare(args);
   if (command == "schedule") return command_schedule(args);
+  if (command == "diagnose") return command_diagnose(args);
   std::cerr << "trainyard: unknown command '" << command << "'\n" << kTopUsage;
   return kUsageError;
 }

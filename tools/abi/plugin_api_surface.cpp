@@ -30,6 +30,8 @@
 #include "trainyard/parallel/distributed.hpp"
 #include "trainyard/api/error.hpp"
 #include "trainyard/api/gradient_compression.hpp"
+#include "trainyard/parallel/flight_diagnosis.hpp"
+#include "trainyard/parallel/flight_recorder.hpp"
 #include "trainyard/support/files.hpp"
 #include "trainyard/parallel/gradient_reducer.hpp"
 #include "trainyard/parallel/gradient_verdict.hpp"
@@ -141,6 +143,17 @@ struct FreeFunctions {
   decltype(&safetensors::known_dtypes) safetensors_known_dtypes_fn;
   decltype(&safetensors::dtype_name) safetensors_dtype_name_fn;
   decltype(&safetensors::scalar_type) safetensors_scalar_type_fn;
+  decltype(&collective_state_name) collective_state_name_fn;
+  decltype(&wall_clock_us) wall_clock_us_fn;
+  decltype(&write_flight_record) write_flight_record_fn;
+  decltype(&set_flight_record_dump) set_flight_record_dump_fn;
+  decltype(&dump_flight_record) dump_flight_record_fn;
+  decltype(&dump_flight_record_on_sigusr2) dump_flight_record_on_sigusr2_fn;
+  decltype(&dump_flight_record_on_terminate) dump_flight_record_on_terminate_fn;
+  decltype(&read_flight_record) read_flight_record_fn;
+  decltype(&read_flight_records) read_flight_records_fn;
+  decltype(&diagnose_flight_records) diagnose_flight_records_fn;
+  decltype(&rank_set_text) rank_set_text_fn;
 };
 
 }  // namespace trainyard::abi
@@ -165,4 +178,6 @@ extern "C" __attribute__((visibility("default"))) void trainyard_plugin_api_help
     trainyard::ColumnParallelLinearImpl*, trainyard::RowParallelLinearImpl*,
     trainyard::VocabParallelEmbeddingImpl*, trainyard::DeclaredSchedule*, trainyard::MappedFile*,
     trainyard::PretrainedWeights*, trainyard::PretrainedWeights::TensorInfo*,
-    trainyard::safetensors::Layout*, trainyard::DeferredParameters*, trainyard::SplitBackward*) {}
+    trainyard::safetensors::Layout*, trainyard::DeferredParameters*, trainyard::SplitBackward*,
+    trainyard::CollectiveGroup*, trainyard::CollectiveRecord*, trainyard::FlightRecorder*,
+    trainyard::FlightRecordFile*) {}

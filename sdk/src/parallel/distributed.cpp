@@ -26,6 +26,7 @@
 #include <vector>
 
 #include "trainyard/api/error.hpp"
+#include "trainyard/parallel/flight_recorder.hpp"
 #include "trainyard/runtime/heartbeat.hpp"
 
 namespace trainyard {
@@ -294,11 +295,12 @@ void FailureMonitor::run() {
       // A store client does not reconnect: twice in a row means its host (rank 0 or the
       // launcher) has ended, and with it the job.
       if (++store_errors >= 2 && !stop_) {
-        std::cerr << "trainyard: error: rank " << rank_ << ": stopping because "
-                  << peers_->failure.value_or(
-                         "the rendezvous store is unreachable (rank 0 or the launcher that "
-                         "hosts it has ended)")
+        const std::string cause = peers_->failure.value_or(
+            "the rendezvous store is unreachable (rank 0 or the launcher that hosts it has "
+            "ended)");
+        std::cerr << "trainyard: error: rank " << rank_ << ": stopping because " << cause
                   << std::endl;
+        dump_flight_record(cause);
         std::_Exit(1);
       }
     }
@@ -319,6 +321,7 @@ void FailureMonitor::watch() {
       if (now - *peers_->failure_seen > kStopGrace) {
         std::cerr << "trainyard: error: rank " << rank_ << ": stopping because "
                   << recorded.substr(bar + 1) << std::endl;
+        dump_flight_record(recorded.substr(bar + 1));
         std::_Exit(1);
       }
     }
@@ -345,6 +348,7 @@ void FailureMonitor::watch() {
       report(message + " (detected by rank " + std::to_string(rank_) + ")");
       std::cerr << "trainyard: error: rank " << rank_ << ": stopping because " << message
                 << std::endl;
+      dump_flight_record(message);
       std::_Exit(1);
     }
     peers_->last[index] = beat;
@@ -436,10 +440,12 @@ void rethrow_naming_failed_rank(FailureMonitor& monitor, int rank) {
     std::string cause = monitor.diagnose();
     if (cause.empty()) cause = "a peer failed (no rank could be identified)";
     monitor.report(cause + " (detected by " + me + ")");
+    dump_flight_record(me + ": a collective failed because " + cause);
     monitor.linger();
     throw Error(me + ": a collective failed because " + cause + " [" + message + "]");
   }
   monitor.report(me + " failed: " + message);
+  dump_flight_record(me + " failed: " + message);
   monitor.linger();
   throw Error(me + ": " + message);
 }

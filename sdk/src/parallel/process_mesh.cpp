@@ -39,7 +39,8 @@ ProcessMesh::ProcessMesh(const MeshLayout& layout, Communicator& communicator)
   auto counting = [&](const c10::intrusive_ptr<c10d::Backend>& backend, MeshGroup kind) {
     auto& wrapped = counted[backend.get()];
     if (!wrapped) {
-      wrapped = counting_backend(backend, names.at(layout.group_ranks(kind, rank_)), collectives_);
+      const std::vector<int> ranks = layout.group_ranks(kind, rank_);
+      wrapped = counting_backend(backend, CollectiveGroup{names.at(ranks), ranks}, collectives_);
     }
     return wrapped;
   };

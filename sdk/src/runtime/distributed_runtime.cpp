@@ -4,7 +4,9 @@
 #include <ATen/Parallel.h>
 
 #include <algorithm>
+#include <csignal>
 #include <cstdlib>
+#include <iostream>
 
 #include "trainyard/api/error.hpp"
 #include "trainyard/runtime/cpu_binding.hpp"
@@ -26,7 +28,8 @@ void all_reduce(Communicator& communicator, at::Tensor& tensor, c10d::ReduceOp::
 
 }  // namespace
 
-DistributedRuntime::DistributedRuntime(const RunOptions& run, const Config& parallel) {
+DistributedRuntime::DistributedRuntime(const RunOptions& run, const Config& parallel)
+    : stop_signals_(run.stop_signals) {
   rendezvous_ = rendezvous_from_environment();
   if (rendezvous_ && rendezvous_->world_size <= 1) rendezvous_.reset();
   // Checked before anything connects, so every rank refuses a layout alike and none waits.
@@ -92,6 +95,9 @@ void DistributedRuntime::connect(const Recipe& recipe, const Registry& registry,
   if (comm.has("emulated_bandwidth_mb_s")) {
     mesh_->collectives().emulate_link(comm.get_float("emulated_bandwidth_mb_s") * 1e6);
   }
+  mesh_->collectives().check_collectives(comm.has("debug") && comm.get_string("debug") == "detail");
+  record_flights(comm.has("flight_recorder") ? comm.get_int("flight_recorder") : 2000,
+                 build.output_dir);
   log("trainyard: rank " + std::to_string(meet.rank) + " of " + std::to_string(meet.world_size) +
       " (local " + std::to_string(meet.local_rank) + " of " +
       std::to_string(meet.local_world_size) + "), store " + meet.master_addr + ":" +
@@ -109,10 +115,33 @@ DataParallelPlace DistributedRuntime::data_parallel_place() const {
   return {mesh_->rank(MeshGroup::kData), mesh_->size(MeshGroup::kData)};
 }
 
+void DistributedRuntime::record_flights(std::int64_t capacity,
+                                        const std::filesystem::path& output_dir) {
+  CollectiveCounter& counter = mesh_->collectives();
+  counter.record_flights(static_cast<std::size_t>(capacity));
+  std::shared_ptr<FlightRecorder> recorder = counter.recorder();
+  if (!recorder) return;
+  const std::filesystem::path file =
+      output_dir / "flight" / ("rank" + std::to_string(rank()) + ".json");
+  const int rank = this->rank();
+  const int world = world_size();
+  set_flight_record_dump([recorder, file, rank, world](const std::string& reason) {
+    write_flight_record(file, *recorder, rank, world, reason);
+    std::cerr << "trainyard: rank " << rank << ": flight record written to " << file.string()
+              << " (" << reason << ")" << std::endl;
+  });
+  dump_flight_record_on_terminate();
+  // SIGUSR2 may be one of the run's stop signals instead.
+  if (std::find(stop_signals_.begin(), stop_signals_.end(), SIGUSR2) == stop_signals_.end()) {
+    dump_flight_record_on_sigusr2();
+  }
+}
+
 void DistributedRuntime::before_step(std::int64_t step) {
   if (!monitor_) return;
   test_failure_hook(rank(), step);
   monitor_->set_step(step);
+  if (const auto recorder = mesh_->collectives().recorder()) recorder->set_step(step);
 }
 
 void DistributedRuntime::finish() {

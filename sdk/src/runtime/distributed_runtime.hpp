@@ -7,6 +7,7 @@
 #include <c10/core/Device.h>
 
 #include <cstdint>
+#include <filesystem>
 #include <functional>
 #include <memory>
 #include <optional>
@@ -92,7 +93,11 @@ class DistributedRuntime {
  private:
   // Waits for the agreement in flight, if any, and returns its result.
   int finish_stop_agreement();
+  // [comm] flight_recorder: the mesh's groups record into a ring of `capacity` collectives,
+  // dumped to <output_dir>/flight/rank<k>.json on a failure or SIGUSR2.
+  void record_flights(std::int64_t capacity, const std::filesystem::path& output_dir);
 
+  std::vector<int> stop_signals_;
   std::optional<Rendezvous> rendezvous_;
   MeshLayout layout_;
   unsigned cores_ = 1;

@@ -246,6 +246,15 @@ const OptionSpecs& comm_options() {
              "for benchmarks and tests: every collective of the run takes at least the time its "
              "bytes would take over a link of this many MB/s per rank (0: the machine's speed)")
           .at_least(0),
+      option("flight_recorder", 2000,
+             "collectives each rank keeps in its flight recorder, written to "
+             "<output_dir>/flight/ on a hang, a failure or SIGUSR2 for `trainyard diagnose` "
+             "(0: none)")
+          .at_least(0),
+      option("debug", "off",
+             "\"detail\": before each collective its group's ranks check that they run the same "
+             "operation on the same dtype and shapes, and refuse it naming each rank's")
+          .one_of({"off", "detail"}),
   };
   return specs;
 }

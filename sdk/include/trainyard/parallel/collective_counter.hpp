@@ -5,12 +5,15 @@
 
 #include <torch/csrc/distributed/c10d/Backend.hpp>
 
+#include <atomic>
 #include <cstdint>
 #include <map>
 #include <memory>
 #include <mutex>
 #include <string>
 #include <utility>
+
+#include "trainyard/parallel/flight_recorder.hpp"
 
 namespace trainyard {
 
@@ -53,16 +56,32 @@ class CollectiveCounter {
   void emulate_link(double bytes_per_second);
   std::shared_ptr<EmulatedLink> link() const;
 
+  // From now on the counted groups' operations are kept in a flight recorder of `capacity`
+  // records ([comm] flight_recorder; 0: none).
+  void record_flights(std::size_t capacity);
+  // The recorder, or null when none records.
+  std::shared_ptr<FlightRecorder> recorder() const;
+
+  // [comm] debug = "detail": before each collective, the group's ranks exchange its operation,
+  // dtype and shapes, and every rank throws an Error naming each rank's when they differ, rather
+  // than running a collective that would hang or mix data.
+  void check_collectives(bool on);
+  bool checks_collectives() const { return check_collectives_; }
+
  private:
   mutable std::mutex mutex_;
   CollectiveCounts counts_;
   std::shared_ptr<EmulatedLink> link_;
+  std::shared_ptr<FlightRecorder> recorder_;
+  std::atomic<bool> check_collectives_{false};
 };
 
 // A backend that forwards every operation to `inner` and counts each collective and
-// point-to-point call under `group_name` in `counter`. The Work it returns is inner's.
+// point-to-point call under `group.name` in `counter` (and records it, checks it, paces it as the
+// counter says). `group.ranks` are the group's global ranks (empty: 0..size-1). The Work it
+// returns finishes when inner's does.
 c10::intrusive_ptr<c10d::Backend> counting_backend(c10::intrusive_ptr<c10d::Backend> inner,
-                                                   std::string group_name,
+                                                   CollectiveGroup group,
                                                    std::shared_ptr<CollectiveCounter> counter);
 // The backend a counting backend forwards to; any other backend (or null) as it is.
 c10::intrusive_ptr<c10d::Backend> uncounted(const c10::intrusive_ptr<c10d::Backend>& backend);
