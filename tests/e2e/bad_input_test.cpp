@@ -43,10 +43,10 @@ std::string expect_clean_failure(const std::vector<std::string>& args) {
 TEST(BadInputTest, UnknownPluginListsTheKnownOnes) {
   TempDir dir;
   auto recipe = dir.write("r.toml", kValidRecipe);
-  auto error = expect_clean_failure({"run", recipe.string(), "--set", "model.plugin=resnet"});
-  EXPECT_HAS(error, "unknown model plugin 'resnet'");
-  EXPECT_HAS(error, "known: cnn, gpt, llama, mlp");
-  EXPECT_HAS(error, "--set model.plugin=resnet");
+  auto error = expect_clean_failure({"run", recipe.string(), "--set", "model.plugin=vit"});
+  EXPECT_HAS(error, "unknown model plugin 'vit'");
+  EXPECT_HAS(error, "known: cnn, gpt, llama, mlp, resnet");
+  EXPECT_HAS(error, "--set model.plugin=vit");
 }
 
 TEST(BadInputTest, MissingPluginSectionNamesTheChoices) {
@@ -147,7 +147,7 @@ TEST(BadInputTest, SwitchingAPluginWithSetDropsTheOldOptionsWithANote) {
 TEST(BadInputTest, UnknownPluginSaysHowToLoadOne) {
   TempDir dir;
   auto recipe = dir.write("r.toml", kValidRecipe);
-  auto error = expect_clean_failure({"validate", recipe.string(), "--set", "model.plugin=resnet"});
+  auto error = expect_clean_failure({"validate", recipe.string(), "--set", "model.plugin=vit"});
   EXPECT_HAS(error, "searched: ");
   EXPECT_HAS(error, "lib/trainyard/plugins");
   EXPECT_HAS(error, "--plugin-path");

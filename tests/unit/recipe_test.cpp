@@ -268,10 +268,10 @@ TEST_F(RecipeTest, UnknownTopLevelSection) {
 
 TEST_F(RecipeTest, UnknownPluginListsKnownOnes) {
   Recipe recipe = write_and_load(
-      "[dataset]\nplugin = \"synthetic\"\n[model]\nplugin = \"resnet\"\n[optimizer]\nplugin = \"sgd\"\n");
+      "[dataset]\nplugin = \"synthetic\"\n[model]\nplugin = \"vit\"\n[optimizer]\nplugin = \"sgd\"\n");
   std::string message = error_of([&] { resolve_recipe(recipe, registry()); });
   EXPECT_HAS(message, "recipe.toml:4:10");
-  EXPECT_HAS(message, "resnet");
+  EXPECT_HAS(message, "vit");
   EXPECT_HAS(message, "cnn");
   EXPECT_HAS(message, "mlp");
 }
@@ -543,7 +543,7 @@ TEST_F(RecipeTest, SwitchingAPluginWithSetDropsTheOldPluginsOptions) {
 
 TEST_F(RecipeTest, UnknownPluginSaysWhereItLookedAndHowToAddOne) {
   Recipe recipe = write_and_load(
-      "[dataset]\nplugin = \"synthetic\"\n[model]\nplugin = \"resnet\"\n[optimizer]\nplugin = \"sgd\"\n");
+      "[dataset]\nplugin = \"synthetic\"\n[model]\nplugin = \"vit\"\n[optimizer]\nplugin = \"sgd\"\n");
   const std::string message = error_of([&] { resolve_recipe(recipe, registry()); });
   EXPECT_HAS(message, "searched: " + fs::absolute(testing::plugin_folder()).string());
   EXPECT_HAS(message, "--plugin-path");
