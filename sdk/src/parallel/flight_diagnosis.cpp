@@ -172,7 +172,7 @@ void find_waits(const GroupView& view, const Dumps& dumps, std::vector<std::stri
     auto found = records->second.find(stuck);
     if (found == records->second.end() || finished(*found->second)) continue;
     waiting.push_back(rank);
-    waited = found->second;
+    if (!waited) waited = found->second;  // the first waiting member's, as the others see it
     longest = std::max(longest, dump->second->dumped_us - found->second->issued_us);
   }
   if (!waited) return;
