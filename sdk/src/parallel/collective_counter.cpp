@@ -248,7 +248,9 @@ class CountingBackend final : public c10d::Backend {
     count(operation, bytes);
     const std::int64_t sequence = ++collectives_;
     if (counter_->checks_collectives()) {
-      check_same_collective(*inner_, *group_, sequence, operation, tensor_list(inputs));
+      // A barrier moves no tensor to take the exchange's device from: left unchecked.
+      const std::vector<at::Tensor> tensors = tensor_list(inputs);
+      if (!tensors.empty()) check_same_collective(*inner_, *group_, sequence, operation, tensors);
     }
     if (skipped_by_test_hook()) return completed_work();
     return paced(operation, bytes,
