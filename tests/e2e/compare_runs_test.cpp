@@ -99,11 +99,12 @@ TEST(CompareBaseline, PassesAnUnchangedRunAndFailsASlowerOrNumericallyDifferentO
       run_host(paced_compare(dir / "saved", {}, 3, {"--save-baseline", baseline.string()}));
   ASSERT_EQ(saved.exit_code, 0) << describe(saved);
   ASSERT_TRUE(fs::exists(baseline));
-  // A 5% threshold leaves the machine's drift between two commands out of the verdict; the
-  // seeded regression (twice the work's time: between two commands, 3 runs a side, a slowdown of
-  // 30% was lost in the machine's drift once) is well beyond it.
+  // A 25% threshold leaves the machine's drift between two commands out of the verdict (an
+  // unchanged build has measured 1.12x slower [1.07, 1.17] a minute after its baseline here);
+  // the seeded regression (twice the work's time: between two commands, 3 runs a side, a
+  // slowdown of 30% was lost in the machine's drift once) is well beyond it.
   const std::vector<std::string> against = {"--against", baseline.string(), "--noise-threshold",
-                                            "0.05"};
+                                            "0.25"};
   auto again = run_host(paced_compare(dir / "again", {}, 3, against));
   EXPECT_EQ(again.exit_code, 0) << describe(again);
   EXPECT_HAS(again.out, "fashion_mnist_mlp.toml: ");
