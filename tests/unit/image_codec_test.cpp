@@ -1,8 +1,9 @@
 // The image codec library against Python's: JPEG and PNG files Pillow wrote (colour, grayscale,
 // 4:2:0 and 4:4:4 chroma, transparency, a palette) decode to the pixels Pillow decodes, in the
 // file's own channels and converted to L and RGB; resized as torchvision's v2 Resize(antialias=
-// True) resizes them (down, up, to non-square sizes); damaged files are refused naming the file.
-// The files and the references are made at test time by image_codec/make_references.py.
+// True) resizes them (down, up, to non-square sizes); damaged files are refused naming the file;
+// the benchmark's JPEG fixture (data/fashion-mnist-jpeg224) decodes as Pillow decodes it. The
+// files and the references are made at test time by image_codec/make_references.py.
 
 #include <ATen/Parallel.h>
 #include <gtest/gtest.h>
@@ -46,7 +47,8 @@ const References& references() {
     const fs::path python = source_dir() / ".venv" / "bin" / "python";
     const CommandResult result = run_command(
         {python.string(), (source_dir() / "tests/unit/image_codec/make_references.py").string(),
-         refs->folder.path().string()},
+         refs->folder.path().string(),
+         (source_dir() / "data" / "fashion-mnist-jpeg224").string()},
         {}, 300);
     if (result.exit_code != 0) {
       refs->error = describe(result);
@@ -101,6 +103,20 @@ TEST_F(ImageCodec, DecodesThePixelsPillowDecodes) {
     // libjpeg-turbo's accurate integer IDCT and fancy upsampling on both sides: the same bits.
     EXPECT_EQ(largest, 0) << what << ": " << count << " of " << pillow.size()
                           << " values differ, by up to " << largest;
+  }
+}
+
+// The loader benchmark's fixture (tools/setup's 224x224 JPEGs, 4:2:0 chroma, quality 90): the
+// same pixels as Pillow's, bit for bit.
+TEST_F(ImageCodec, DecodesTheBenchmarkFixtureAsPillowDoes) {
+  const Json& entries = references().manifest["fixture"];
+  ASSERT_EQ(entries.size(), 16u) << "data/fashion-mnist-jpeg224 is missing: run tools/setup";
+  for (const Json& entry : entries) {
+    const std::string path = entry["file"].get<std::string>();
+    const DecodedImage image = decode_image_file(path, ColorMode::kRgb);
+    const std::vector<std::uint8_t> pillow = read_bytes(file(entry["pixels"]));
+    ASSERT_EQ(image.pixels.size(), pillow.size()) << path;
+    EXPECT_EQ(difference(image.pixels, pillow).first, 0) << path;
   }
 }
 

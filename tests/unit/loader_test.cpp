@@ -8,9 +8,11 @@
 #include <chrono>
 #include <cstdlib>
 #include <future>
+#include <map>
 #include <memory>
 #include <numeric>
 #include <set>
+#include <span>
 #include <stdexcept>
 #include <thread>
 #include <vector>
@@ -19,6 +21,8 @@
 #include "trainyard/api/dataset.hpp"
 #include "trainyard/api/error.hpp"
 #include "trainyard/runtime/loader.hpp"
+#include "trainyard/runtime/loader_worker_times.hpp"
+#include "trainyard/api/sample_timing.hpp"
 
 namespace trainyard {
 namespace {
@@ -627,6 +631,113 @@ TEST(LoaderTest, ChangingTheWorkersMidEpochKeepsTheBatches) {
   loader.start_epoch(2);
   expect_same_batches(drain(loader), expected);
   EXPECT_THROW(loader.set_workers(-1), Error);
+}
+
+}  // namespace
+}  // namespace trainyard
+
+namespace trainyard {
+namespace {
+
+// Sample i is {"draw": the seed its random draws came from, "index": i}; each sample takes a
+// measurable "decode" and "transform" time.
+class DrawingSource : public MapSource {
+ public:
+  explicit DrawingSource(std::int64_t n) : n_(n) {}
+  std::int64_t size() const override { return n_; }
+  TensorMap get(std::int64_t index) const override { return sample(index, SampleDraws{}); }
+  Batch get_batch_drawn(std::span<const std::int64_t> indices,
+                        const SampleDraws& draws) const override {
+    std::vector<TensorMap> samples;
+    for (const std::int64_t index : indices) samples.push_back(sample(index, draws));
+    return collate(samples);
+  }
+
+ private:
+  static TensorMap sample(std::int64_t index, const SampleDraws& draws) {
+    {
+      const SampleTimer decode(SampleStage::kDecode);
+      std::this_thread::sleep_for(std::chrono::microseconds(200));
+    }
+    const SampleTimer transform(SampleStage::kTransform);
+    return {{"draw", torch::tensor(static_cast<std::int64_t>(draws.for_sample(index) >> 1))},
+            {"index", torch::tensor(index)}};
+  }
+  std::int64_t n_;
+};
+
+// The draws of every sample of `epoch` by index, through a loader with `workers` and `ranks`.
+std::map<std::int64_t, std::int64_t> draws_of_epoch(int workers, int ranks, std::int64_t epoch) {
+  std::map<std::int64_t, std::int64_t> draws;
+  for (int rank = 0; rank < ranks; ++rank) {
+    LoaderOptions options = options_with(4, true, false, workers, 7);
+    options.place = {rank, ranks};
+    Loader loader(std::make_shared<DrawingSource>(24), options);
+    loader.start_epoch(epoch);
+    while (auto batch = loader.next()) {
+      for (std::int64_t i = 0; i < batch->size; ++i) {
+        draws[batch->at("index")[i].item<std::int64_t>()] = batch->at("draw")[i].item<std::int64_t>();
+      }
+    }
+  }
+  return draws;
+}
+
+TEST(LoaderDraws, EachSampleDrawsByItsIndexAndEpochWhateverTheWorkersAndRanks) {
+  const auto reference = draws_of_epoch(0, 1, 3);
+  ASSERT_EQ(reference.size(), 24u);
+  EXPECT_EQ(draws_of_epoch(1, 1, 3), reference);
+  EXPECT_EQ(draws_of_epoch(4, 1, 3), reference);
+  EXPECT_EQ(draws_of_epoch(2, 2, 3), reference);
+  // Another epoch, other draws; and no two samples share a stream.
+  const auto next_epoch = draws_of_epoch(0, 1, 4);
+  std::set<std::int64_t> distinct;
+  for (const auto& [index, draw] : reference) {
+    EXPECT_NE(draw, next_epoch.at(index)) << "sample " << index;
+    distinct.insert(draw);
+  }
+  EXPECT_EQ(distinct.size(), reference.size());
+  EXPECT_NE((SampleDraws{1, 0}.for_sample(5)), (SampleDraws{2, 0}.for_sample(5)));
+}
+
+TEST(LoaderWorkerTimes, EachThreadReportsItsBatchesAndTheStagesTheDatasetTimed) {
+  // The loader starts epoch 0 itself: a second start would discard (and count) batches prepared.
+  Loader loader(std::make_shared<DrawingSource>(32), options_with(4, true, true, 2));
+  while (loader.next()) {
+  }
+  const std::vector<WorkerTimes> times = loader.worker_times();
+  ASSERT_EQ(times.size(), 3u);  // the training thread's slot and two workers
+  EXPECT_EQ(times[0].batches, 0);
+  EXPECT_EQ(times[1].batches + times[2].batches, 8);
+  EXPECT_EQ(times[1].samples + times[2].samples, 32);
+  for (std::size_t slot = 1; slot < 3; ++slot) {
+    // Four samples of at least 200 us of decode in each batch, inside the batch's busy time.
+    EXPECT_GE(times[slot].stages[SampleStage::kDecode], times[slot].batches * 4 * 200'000);
+    EXPECT_GE(times[slot].busy_ns, times[slot].stages[SampleStage::kDecode]);
+  }
+  const auto lines = describe_worker_times(times);
+  ASSERT_EQ(lines.size(), 2u);
+  EXPECT_NE(lines[0].find("loader worker 0: "), std::string::npos) << lines[0];
+  EXPECT_NE(lines[0].find("decode "), std::string::npos) << lines[0];
+}
+
+TEST(LoaderWorkerTimes, AdviceOnlyWhenStepsWaitedAndTheWorkersWereTheLimit) {
+  WorkerTimes busy;
+  busy.busy_ns = 9'000'000'000;
+  busy.batches = 100;
+  const std::vector<WorkerTimes> saturated = {{}, busy};
+  // One worker busy 9 s of a 10 s run while steps waited 30% of their time: more workers.
+  const auto advice = advise_loader_workers(saturated, 1, 10.0, 0.3);
+  ASSERT_TRUE(advice.has_value());
+  EXPECT_NE(advice->find("raise loader.workers"), std::string::npos) << *advice;
+  // The same worker on a 100 s run idled: the wait has another cause.
+  EXPECT_FALSE(advise_loader_workers(saturated, 1, 100.0, 0.3).has_value());
+  // Little waiting: nothing to say.
+  EXPECT_FALSE(advise_loader_workers(saturated, 1, 10.0, 0.01).has_value());
+  // No workers at all and steps waited.
+  const auto in_line = advise_loader_workers({busy}, 0, 10.0, 0.3);
+  ASSERT_TRUE(in_line.has_value());
+  EXPECT_NE(in_line->find("set loader.workers"), std::string::npos) << *in_line;
 }
 
 }  // namespace

@@ -24,6 +24,8 @@
 #include "trainyard/api/component.hpp"
 #include "trainyard/api/config.hpp"
 #include "trainyard/api/dataset.hpp"
+#include "trainyard/api/sample_timing.hpp"
+#include "trainyard/api/skipped_samples.hpp"
 #include "trainyard/parallel/declared_schedule.hpp"
 #include "trainyard/api/device.hpp"
 #include "trainyard/parallel/mesh_layout.hpp"
@@ -154,6 +156,11 @@ struct FreeFunctions {
   decltype(&read_flight_records) read_flight_records_fn;
   decltype(&diagnose_flight_records) diagnose_flight_records_fn;
   decltype(&rank_set_text) rank_set_text_fn;
+  decltype(&sample_stage_name) sample_stage_name_fn;
+  decltype(&add_sample_time) add_sample_time_fn;
+  decltype(&take_sample_times) take_sample_times_fn;
+  decltype(&report_skipped_sample) report_skipped_sample_fn;
+  decltype(&skipped_samples) skipped_samples_fn;
 };
 
 }  // namespace trainyard::abi
@@ -180,4 +187,5 @@ extern "C" __attribute__((visibility("default"))) void trainyard_plugin_api_help
     trainyard::PretrainedWeights*, trainyard::PretrainedWeights::TensorInfo*,
     trainyard::safetensors::Layout*, trainyard::DeferredParameters*, trainyard::SplitBackward*,
     trainyard::CollectiveGroup*, trainyard::CollectiveRecord*, trainyard::FlightRecorder*,
-    trainyard::FlightRecordFile*) {}
+    trainyard::FlightRecordFile*, trainyard::SampleDraws*, trainyard::SampleTimes*,
+    trainyard::SampleTimer*, trainyard::SkippedSamples*) {}

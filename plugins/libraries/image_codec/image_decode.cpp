@@ -3,10 +3,10 @@
 #include <algorithm>
 #include <array>
 #include <fstream>
-#include <iterator>
 #include <vector>
 
 #include "trainyard/api/error.hpp"
+#include "trainyard/api/sample_timing.hpp"
 
 namespace trainyard {
 namespace {
@@ -42,6 +42,7 @@ DecodedImage rgb_to_gray(const DecodedImage& rgb) {
 
 DecodedImage decode_image(std::span<const std::uint8_t> bytes, const std::string& source,
                           ColorMode mode) {
+  const SampleTimer timer(SampleStage::kDecode);
   if (bytes.empty()) throw Error(source + ": empty file, not an image");
   DecodedImage image;
   if (starts_with(bytes, kJpegSignature)) {
@@ -56,12 +57,27 @@ DecodedImage decode_image(std::span<const std::uint8_t> bytes, const std::string
   return image;
 }
 
-DecodedImage decode_image_file(const std::string& path, ColorMode mode) {
-  std::ifstream in(path, std::ios::binary);
+ImageHeader read_image_header(std::span<const std::uint8_t> bytes, const std::string& source) {
+  if (bytes.empty()) throw Error(source + ": empty file, not an image");
+  if (starts_with(bytes, kJpegSignature)) return read_jpeg_header(bytes, source);
+  if (starts_with(bytes, kPngSignature)) return read_png_header(bytes, source);
+  throw Error(source + ": neither a JPEG nor a PNG file (unknown signature)");
+}
+
+std::vector<std::uint8_t> read_image_bytes(const std::string& path) {
+  const SampleTimer timer(SampleStage::kRead);
+  std::ifstream in(path, std::ios::binary | std::ios::ate);
   if (!in) throw Error(path + ": cannot read the image");
-  const std::vector<std::uint8_t> bytes((std::istreambuf_iterator<char>(in)),
-                                        std::istreambuf_iterator<char>());
-  return decode_image(bytes, path, mode);
+  std::vector<std::uint8_t> bytes(static_cast<std::size_t>(in.tellg()));
+  in.seekg(0);
+  if (!bytes.empty() && !in.read(reinterpret_cast<char*>(bytes.data()), static_cast<std::streamsize>(bytes.size()))) {
+    throw Error(path + ": cannot read the image");
+  }
+  return bytes;
+}
+
+DecodedImage decode_image_file(const std::string& path, ColorMode mode) {
+  return decode_image(read_image_bytes(path), path, mode);
 }
 
 }  // namespace trainyard

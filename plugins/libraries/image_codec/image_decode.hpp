@@ -7,6 +7,7 @@
 #include <cstdint>
 #include <span>
 #include <string>
+#include <vector>
 
 #include "decoded_image.hpp"
 
@@ -15,6 +16,20 @@ namespace trainyard {
 // Throws Error "<source>: <why>" for what it cannot decode whole.
 DecodedImage decode_image(std::span<const std::uint8_t> bytes, const std::string& source,
                           ColorMode mode = ColorMode::kAsStored);
+
+// The size and channels of a JPEG or PNG from its header, without decoding the pixels; throws
+// as decode_image does for what is not a readable header.
+struct ImageHeader {
+  std::int64_t height = 0;
+  std::int64_t width = 0;
+  std::int64_t channels = 0;
+};
+ImageHeader read_image_header(std::span<const std::uint8_t> bytes, const std::string& source);
+ImageHeader read_jpeg_header(std::span<const std::uint8_t> bytes, const std::string& source);
+ImageHeader read_png_header(std::span<const std::uint8_t> bytes, const std::string& source);
+
+// Reads `path` whole; throws Error naming it when it cannot.
+std::vector<std::uint8_t> read_image_bytes(const std::string& path);
 
 // Reads `path` and decodes it, as above.
 DecodedImage decode_image_file(const std::string& path, ColorMode mode = ColorMode::kAsStored);

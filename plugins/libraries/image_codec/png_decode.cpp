@@ -24,6 +24,18 @@ struct ImageReader {
 
 }  // namespace
 
+ImageHeader read_png_header(std::span<const std::uint8_t> bytes, const std::string& source) {
+  ImageReader reader;
+  png_image& png = reader.image;
+  if (!png_image_begin_read_from_memory(&png, bytes.data(), bytes.size())) {
+    throw Error(source + ": not a readable PNG: " + png.message);
+  }
+  if (png.format & PNG_FORMAT_FLAG_LINEAR) {
+    throw Error(source + ": a 16-bit PNG; only 8-bit PNGs are read");
+  }
+  return {png.height, png.width, (png.format & PNG_FORMAT_FLAG_COLOR) ? 3 : 1};
+}
+
 DecodedImage decode_png(std::span<const std::uint8_t> bytes, const std::string& source) {
   ImageReader reader;
   png_image& png = reader.image;

@@ -18,8 +18,8 @@ constexpr DepthPlan kDepths[] = {
     {50, true, {3, 4, 6, 3}},
 };
 
-constexpr std::int64_t kStemWidth = 64;
-constexpr std::array<std::int64_t, 4> kLayerWidths = {64, 128, 256, 512};
+// Each layer's width as a multiple of the stem's (torchvision: 64, so 64, 128, 256, 512).
+constexpr std::array<std::int64_t, 4> kLayerWidthMultiples = {1, 2, 4, 8};
 constexpr std::int64_t kBottleneckExpansion = 4;
 
 struct Size {
@@ -50,13 +50,13 @@ ConvNorm conv_norm(std::string conv, std::string norm, std::int64_t in, std::int
 
 Size output_of(const ConvNorm& layer) { return {layer.out_height, layer.out_width}; }
 
-BlockSpec make_stem(StemKind kind, std::int64_t channels, Size& size) {
+BlockSpec make_stem(StemKind kind, std::int64_t channels, std::int64_t stem_width, Size& size) {
   BlockSpec stem;
   stem.name = "stem";
   stem.kind = BlockKind::kStem;
   const bool imagenet = kind == StemKind::kImagenet;
   stem.convs.push_back(
-      conv_norm("conv1", "bn1", channels, kStemWidth, imagenet ? 7 : 3, imagenet ? 2 : 1, size));
+      conv_norm("conv1", "bn1", channels, stem_width, imagenet ? 7 : 3, imagenet ? 2 : 1, size));
   stem.max_pool = imagenet;
   stem.multiply_adds = stem.convs.front().multiply_adds();
   size = output_of(stem.convs.front());
@@ -139,21 +139,23 @@ bool is_supported_depth(std::int64_t depth) {
 }
 
 Architecture make_architecture(std::int64_t depth, StemKind stem, std::int64_t channels,
-                               std::int64_t height, std::int64_t width, std::int64_t classes) {
+                               std::int64_t height, std::int64_t width, std::int64_t classes,
+                               std::int64_t stem_width) {
   const DepthPlan* plan = &kDepths[0];
   for (const DepthPlan& candidate : kDepths) {
     if (candidate.depth == depth) plan = &candidate;
   }
   Architecture architecture;
   Size size{height, width};
-  architecture.blocks.push_back(make_stem(stem, channels, size));
-  std::int64_t in = kStemWidth;
-  for (std::size_t layer = 0; layer < kLayerWidths.size(); ++layer) {
+  architecture.blocks.push_back(make_stem(stem, channels, stem_width, size));
+  std::int64_t in = stem_width;
+  for (std::size_t layer = 0; layer < kLayerWidthMultiples.size(); ++layer) {
     for (std::int64_t index = 0; index < plan->blocks[layer]; ++index) {
       // The first block of every layer after the first halves the resolution.
       const std::int64_t stride = layer > 0 && index == 0 ? 2 : 1;
       architecture.blocks.push_back(
-          make_residual(layer, index, plan->bottleneck, in, kLayerWidths[layer], stride, size));
+          make_residual(layer, index, plan->bottleneck, in,
+                        stem_width * kLayerWidthMultiples[layer], stride, size));
       in = architecture.blocks.back().convs.back().out;
     }
   }

@@ -64,8 +64,10 @@ struct Architecture {
 bool is_supported_depth(std::int64_t depth);
 
 // The ResNet of `depth` for images of `channels` x `height` x `width` and `classes` classes.
-// `depth` must be supported.
+// `depth` must be supported. `stem_width` is the stem's output channels (torchvision's 64); the
+// four layers are 1, 2, 4 and 8 times as wide (times 4 more at a bottleneck's output).
 Architecture make_architecture(std::int64_t depth, StemKind stem, std::int64_t channels,
-                               std::int64_t height, std::int64_t width, std::int64_t classes);
+                               std::int64_t height, std::int64_t width, std::int64_t classes,
+                               std::int64_t stem_width = 64);
 
 }  // namespace trainyard::resnet

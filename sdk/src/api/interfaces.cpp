@@ -25,6 +25,7 @@
 #include "trainyard/api/model.hpp"
 #include "trainyard/api/optimizer.hpp"
 #include "trainyard/api/precision.hpp"
+#include "trainyard/api/sample_timing.hpp"
 #include "trainyard/runtime/dtype_name.hpp"
 #include "trainyard/api/scheduler.hpp"
 #include "trainyard/api/strategy.hpp"
@@ -111,7 +112,26 @@ Batch MapSource::get_batch(std::span<const std::int64_t> indices) const {
   std::vector<TensorMap> samples;
   samples.reserve(indices.size());
   for (auto index : indices) samples.push_back(get(index));
+  const SampleTimer timer(SampleStage::kCollate);
   return collate(samples);
+}
+
+Batch MapSource::get_batch_drawn(std::span<const std::int64_t> indices,
+                                 const SampleDraws&) const {
+  return get_batch(indices);
+}
+
+std::uint64_t SampleDraws::for_sample(std::int64_t index) const {
+  // splitmix64's finaliser over each input in turn: every bit of seed, epoch and index reaches
+  // every bit of the result.
+  auto mix = [](std::uint64_t z) {
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
+    return z ^ (z >> 31);
+  };
+  std::uint64_t state = mix(seed + 0x9e3779b97f4a7c15ULL);
+  state = mix(state ^ (static_cast<std::uint64_t>(epoch) + 0x9e3779b97f4a7c15ULL));
+  return mix(state ^ (static_cast<std::uint64_t>(index) + 0x9e3779b97f4a7c15ULL));
 }
 
 std::shared_ptr<const MapSource> Dataset::map_split(const std::string&) const { return nullptr; }

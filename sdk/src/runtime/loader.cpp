@@ -113,12 +113,13 @@ struct Loader::Workers {
       const std::int64_t batch_index = mine;
       const std::uint64_t started = generation;
       std::shared_ptr<const std::vector<std::int64_t>> indices = owner.indices_;
+      const std::int64_t epoch = owner.epoch_;
       mine += count;
       lock.unlock();
       Batch batch;
       std::exception_ptr failure;
       try {
-        batch = owner.make_batch(*indices, batch_index);
+        batch = owner.make_batch(*indices, batch_index, epoch, static_cast<std::size_t>(worker) + 1);
       } catch (...) {
         failure = std::current_exception();
       }
@@ -212,13 +213,21 @@ void Loader::start_epoch(std::int64_t epoch, std::int64_t first_batch) {
   }
 }
 
-Batch Loader::make_batch(const std::vector<std::int64_t>& indices, std::int64_t batch_index) const {
+Batch Loader::make_batch(const std::vector<std::int64_t>& indices, std::int64_t batch_index,
+                         std::int64_t epoch, std::size_t slot) const {
+  BatchPreparation preparation;
   const auto begin = static_cast<std::size_t>(batch_index * options_.batch_size);
   const auto end = std::min(indices.size(), begin + static_cast<std::size_t>(options_.batch_size));
-  Batch batch =
-      source_->get_batch(std::span<const std::int64_t>(indices.data() + begin, end - begin));
+  Batch batch = source_->get_batch_drawn(
+      std::span<const std::int64_t>(indices.data() + begin, end - begin),
+      SampleDraws{options_.seed, epoch});
   if (options_.finish_batch) batch = options_.finish_batch(std::move(batch));
+  preparation.record(*worker_times_, slot, batch.size);
   return batch;
+}
+
+std::vector<WorkerTimes> Loader::worker_times() const {
+  return stream_ ? stream_->worker_times() : worker_times_->snapshot();
 }
 
 void Loader::set_workers(int count) {
@@ -249,7 +258,7 @@ std::optional<Batch> Loader::next() {
   if (next_batch_ >= num_batches_) return std::nullopt;
   const std::int64_t batch_index = next_batch_++;
   if (workers_) return workers_->take(batch_index);
-  return make_batch(*indices_, batch_index);
+  return make_batch(*indices_, batch_index, epoch_, 0);
 }
 
 }  // namespace trainyard

@@ -12,6 +12,7 @@
 #include "trainyard/api/error.hpp"
 #include "trainyard/api/precision.hpp"
 #include "trainyard/api/scheduler.hpp"
+#include "trainyard/api/skipped_samples.hpp"
 #include "trainyard/api/strategy.hpp"
 #include "trainyard/runtime/dtype_name.hpp"
 #include "trainyard/runtime/loader.hpp"
@@ -195,6 +196,21 @@ void MetricsReporter::write_event(const std::string& phase, std::int64_t step, s
   emit(record);
 }
 
+// Per thread that prepared batches, where its time went; and advice when they held steps back.
+void MetricsReporter::report_loader_threads(double wall_s) const {
+  const std::vector<WorkerTimes> times = run_.loader->worker_times();
+  for (const auto& line : describe_worker_times(times)) log_("trainyard: " + line);
+  const auto advice = advise_loader_workers(times, run_.loader->workers(), wall_s,
+                                            meter_->phase_share(StepPhase::DataWait));
+  if (advice) log_("trainyard: " + *advice);
+  const SkippedSamples skipped = skipped_samples();
+  if (skipped.count > 0) {
+    log_("trainyard: the dataset skipped " + std::to_string(skipped.count) + " unreadable sample" +
+         (skipped.count == 1 ? "" : "s") + " (on_bad_sample = \"skip\"); the first: " +
+         skipped.first_reason);
+  }
+}
+
 RunSummary MetricsReporter::finish(RunSummary summary, std::int64_t epoch, double elapsed_s) {
   summary.final_train_loss = final_train_loss_;
   summary.eval = last_eval_;
@@ -213,6 +229,10 @@ RunSummary MetricsReporter::finish(RunSummary summary, std::int64_t epoch, doubl
                                meter_->phase_share(phase));
   }
   append_loader_figures(record.values);
+  for (const auto& figure : summed_worker_figures(run_.loader->worker_times())) {
+    record.values.push_back(figure);
+  }
+  record.values.emplace_back("skipped_samples", static_cast<double>(skipped_samples().count));
   for (const auto& figure : loader_choice_) record.values.push_back(figure);
   append_memory_figures(record.values);
   for (const auto& figure : meter_->traffic_per_step()) record.values.push_back(figure);
@@ -222,6 +242,7 @@ RunSummary MetricsReporter::finish(RunSummary summary, std::int64_t epoch, doubl
     const auto precision = faster_precision(backend.fast_compute_dtypes(run_.placement.index),
                                             run_.precision->autocast_dtype());
     for (const auto& line : meter_->bottleneck_report(precision)) log_("trainyard: " + line);
+    report_loader_threads(summary.wall_s);
   }
   for (const auto& [name, value] : summary.eval) record.values.emplace_back("eval_" + name, value);
   emit(record);

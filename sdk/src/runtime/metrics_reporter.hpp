@@ -75,6 +75,7 @@ class MetricsReporter {
   void emit(const MetricRecord& record);
   void append_memory_figures(std::vector<std::pair<std::string, double>>& values) const;
   void append_loader_figures(std::vector<std::pair<std::string, double>>& values) const;
+  void report_loader_threads(double wall_s) const;
   void append_utilisation_figures(std::vector<std::pair<std::string, double>>& values);
   void write_run_info(const RunInfo& info) const;
 

@@ -83,6 +83,7 @@ struct StreamLoader::Reader {
   Item produce() {
     Item item;
     if (done) return item;
+    BatchPreparation preparation;
     try {
       const auto batch_size = static_cast<std::size_t>(owner.options_.batch_size);
       std::vector<TensorMap> samples;
@@ -106,8 +107,14 @@ struct StreamLoader::Reader {
         if (samples.empty() || owner.options_.drop_last) return item;
         item.last = true;
       }
-      Batch batch = collate(samples);
+      Batch batch = [&] {
+        const SampleTimer timer(SampleStage::kCollate);
+        return collate(samples);
+      }();
       if (owner.options_.finish_batch) batch = owner.options_.finish_batch(std::move(batch));
+      // The reader's thread, or the consumer's (slot 0) when there are no workers.
+      const std::size_t slot = owner.options_.workers > 0 ? static_cast<std::size_t>(index) + 1 : 0;
+      preparation.record(*owner.worker_times_, slot, batch.size);
       item.batch = std::move(batch);
       item.state = stream->state();
       ++produced;

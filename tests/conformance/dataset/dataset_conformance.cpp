@@ -156,6 +156,31 @@ TEST_P(DatasetConformance, MapGetBatchEqualsCollatedGet) {
   }
 }
 
+// A sample drawn with the loader's draws depends on its index and the draws alone: not on the
+// batch it is in, nor its place there (so any worker count and any rank layout give the same
+// samples), and SampleDraws{} gives what get() gives.
+TEST_P(DatasetConformance, MapDrawnSamplesDependOnTheirIndexAndDrawsAlone) {
+  for (const auto& split : map_splits()) {
+    auto source = dataset()->map_split(split);
+    const std::vector<std::int64_t> indices = probe_indices(source->size());
+    const SampleDraws draws{11, 3};
+    const Batch batch = source->get_batch_drawn(indices, draws);
+    EXPECT_EQ(batch.size, static_cast<std::int64_t>(indices.size())) << split;
+    expect_same_tensors(source->get_batch_drawn(indices, draws).tensors, batch.tensors,
+                        split + ".get_batch_drawn twice");
+    for (std::size_t i = 0; i < indices.size(); ++i) {
+      const std::vector<std::int64_t> one = {indices[i]};
+      TensorMap alone = source->get_batch_drawn(one, draws).tensors;
+      TensorMap row;
+      for (const auto& [name, tensor] : batch.tensors) row[name] = tensor.narrow(0, static_cast<std::int64_t>(i), 1);
+      expect_same_tensors(alone, row, split + "[" + std::to_string(indices[i]) + "] alone vs in a batch");
+    }
+    expect_same_tensors(source->get_batch_drawn(indices, SampleDraws{}).tensors,
+                        source->get_batch(indices).tensors,
+                        split + ": SampleDraws{} vs get_batch");
+  }
+}
+
 TEST_P(DatasetConformance, MapGetBatchIsThreadSafe) {
   for (const auto& split : map_splits()) {
     auto source = dataset()->map_split(split);

@@ -3,8 +3,9 @@
 Writes into OUT: JPEG and PNG files (colour, grayscale, 4:4:4 and 4:2:0 chroma, transparency, a
 palette), the pixels Pillow decodes from each (Image.open(f).convert(mode)) as raw bytes, the
 pixels torchvision's v2 resize (antialias=True) makes of a decoded image at several sizes, and
-damaged files (a truncated JPEG, a PNG whose IDAT CRC is wrong, an empty file, a text file).
-manifest.json lists them all.
+damaged files (a truncated JPEG, a PNG whose IDAT CRC is wrong, an empty file, a text file); and,
+given a second argument (the throughput fixture tools/setup writes, data/fashion-mnist-jpeg224),
+the pixels Pillow decodes from its first 16 JPEG files. manifest.json lists them all.
 """
 
 import json
@@ -92,7 +93,15 @@ def main():
            {"file": "bad_crc.png", "says": "damaged PNG"},
            {"file": "empty.jpg", "says": "empty file"},
            {"file": "notes.png", "says": "neither a JPEG nor a PNG"}]
-    manifest = {"decoded": decoded, "resized": resized, "bad": bad,
+    fixture = []
+    if len(sys.argv) > 2:
+        for index, path in enumerate(sorted(Path(sys.argv[2]).rglob("*.jpg"))[:16]):
+            with Image.open(path) as image:
+                array = np.asarray(image.convert("RGB"))
+            raw = f"fixture{index}.bin"
+            write_raw(out, raw, array)
+            fixture.append({"file": str(path), "pixels": raw})
+    manifest = {"decoded": decoded, "resized": resized, "bad": bad, "fixture": fixture,
                 "threads": torch.get_num_threads()}
     (out / "manifest.json").write_text(json.dumps(manifest, indent=1))
 

@@ -14,6 +14,17 @@
 
 namespace trainyard {
 
+// What a sample's random draws (augmentation: crops, flips, jitter) are seeded by: the run's
+// seed, the epoch and the sample's index in its split; never the worker, the rank or the time.
+// So any worker count, any data-parallel layout and a resume mid-epoch give the same samples.
+struct SampleDraws {
+  std::uint64_t seed = 0;
+  std::int64_t epoch = 0;
+  // The seed of one sample's draws: a 64-bit mix (splitmix64) of seed, epoch and index, so
+  // neighbouring samples and epochs draw independent streams.
+  std::uint64_t for_sample(std::int64_t index) const;
+};
+
 // Random access to the samples of one split. Implementations must be safe to call from several
 // loader threads at once and deterministic: get(i) returns the same sample every time.
 class MapSource {
@@ -24,6 +35,11 @@ class MapSource {
   // A whole batch at once; the default collates get(i). Sources that hold their data in one
   // tensor override it with a single index_select.
   virtual Batch get_batch(std::span<const std::int64_t> indices) const;
+  // The batch as the training loader asks for it, with the epoch's draws. Sources whose samples
+  // are augmented at random override it (their get() gives the samples of SampleDraws{}); the
+  // default ignores the draws and calls get_batch.
+  virtual Batch get_batch_drawn(std::span<const std::int64_t> indices,
+                                const SampleDraws& draws) const;
 };
 
 // The part of a stream one reader owns: readers (rank x worker) see disjoint samples, and the

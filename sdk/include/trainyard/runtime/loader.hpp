@@ -14,6 +14,7 @@
 #include "trainyard/api/dataset.hpp"
 #include "trainyard/api/state.hpp"
 #include "trainyard/api/strategy.hpp"
+#include "trainyard/runtime/loader_worker_times.hpp"
 
 namespace trainyard {
 
@@ -83,10 +84,15 @@ class Loader {
   // for the next start_epoch of the same epoch and batch.
   void save_state(StateDict& out) const;
   void load_state(const StateDict& in);
+  // Per thread that prepared batches (slot 0 the caller of next(), slot k worker k - 1): time
+  // busy and per stage, since the loader was made.
+  std::vector<WorkerTimes> worker_times() const;
 
  private:
   struct Workers;
-  Batch make_batch(const std::vector<std::int64_t>& indices, std::int64_t batch_index) const;
+  // Batch `batch_index` of `indices`, with the random draws of `epoch`, timed into `slot`.
+  Batch make_batch(const std::vector<std::int64_t>& indices, std::int64_t batch_index,
+                   std::int64_t epoch, std::size_t slot) const;
 
   std::shared_ptr<const MapSource> source_;
   LoaderOptions options_;
@@ -94,6 +100,7 @@ class Loader {
   std::shared_ptr<const std::vector<std::int64_t>> indices_;
   std::int64_t num_batches_ = 0;
   std::int64_t next_batch_ = 0;
+  std::unique_ptr<LoaderWorkerTimes> worker_times_ = std::make_unique<LoaderWorkerTimes>();
   std::unique_ptr<Workers> workers_;
   std::unique_ptr<StreamLoader> stream_;
 };

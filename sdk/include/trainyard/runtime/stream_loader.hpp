@@ -38,6 +38,7 @@
 #include "trainyard/api/batch.hpp"
 #include "trainyard/api/dataset.hpp"
 #include "trainyard/runtime/loader.hpp"
+#include "trainyard/runtime/loader_worker_times.hpp"
 #include "trainyard/api/state.hpp"
 
 namespace trainyard {
@@ -70,6 +71,8 @@ class StreamLoader {
   // and batch. Without such entries nothing changes. Throws Error when it was written by a
   // loader with another reader count or rank.
   void load_state(const StateDict& in);
+  // As Loader::worker_times: slot k is reader k - 1's thread, slot 0 the consumer's.
+  std::vector<WorkerTimes> worker_times() const { return worker_times_->snapshot(); }
 
  private:
   struct Reader;
@@ -92,6 +95,7 @@ class StreamLoader {
   std::shared_ptr<const Plan> restored_;     // from load_state, for the next start_epoch
   std::exception_ptr error_;                 // a reader's failure, rethrown until the next epoch
 
+  std::unique_ptr<LoaderWorkerTimes> worker_times_ = std::make_unique<LoaderWorkerTimes>();
   std::vector<std::unique_ptr<Reader>> slots_;
 };
 
