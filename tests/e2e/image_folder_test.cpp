@@ -92,6 +92,30 @@ TEST(ImageFolderRun, TrainsOnAugmentedPngAndJpegFilesWithTheSameBatchesFor0And1A
   EXPECT_GT(summary_value(dir / "w4", "loader_transform_s"), 0);
 }
 
+// The same images named by a CSV list (train) and a JSON list (test) train the same model as the
+// folders; a malformed list line is refused naming the list and the line.
+TEST(ImageFolderRun, CsvAndJsonListsTrainAsTheFolderDoes) {
+  TempDir dir;
+  make_folder(dir / "images", {});
+  const auto recipe = dir.write("recipe.toml", recipe_text(dir / "images"));
+  const auto folders = run_one_process(recipe, dir / "folders", {});
+  ASSERT_EQ(folders.exit_code, 0) << describe(folders);
+  const std::vector<std::string> lists = {
+      "--set", "dataset.train=" + (dir / "images" / "train.csv").string(), "--set",
+      "dataset.test=" + (dir / "images" / "test.json").string()};
+  const auto listed = run_one_process(recipe, dir / "lists", lists);
+  ASSERT_EQ(listed.exit_code, 0) << describe(listed);
+  expect_same_model_within(dir / "folders" / "final.pt", dir / "lists" / "final.pt", 0, 0);
+  EXPECT_EQ(summary_value(dir / "lists", "eval_accuracy"),
+            summary_value(dir / "folders", "eval_accuracy"));
+
+  const auto bad_list = dir.write("bad.csv", "path,label\ntrain/a/000.jpg,0\ntrain/a/001.png\n");
+  const auto refused =
+      run_one_process(recipe, dir / "bad", {"--set", "dataset.train=" + bad_list.string()});
+  EXPECT_NE(refused.exit_code, 0) << describe(refused);
+  EXPECT_HAS(refused.err, bad_list.string() + ":3: needs path,label, got 'train/a/001.png'");
+}
+
 struct Damage {
   const char* name;
   std::string file;     // under images/train

@@ -336,6 +336,32 @@ TEST(ImageTransformsSteps, CollatesIntoChannelsLastWhenAsked) {
   EXPECT_GT(take_sample_times()[SampleStage::kTransform], 0);
 }
 
+// A batch made as image_folder makes it (each sample's 8-bit pixels, stacked channels-last, then
+// scaled and normalized at once) holds the very bits apply() gives each sample.
+TEST(ImageTransformsSteps, PixelsThenABatchScaledAtOnceGiveApplysBits) {
+  ImageTransformSpec spec;
+  spec.random_resized_crop = {6, 7};
+  spec.horizontal_flip = 0.5;
+  spec.brightness = 0.4;
+  spec.hue = 0.2;
+  spec.mean = {0.485, 0.456, 0.406};
+  spec.std = {0.229, 0.224, 0.225};
+  const ImageTransforms transforms(spec, 3);
+  DecodedImage image{9, 11, 3, {}};
+  for (std::int64_t i = 0; i < 9 * 11 * 3; ++i)
+    image.pixels.push_back(static_cast<std::uint8_t>(i * 37 % 256));
+  std::vector<at::Tensor> pixels;
+  std::vector<at::Tensor> samples;
+  for (std::uint64_t seed = 0; seed < 8; ++seed) {
+    pixels.push_back(transforms.pixels(image, seed));
+    EXPECT_EQ(pixels.back().scalar_type(), at::kByte);
+    samples.push_back(transforms.apply(image, seed));
+  }
+  const at::Tensor batch = transforms.to_input(collate_images(pixels, true));
+  EXPECT_TRUE(batch.is_contiguous(at::MemoryFormat::ChannelsLast));
+  EXPECT_TRUE(at::equal(batch, at::stack(samples)));
+}
+
 Config transforms_section(const std::string& text) {
   const auto root = parse_toml("[transforms]\n" + text, "recipe.toml");
   return Config(root->at("transforms").table_ptr(), "dataset.transforms");

@@ -5,6 +5,7 @@
 #include <fstream>
 
 #include <zlib.h>
+#include <nlohmann/json.hpp>
 
 #include "image_decode.hpp"
 #include "trainyard/api/error.hpp"
@@ -105,23 +106,120 @@ void check_png_chunks(const fs::path& path) {
   throw Error(path.string() + ": truncated PNG (its chunks end before IEND)");
 }
 
-// The header from the file's first 64 KiB, or from the whole file when its tables (a large
-// embedded profile or thumbnail) run past them.
-ImageHeader read_header(const fs::path& path) {
+// Checks a file before training: its end (truncation), a PNG's chunk CRCs, and its header, read
+// from the file's first 64 KiB, or from the whole file when its tables (a large embedded profile
+// or thumbnail) run past them. Throws Error naming the file.
+void check_image(const fs::path& path) {
   constexpr std::size_t kHeadBytes = 64 * 1024;
   const FileEnds ends = read_file_ends(path, kHeadBytes);
   if (ends.size == 0) throw Error(path.string() + ": empty file, not an image");
   check_complete(ends, path);
   if (ends.head.size() >= 2 && ends.head[0] == 0x89) check_png_chunks(path);
   try {
-    return read_image_header(ends.head, path.string());
+    read_image_header(ends.head, path.string());
+    return;
   } catch (const Error&) {
     if (ends.size <= kHeadBytes) throw;
   }
-  return read_image_header(read_image_bytes(path.string()), path.string());
+  read_image_header(read_image_bytes(path.string()), path.string());
+}
+
+// Admits `path` to `out` with `label` when its checks pass; with skip_bad a file that fails them
+// is left out and counted, otherwise the Error naming it propagates. True when admitted.
+bool admit(const fs::path& path, std::int64_t label, bool skip_bad, ScannedFolder& out) {
+  try {
+    check_image(path);
+  } catch (const Error& error) {
+    if (!skip_bad) throw;
+    out.skipped.push_back(error.what());
+    report_skipped_sample(error.what());
+    return false;
+  }
+  out.samples.push_back({path, label});
+  return true;
+}
+
+// One "path,label" line of a CSV list (the path may hold commas: the label follows the last).
+ImageSample list_line(const std::string& line, const fs::path& list, std::size_t number) {
+  const auto comma = line.rfind(',');
+  const std::string where = list.string() + ":" + std::to_string(number) + ": ";
+  if (comma == std::string::npos || comma == 0) {
+    throw Error(where + "needs path,label, got '" + line + "'");
+  }
+  std::string label_text = line.substr(comma + 1);
+  while (!label_text.empty() && std::isspace(static_cast<unsigned char>(label_text.back()))) {
+    label_text.pop_back();
+  }
+  std::size_t used = 0;
+  std::int64_t label = -1;
+  try {
+    label = std::stoll(label_text, &used);
+  } catch (const std::exception&) {
+    used = 0;
+  }
+  if (used == 0 || used != label_text.size() || label < 0) {
+    throw Error(where + "the label must be an integer >= 0, got '" + label_text + "'");
+  }
+  return {list.parent_path() / line.substr(0, comma), label};
+}
+
+std::vector<ImageSample> read_csv_list(const fs::path& list) {
+  std::ifstream in(list);
+  if (!in) throw Error(list.string() + ": cannot read the image list");
+  std::vector<ImageSample> samples;
+  std::string line;
+  for (std::size_t number = 1; std::getline(in, line); ++number) {
+    if (!line.empty() && line.back() == '\r') line.pop_back();
+    if (line.empty() || (number == 1 && line == "path,label")) continue;
+    samples.push_back(list_line(line, list, number));
+  }
+  return samples;
+}
+
+std::vector<ImageSample> read_json_list(const fs::path& list) {
+  std::ifstream in(list);
+  if (!in) throw Error(list.string() + ": cannot read the image list");
+  const nlohmann::json entries = nlohmann::json::parse(in, nullptr, /*allow_exceptions=*/false);
+  if (!entries.is_array()) {
+    throw Error(list.string() + ": not a JSON array of {\"path\": ..., \"label\": ...}");
+  }
+  std::vector<ImageSample> samples;
+  for (std::size_t i = 0; i < entries.size(); ++i) {
+    const nlohmann::json& entry = entries[i];
+    if (!entry.is_object() || !entry.contains("path") || !entry["path"].is_string() ||
+        !entry.contains("label") || !entry["label"].is_number_integer() ||
+        entry["label"].get<std::int64_t>() < 0) {
+      throw Error(list.string() + ": entry " + std::to_string(i) +
+                  " needs a \"path\" string and a \"label\" integer >= 0");
+    }
+    samples.push_back({list.parent_path() / entry["path"].get<std::string>(),
+                       entry["label"].get<std::int64_t>()});
+  }
+  return samples;
 }
 
 }  // namespace
+
+bool is_image_list(const fs::path& path) {
+  const std::string extension = path.extension().string();
+  return fs::is_regular_file(path) && (extension == ".csv" || extension == ".json");
+}
+
+ScannedFolder scan_image_list(const fs::path& list, bool skip_bad) {
+  const std::vector<ImageSample> listed =
+      list.extension() == ".json" ? read_json_list(list) : read_csv_list(list);
+  ScannedFolder out;
+  std::int64_t classes = 0;
+  for (const ImageSample& sample : listed) {
+    classes = std::max(classes, sample.label + 1);
+    admit(sample.path, sample.label, skip_bad, out);
+  }
+  if (out.samples.empty()) throw Error(list.string() + ": lists no readable image");
+  for (std::int64_t label = 0; label < classes; ++label) {
+    out.classes.push_back(std::to_string(label));
+  }
+  return out;
+}
 
 ScannedFolder scan_image_folder(const fs::path& root, bool skip_bad) {
   if (!fs::is_directory(root)) throw Error(root.string() + ": no such image folder");
@@ -138,22 +236,11 @@ ScannedFolder scan_image_folder(const fs::path& root, bool skip_bad) {
     std::size_t kept = 0;
     std::size_t skipped_here = 0;
     for (const fs::path& path : image_files(folder)) {
-      try {
-        const ImageHeader header = read_header(path);
-        if (out.channels == 0) {
-          out.height = header.height;
-          out.width = header.width;
-          out.channels = header.channels;
-        }
-      } catch (const Error& error) {
-        if (!skip_bad) throw;
-        out.skipped.push_back(error.what());
-        report_skipped_sample(error.what());
+      if (admit(path, static_cast<std::int64_t>(label), skip_bad, out)) {
+        ++kept;
+      } else {
         ++skipped_here;
-        continue;
       }
-      out.samples.push_back({path, static_cast<std::int64_t>(label)});
-      ++kept;
     }
     if (kept == 0) {
       throw Error(folder.string() + ": class folder '" + out.classes[label] +

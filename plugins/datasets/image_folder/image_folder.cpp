@@ -46,20 +46,23 @@ class ImageFolderSplit final : public MapSource {
     return get_batch_drawn(indices, SampleDraws{});
   }
 
+  // Each sample's 8-bit pixels, stacked, then scaled and normalized as one batch: the same bits
+  // as get()'s samples, with one float pass over the batch rather than one per sample.
   Batch get_batch_drawn(std::span<const std::int64_t> indices,
                         const SampleDraws& draws) const override {
-    std::vector<at::Tensor> images;
+    std::vector<at::Tensor> pixels;
     std::vector<at::Tensor> targets;
-    images.reserve(indices.size());
+    pixels.reserve(indices.size());
     targets.reserve(indices.size());
     for (const std::int64_t index : indices) {
-      images.push_back(image(index, draws.for_sample(index)));
+      pixels.push_back(
+          checked(index, recipe_.transforms->pixels(decode(index), draws.for_sample(index))));
       targets.push_back(target(index));
     }
     Batch batch;
     batch.size = static_cast<std::int64_t>(indices.size());
-    batch.tensors.emplace("input",
-                          collate_images(images, recipe_.transforms->spec().channels_last));
+    batch.tensors.emplace("input", recipe_.transforms->to_input(collate_images(
+                                       pixels, recipe_.transforms->spec().channels_last)));
     const SampleTimer timer(SampleStage::kCollate);
     batch.tensors.emplace("target", at::stack(targets));
     return batch;
@@ -78,16 +81,23 @@ class ImageFolderSplit final : public MapSource {
     return at::scalar_tensor(sample(index).label, at::kLong);
   }
 
+  DecodedImage decode(std::int64_t index) const {
+    return decode_image_file(sample(index).path.string(), recipe_.mode);
+  }
+
   at::Tensor image(std::int64_t index, std::uint64_t draw_seed) const {
-    const std::string path = sample(index).path.string();
-    at::Tensor pixels = recipe_.transforms->apply(decode_image_file(path, recipe_.mode), draw_seed);
-    if (pixels.sizes() != at::IntArrayRef(recipe_.shape)) {
-      throw Error(path + ": becomes a " + shape_text(pixels.sizes().vec()) +
+    return checked(index, recipe_.transforms->apply(decode(index), draw_seed));
+  }
+
+  // `made` (a sample of `index`) when it has the split's [C, H, W]; else an Error naming the file.
+  at::Tensor checked(std::int64_t index, at::Tensor made) const {
+    if (made.sizes() != at::IntArrayRef(recipe_.shape)) {
+      throw Error(sample(index).path.string() + ": becomes a " + shape_text(made.sizes().vec()) +
                   " sample where the split's first image gives " + shape_text(recipe_.shape) +
                   "; resize or crop every image to one size ([dataset.transforms] resize = "
                   "[height, width])");
     }
-    return pixels;
+    return made;
   }
 
   static std::string shape_text(const std::vector<std::int64_t>& shape) {
@@ -151,7 +161,8 @@ class ImageFolder final : public Dataset {
   // The folder's images; what on_bad_sample = "skip" left out is said at once (the run summary
   // counts it again at the end).
   ScannedFolder scan(const fs::path& root) const {
-    ScannedFolder folder = scan_image_folder(root, skip_bad_);
+    ScannedFolder folder =
+        is_image_list(root) ? scan_image_list(root, skip_bad_) : scan_image_folder(root, skip_bad_);
     if (!folder.skipped.empty()) {
       std::cerr << "image_folder: skipped " << folder.skipped.size() << " unreadable file"
                 << (folder.skipped.size() == 1 ? "" : "s") << " under " << root.string()
@@ -171,7 +182,13 @@ class ImageFolder final : public Dataset {
 
   std::shared_ptr<const MapSource> make_test_split() const {
     ScannedFolder test = scan(test_root_);
-    if (test.classes != train_.classes) {
+    if (is_image_list(test_root_)) {
+      if (test.classes.size() > train_.classes.size()) {
+        throw Error(test_root_.string() + ": lists label " +
+                    std::to_string(test.classes.size() - 1) + " where the training images have " +
+                    std::to_string(train_.classes.size()) + " classes");
+      }
+    } else if (test.classes != train_.classes) {
       throw Error(test_root_.string() + ": its class folders are not the training folder's (" +
                   train_root_.string() + ")");
     }
@@ -197,8 +214,10 @@ void register_components(Registry& registry) {
   registry.add<Dataset>(
       "image_folder",
       {required_option("train", OptionType::kString,
-                       "folder of the training images, one subfolder per class"),
-       option("test", "", "folder of the test images, the same class subfolders (\"\": none)"),
+                       "folder of the training images, one subfolder per class; or a .csv "
+                       "(path,label lines) or .json ([{\"path\", \"label\"}]) list of them"),
+       option("test", "",
+              "the test images: a folder with the same class subfolders, or a list (\"\": none)"),
        option("color", "rgb", "channels every image is converted to").one_of({"rgb", "gray"}),
        table_option("transforms",
                     "what every training image goes through: resize, center_crop, "

@@ -440,26 +440,39 @@ ImageDraw ImageTransforms::draw(std::uint64_t draw_seed, std::int64_t height,
 at::Tensor ImageTransforms::apply(const DecodedImage& image, std::uint64_t draw_seed) const {
   SampleTimer timer(SampleStage::kTransform);
   const Size size = size_before_random_crop(image.height, image.width);
-  return transform(image, draw(draw_seed, size[0], size[1]));
+  return scaled(shaped_pixels(image, draw(draw_seed, size[0], size[1])));
 }
 
 at::Tensor ImageTransforms::apply(const DecodedImage& image, const ImageDraw& draw) const {
   SampleTimer timer(SampleStage::kTransform);
-  return transform(image, draw);
+  return scaled(shaped_pixels(image, draw));
 }
 
-at::Tensor ImageTransforms::transform(const DecodedImage& image, const ImageDraw& draw) const {
+at::Tensor ImageTransforms::pixels(const DecodedImage& image, std::uint64_t draw_seed) const {
+  SampleTimer timer(SampleStage::kTransform);
+  const Size size = size_before_random_crop(image.height, image.width);
+  return shaped_pixels(image, draw(draw_seed, size[0], size[1]));
+}
+
+at::Tensor ImageTransforms::to_input(const at::Tensor& pixels) const {
+  SampleTimer timer(SampleStage::kTransform);
+  return scaled(pixels);
+}
+
+at::Tensor ImageTransforms::shaped_pixels(const DecodedImage& image, const ImageDraw& draw) const {
   if (image.channels != channels_) {
     throw Error("image transforms: expected images with " + std::to_string(channels_) +
                 " channels, got " + std::to_string(image.channels));
   }
   DecodedImage held;
   const DecodedImage& shaped = geometry(image, draw, held);
-  const at::Tensor pixels = jitter(chw_view(shaped), draw);
+  // A copy of its own: the view may be of `held`, which goes with this call.
+  return jitter(chw_view(shaped), draw).clone(at::MemoryFormat::Contiguous);
+}
+
+at::Tensor ImageTransforms::scaled(const at::Tensor& pixels) const {
   // torchvision's to_dtype(float32, scale=True) (times 1 / 255), then Normalize.
-  at::Tensor out =
-      pixels.to(at::kFloat, /*non_blocking=*/false, /*copy=*/false, at::MemoryFormat::Contiguous)
-          .mul_(1.0 / 255);
+  at::Tensor out = pixels.to(at::kFloat).mul_(1.0 / 255);
   if (mean_.defined()) out.sub_(mean_).div_(std_);
   return out;
 }

@@ -80,9 +80,15 @@ class ImageTransforms {
   // a flip with probability p; ColorJitter's permutation and uniform factors), from a 64-bit
   // Mersenne Twister seeded with draw_seed.
   ImageDraw draw(std::uint64_t draw_seed, std::int64_t height, std::int64_t width) const;
-  // The sample: float32 [C, H, W] (contiguous; the batch is made channels-last by collate_images).
+  // The sample: float32 [C, H, W] (contiguous).
   at::Tensor apply(const DecodedImage& image, std::uint64_t draw_seed) const;
   at::Tensor apply(const DecodedImage& image, const ImageDraw& draw) const;
+  // apply() in two halves, so that a batch is scaled and normalized at once: the sample's 8-bit
+  // pixels after the geometric steps and the jitter, uint8 [C, H, W] (contiguous); and pixels
+  // of any leading shape [..., C, H, W] scaled to [0, 1] and normalized, as float32 in their
+  // memory format. Element by element the same arithmetic as apply(), so the same bits.
+  at::Tensor pixels(const DecodedImage& image, std::uint64_t draw_seed) const;
+  at::Tensor to_input(const at::Tensor& pixels) const;
   // The [C, H, W] every output has when that is fixed by the steps (a crop or a 2-number resize),
   // or empty when it follows the input image's size.
   std::vector<std::int64_t> output_shape() const;
@@ -93,8 +99,9 @@ class ImageTransforms {
                                                       std::int64_t width) const;
 
  private:
-  // apply() without its timer.
-  at::Tensor transform(const DecodedImage& image, const ImageDraw& draw) const;
+  // pixels() and to_input() without their timers.
+  at::Tensor shaped_pixels(const DecodedImage& image, const ImageDraw& draw) const;
+  at::Tensor scaled(const at::Tensor& pixels) const;
   // The geometric steps (resize, crops, flip) on 8-bit pixels: `image` itself when none changes
   // it, else the result, kept in `held`.
   const DecodedImage& geometry(const DecodedImage& image, const ImageDraw& draw,
@@ -108,7 +115,8 @@ class ImageTransforms {
   at::Tensor std_;
 };
 
-// Stacks samples' images into a batch, channels-last when `channels_last`; timed as collate.
+// Stacks samples' images (pixels() or apply() results) into a batch [N, C, H, W] of their dtype,
+// channels-last when `channels_last`; timed as collate.
 at::Tensor collate_images(const std::vector<at::Tensor>& images, bool channels_last);
 
 }  // namespace trainyard

@@ -2,8 +2,11 @@
 classes of 20x24 colour images (PNG and JPEG alternating), each class's pixels around its own
 colour so that a model can learn them. Damage, by name (any of them): "truncated" (a JPEG cut in
 half in train/b), "crc" (a PNG with one flipped bit in its pixel data in train/a), "empty_file" (a
-zero-byte .png in train/c), "empty_class" (a class folder train/d without images)."""
+zero-byte .png in train/c), "empty_class" (a class folder train/d without images). Always: the
+same images listed in OUT/train.csv ("path,label" lines) and OUT/test.json ([{"path", "label"}]),
+in the order the folder layout gives them (classes by name, files by path)."""
 
+import json
 import sys
 import zlib
 from pathlib import Path
@@ -27,6 +30,19 @@ def flip_a_pixel_bit(png: bytes) -> bytes:
     raise ValueError("no IDAT chunk")
 
 
+def listed(out, split):
+    classes = sorted(p.name for p in (out / split).iterdir() if p.is_dir())
+    return [(str(path.relative_to(out)), label) for label, name in enumerate(classes)
+            for path in sorted((out / split / name).iterdir())]
+
+
+def write_lists(out):
+    lines = ["path,label"] + [f"{path},{label}" for path, label in listed(out, "train")]
+    (out / "train.csv").write_text("\n".join(lines) + "\n")
+    entries = [{"path": path, "label": label} for path, label in listed(out, "test")]
+    (out / "test.json").write_text(json.dumps(entries, indent=1))
+
+
 def main():
     out = Path(sys.argv[1])
     damage = set(sys.argv[2:])
@@ -40,6 +56,7 @@ def main():
                 pixels = np.clip(rng.normal(colour, 30, (20, 24, 3)), 0, 255).astype(np.uint8)
                 image = Image.fromarray(pixels, "RGB")
                 image.save(folder / (f"{i:03d}.png" if i % 2 else f"{i:03d}.jpg"), quality=90)
+    write_lists(out)
     train = out / "train"
     if "truncated" in damage:
         jpeg = (train / "b" / "000.jpg").read_bytes()
