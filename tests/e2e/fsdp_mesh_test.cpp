@@ -24,8 +24,10 @@ namespace {
 namespace fs = std::filesystem;
 
 // A small threshold, so that every step clips: the norm sums tensor-parallel pieces over the tp
-// group and counts whole copies once, and a wrong sum changes every update.
-const std::vector<std::string> kClipping = {"--set", "run.max_grad_norm=0.05"};
+// group and counts whole copies once, and a wrong sum changes every update. The norm per block is
+// logged too (expect_matches compares it with one process's).
+const std::vector<std::string> kClipping = {"--set", "run.max_grad_norm=0.05", "--set",
+                                            "run.grad_norm_blocks=true"};
 
 // fsdp on dp_replicate x dp_shard x tp ranks in `sharding` mode, each data-parallel rank's batch
 // keeping the global batch at 16.

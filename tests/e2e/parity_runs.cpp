@@ -86,12 +86,17 @@ CommandResult validate_and_launch_bundled_recipe(const std::string& file, int ra
 
 namespace {
 
-// `figure` of every training record of the run in `out`.
-std::vector<double> logged_train_figures(const fs::path& out, const std::string& figure) {
+// Every training record of the run in `out` (metrics.jsonl, or rank 0's metrics file).
+std::vector<MetricLine> train_records(const fs::path& out) {
   const fs::path file =
       fs::exists(out / "metrics.jsonl") ? out / "metrics.jsonl" : out / "metrics.rank0.jsonl";
+  return of_phase(read_metrics(file), "train");
+}
+
+// `figure` of every training record of the run in `out`.
+std::vector<double> logged_train_figures(const fs::path& out, const std::string& figure) {
   std::vector<double> values;
-  for (const auto& line : of_phase(read_metrics(file), "train")) values.push_back(line.at(figure));
+  for (const auto& line : train_records(out)) values.push_back(line.at(figure));
   return values;
 }
 
@@ -140,6 +145,27 @@ void expect_same_grad_norms_within(const fs::path& expected, const fs::path& act
   for (std::size_t i = 0; i < e.size(); ++i) {
     EXPECT_LE(std::abs(a[i] - e[i]), atol + rtol * std::abs(e[i]))
         << actual << " record " << i + 1 << ": grad_norm " << a[i] << " against " << e[i];
+  }
+  // Per block (run.grad_norm_blocks), where the expected run logged them: the same blocks, each
+  // within the tolerance, and their squares adding up to the total's.
+  const std::vector<MetricLine> expected_records = train_records(expected);
+  const std::vector<MetricLine> actual_records = train_records(actual);
+  for (std::size_t i = 0; i < expected_records.size(); ++i) {
+    double squares = 0;
+    bool per_block = false;
+    for (const auto& [key, value] : expected_records[i].values) {
+      if (!key.starts_with("grad_norm/")) continue;
+      per_block = true;
+      ASSERT_TRUE(actual_records[i].has(key)) << actual << " record " << i + 1 << ": no " << key;
+      const double got = actual_records[i].at(key);
+      EXPECT_LE(std::abs(got - value), atol + rtol * std::abs(value))
+          << actual << " record " << i + 1 << ": " << key << " " << got << " against " << value;
+      squares += got * got;
+    }
+    if (per_block) {
+      EXPECT_NEAR(std::sqrt(squares), a[i], 1e-5 + 1e-4 * a[i])
+          << actual << " record " << i + 1 << ": the blocks' norms against grad_norm";
+    }
   }
 }
 

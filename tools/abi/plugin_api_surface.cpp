@@ -13,6 +13,7 @@
 #include "trainyard/api/activation_checkpoint.hpp"
 #include "trainyard/api/activations.hpp"
 #include "trainyard/api/batch.hpp"
+#include "trainyard/parallel/block_norms.hpp"
 #include "trainyard/parallel/block_selection.hpp"
 #include "trainyard/api/build_context.hpp"
 #include "trainyard/parallel/c10d_communicator.hpp"
@@ -161,6 +162,8 @@ struct FreeFunctions {
   decltype(&take_sample_times) take_sample_times_fn;
   decltype(&report_skipped_sample) report_skipped_sample_fn;
   decltype(&skipped_samples) skipped_samples_fn;
+  decltype(&block_squares) block_squares_fn;
+  decltype(&set_block_norms) set_block_norms_fn;
 };
 
 }  // namespace trainyard::abi
@@ -188,4 +191,4 @@ extern "C" __attribute__((visibility("default"))) void trainyard_plugin_api_help
     trainyard::safetensors::Layout*, trainyard::DeferredParameters*, trainyard::SplitBackward*,
     trainyard::CollectiveGroup*, trainyard::CollectiveRecord*, trainyard::FlightRecorder*,
     trainyard::FlightRecordFile*, trainyard::SampleDraws*, trainyard::SampleTimes*,
-    trainyard::SampleTimer*, trainyard::SkippedSamples*) {}
+    trainyard::SampleTimer*, trainyard::SkippedSamples*, trainyard::ParameterBlocks*) {}

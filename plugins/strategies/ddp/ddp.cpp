@@ -13,6 +13,7 @@
 
 #include "sync_batch_norm.hpp"
 #include "trainyard/api/activation_checkpoint.hpp"
+#include "trainyard/parallel/block_norms.hpp"
 #include "trainyard/parallel/distributed.hpp"
 #include "trainyard/api/error.hpp"
 #include "trainyard/api/gradient_compression.hpp"
@@ -93,6 +94,7 @@ class Ddp final : public Strategy {
     tp_group_ = mesh_->group(MeshGroup::kTensor);
     layouts_ = parameter_layouts(*model_);
     for (const auto& layout : layouts_) holds_shards_ = holds_shards_ || !holds_whole(layout);
+    if (context.step.block_grad_norms) parameter_blocks_.emplace(*model_);
     optimizer_ = context.optimizer->create(parameters_);
     autocast_dtype_ = context.precision->autocast_dtype();
     if (!group_) {  // the only data-parallel rank: plain training, nothing to synchronise
@@ -194,7 +196,8 @@ class Ddp final : public Strategy {
       finish_checked_step(loss_sum, count, result);
       return result;
     }
-    finish_replicated_step(parameters_, layouts_, context_, *optimizer_, loss_sum, count, result);
+    finish_replicated_step(parameters_, layouts_, context_, *optimizer_, loss_sum, count, result,
+                           parameter_blocks_ ? &*parameter_blocks_ : nullptr);
     return result;
   }
 
@@ -393,6 +396,7 @@ class Ddp final : public Strategy {
     test_nonfinite_hook(held, layouts_);
     at::Tensor found_inf = context_.precision->unscale(gradients);
     agree_on_found_inf(found_inf, tp_group_);
+    if (parameter_blocks_) report_block_norms(held, result);
     const at::Tensor norm =
         tp_group_ ? squares_over_group(split, whole, tp_group_).sqrt() : global_norm(gradients);
     const GradientVerdict verdict = judge_gradients(
@@ -405,12 +409,29 @@ class Ddp final : public Strategy {
     result.loss = count > 1 ? loss_sum / static_cast<double>(count) : loss_sum;
   }
 
+  // Each block's norm as finish_checked_step takes the total: tensor-parallel pieces' squares
+  // summed over the tp group, whole copies counted once.
+  void report_block_norms(const std::vector<at::Tensor>& held, StepResult& result) const {
+    at::Tensor squares = block_squares(
+        held, layouts_, *parameter_blocks_,
+        [&](std::size_t i, const ParameterPiece&) { return !holds_whole(layouts_[i]); },
+        parameters_.front().device());
+    if (tp_group_) {
+      std::vector<at::Tensor> split{squares[0].clone()};
+      CollectiveWait wait;
+      tp_group_->allreduce(split)->wait();
+      squares[0].copy_(split[0]);
+    }
+    set_block_norms(squares.sum(0), *parameter_blocks_, result);
+  }
+
   DdpOptions options_;
   StrategyContext context_;
   std::shared_ptr<ProcessMesh> mesh_;
   c10::intrusive_ptr<c10d::Backend> group_;  // null when this rank is the only data-parallel one
   c10::intrusive_ptr<c10d::Backend> tp_group_;  // null without tensor parallelism
   std::vector<HeldLayout> layouts_;             // how the model holds each parameter
+  std::optional<ParameterBlocks> parameter_blocks_;  // with run.grad_norm_blocks
   bool holds_shards_ = false;
   DataParallelPlace place_;
   std::shared_ptr<Model> model_;

@@ -19,11 +19,13 @@
 
 #include <iostream>
 #include <map>
+#include <optional>
 #include <set>
 #include <utility>
 #include <vector>
 
 #include "trainyard/api/activation_checkpoint.hpp"
+#include "trainyard/parallel/block_norms.hpp"
 #include "trainyard/parallel/distributed.hpp"
 #include "trainyard/api/error.hpp"
 #include "trainyard/parallel/gradient_verdict.hpp"
@@ -147,6 +149,8 @@ class Fsdp final : public Strategy {
     model_ = context.make_model(build);
     to_device_but_placeholders(model_->module(), *deferred, context.build.device);
     model_->module().train();
+    // Before the units take the parameters over: which block holds each, by its whole name.
+    if (context.step.block_grad_norms) parameter_blocks_.emplace(*model_);
     autocast_dtype_ = context.precision->autocast_dtype();
     ShardedUnitsOptions units;
     units.sharding = options_.sharding;
@@ -236,6 +240,7 @@ class Fsdp final : public Strategy {
     torch::Tensor found_inf = context_.precision->unscale(gradients);
     units_->combine_found_inf(found_inf);
     agree_on_found_inf(found_inf, tp_group_);
+    if (parameter_blocks_) report_block_norms(gradients, result);
     const GradientVerdict verdict = judge_gradients(
         context_, found_inf, gradient_norm(gradients), gradients,
         [&] { return first_nonfinite_parameter(gradients, shard_layouts_); }, result);
@@ -436,6 +441,23 @@ class Fsdp final : public Strategy {
     return (split_squares[0][0] + message[0][1]).sqrt();
   }
 
+  // Each block's norm as gradient_norm takes the total: the shards' squares summed over the
+  // shard group, tensor-parallel pieces' squares over the tp group as well.
+  void report_block_norms(const std::vector<at::Tensor>& gradients, StepResult& result) const {
+    std::vector<at::Tensor> message{block_squares(
+        gradients, shard_layouts_, *parameter_blocks_,
+        [&](std::size_t, const ParameterPiece& piece) { return split_names_.count(piece.name) > 0; },
+        context_.build.device)};
+    CollectiveWait wait;
+    if (units_->shard_ranks() > 1) group_->allreduce(message)->wait();  // replicas hold all
+    if (tp_group_) {
+      std::vector<at::Tensor> split{message[0][0].clone()};
+      tp_group_->allreduce(split)->wait();
+      message[0][0].copy_(split[0]);
+    }
+    set_block_norms(message[0].sum(0), *parameter_blocks_, result);
+  }
+
   // This rank's shard of every unit.
   std::vector<HeldLayout> shard_layouts() const {
     std::vector<HeldLayout> layouts;
@@ -478,6 +500,7 @@ class Fsdp final : public Strategy {
   std::vector<std::string> frozen_names_;
   std::vector<HeldLayout> frozen_layouts_;
   std::set<std::string> split_names_;  // parameters held as tensor-parallel pieces
+  std::optional<ParameterBlocks> parameter_blocks_;  // with run.grad_norm_blocks
   DataParallelPlace place_;
   std::shared_ptr<Model> model_;
   std::vector<Block> blocks_;

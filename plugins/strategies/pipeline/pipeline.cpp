@@ -33,9 +33,11 @@
 #include "stage_channel.hpp"
 #include "stage_executor.hpp"
 #include "stage_parameters.hpp"
+#include "stage_norms.hpp"
 #include "tied_weights.hpp"
 #include "trainyard/api/activation_checkpoint.hpp"
 #include "trainyard/api/error.hpp"
+#include "trainyard/parallel/block_norms.hpp"
 #include "trainyard/api/model.hpp"
 #include "trainyard/api/optimizer.hpp"
 #include "trainyard/api/parameter_pieces.hpp"
@@ -347,6 +349,12 @@ class Pipeline final : public Strategy {
         for (auto& piece : layout) piece.name = stage.whole_names[i];
         stage.layouts.push_back(std::move(layout));
       }
+      // Before the stage's parameters are held (sharded units take them over): which block
+      // holds each, by its whole name.
+      if (context_.step.block_grad_norms) {
+        if (!parameter_blocks_) parameter_blocks_.emplace();
+        parameter_blocks_->add(*stage.model, stage.parameters, stage.whole_names);
+      }
       stage.held = hold_parameters(stage);
       stage.run = with_activation_checkpointing(
           stage.held->blocks(), context_.step.activation_checkpointing, context_.device_backend);
@@ -395,34 +403,6 @@ class Pipeline final : public Strategy {
               << formula.value << ")" << std::endl;
   }
 
-  // The sum of squares of this rank's stages' gradients over the data- and tensor-parallel
-  // ranks, each parameter of the whole model counted once (tied copies left out).
-  at::Tensor stage_gradient_squares() {
-    if (options_.sharding) {
-      // Flat shards mix parameters: the copies' squares are taken out again. Tensor-parallel
-      // pieces' squares are then summed over the tp group; whole copies count once.
-      at::Tensor squares = at::zeros({2}, at::kFloat).to(context_.build.device);
-      for (const auto& stage : stages_) squares = squares + stage.held->gradient_squares();
-      squares = (squares - tied_copy_squares(stages_).to(squares.device())).clamp_min(0);
-      std::vector<at::Tensor> pieces{squares.narrow(0, 0, 1).clone()};
-      if (tp_group_) {
-        CollectiveWait wait;
-        tp_group_->allreduce(pieces)->wait();
-      }
-      return pieces[0][0] + squares[1];
-    }
-    std::vector<at::Tensor> split;
-    std::vector<at::Tensor> whole;
-    for (const auto& stage : stages_) {
-      for (std::size_t i = 0; i < stage.parameters.size(); ++i) {
-        const at::Tensor& grad = stage.parameters[i].grad();
-        if (!grad.defined() || stage.tied_copy[i]) continue;
-        (holds_whole(stage.layouts[i]) ? whole : split).push_back(grad);
-      }
-    }
-    return squares_over_group(split, whole, tp_group_);
-  }
-
   // Unscale, judge by the norm over every stage (clip or skip), step: the decisions are the
   // pipeline's, agreed over the pipeline group.
   void finish_step(StepResult& result) {
@@ -446,10 +426,19 @@ class Pipeline final : public Strategy {
         all_reduce(flag, c10d::ReduceOp::MAX);
       }
     }
-    at::Tensor squares = stage_gradient_squares().reshape({1});
+    at::Tensor squares = stage_gradient_squares(stages_, options_.sharding.has_value(), tp_group_,
+                                                context_.build.device)
+                             .reshape({1});
     if (pp_group_) {
       std::vector<at::Tensor> sum{squares};
       all_reduce(sum, c10d::ReduceOp::SUM);
+    }
+    if (parameter_blocks_) {
+      std::vector<at::Tensor> blocks{stage_block_squares(stages_, *parameter_blocks_,
+                                                         options_.sharding.has_value(), tp_group_,
+                                                         context_.build.device)};
+      if (pp_group_) all_reduce(blocks, c10d::ReduceOp::SUM);
+      set_block_norms(blocks[0], *parameter_blocks_, result);
     }
     const GradientVerdict verdict = judge_gradients(
         context_, found_inf, squares.sqrt().reshape({}), gradients,
@@ -458,7 +447,6 @@ class Pipeline final : public Strategy {
     if (verdict.step) optimizer_->step();
     context_.precision->update(verdict.found_inf);
   }
-
 
   void all_reduce(std::vector<at::Tensor>& tensors, c10d::ReduceOp op) {
     c10d::AllreduceOptions options;
@@ -533,6 +521,7 @@ class Pipeline final : public Strategy {
   std::vector<double> block_costs_;  // empty when the stages are named
   std::vector<BlockRange> cut_;
   std::vector<LocalStage> stages_;
+  std::optional<ParameterBlocks> parameter_blocks_;  // with run.grad_norm_blocks
   std::vector<HeldLayout> held_layouts_;  // stage_layouts(stages_), made at the first step
   double local_flops_per_sample_ = 0;  // of this rank's stages: what StepResult::flops counts
   TiedWeights tied_;

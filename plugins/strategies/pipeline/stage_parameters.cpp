@@ -98,6 +98,14 @@ class ReplicatedStageParameters final : public StageParameters {
     }
     return split_and_whole_squares(split, whole, parameters_.front().device());
   }
+  at::Tensor block_gradient_squares(const ParameterBlocks& blocks) const override {
+    std::vector<at::Tensor> gradients;
+    for (const auto& parameter : parameters_) gradients.push_back(parameter.grad());
+    return block_squares(
+        gradients, layouts_, blocks,
+        [&](std::size_t i, const ParameterPiece&) { return !holds_whole(layouts_[i]); },
+        parameters_.front().device());
+  }
   void combine_found_inf(at::Tensor&) const override {}  // equal gradients on every rank
 
   std::vector<HeldLayout> layouts(const std::vector<std::string>&) const override {
@@ -213,6 +221,19 @@ class ShardedStageParameters final : public StageParameters {
     }
     std::vector<at::Tensor> squares{
         split_and_whole_squares(split, whole, units_->shard(0).device())};
+    if (units_->shard_ranks() > 1) {  // replicated units each hold every gradient
+      CollectiveWait wait;
+      shard_group_->allreduce(squares)->wait();
+    }
+    return squares[0];
+  }
+  at::Tensor block_gradient_squares(const ParameterBlocks& blocks) const override {
+    std::vector<at::Tensor> gradients;
+    for (std::size_t u = 0; u < units_->unit_count(); ++u) gradients.push_back(units_->shard(u).grad());
+    std::vector<at::Tensor> squares{block_squares(
+        gradients, layouts({}), blocks,
+        [&](std::size_t, const ParameterPiece& piece) { return split_names_.count(piece.name) > 0; },
+        units_->shard(0).device())};
     if (units_->shard_ranks() > 1) {  // replicated units each hold every gradient
       CollectiveWait wait;
       shard_group_->allreduce(squares)->wait();

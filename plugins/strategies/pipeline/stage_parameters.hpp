@@ -13,6 +13,7 @@
 #include <string>
 #include <vector>
 
+#include "trainyard/parallel/block_norms.hpp"
 #include "trainyard/parallel/gradient_reducer.hpp"
 #include "trainyard/api/held_bytes.hpp"
 #include "trainyard/api/model.hpp"
@@ -63,6 +64,8 @@ class StageParameters {
   // those of tensor-parallel pieces (still to be summed over the tp group) and those of whole
   // parameters (every tp rank holds them alike).
   virtual at::Tensor gradient_squares() const = 0;
+  // The same per block of the whole model, [2, blocks] (run.grad_norm_blocks).
+  virtual at::Tensor block_gradient_squares(const ParameterBlocks& blocks) const = 0;
   // found_inf becomes the maximum over the data-parallel ranks when they hold other gradients.
   virtual void combine_found_inf(at::Tensor& found_inf) const = 0;
 

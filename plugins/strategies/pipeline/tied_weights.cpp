@@ -71,17 +71,38 @@ void TiedWeights::sum_gradients(std::vector<LocalStage>& stages, StageChannel* c
   }
 }
 
-at::Tensor tied_copy_squares(const std::vector<LocalStage>& stages) {
-  at::Tensor total = at::zeros({2}, at::kFloat);
+namespace {
+
+// The squares of each tied copy's whole gradient, added to `total` (moved to the gradients'
+// device) at [kind] or [kind][block of the tied parameter]: kind 0 for tensor-parallel pieces,
+// 1 for whole copies.
+void add_tied_copy_squares(const std::vector<LocalStage>& stages, const ParameterBlocks* blocks,
+                           at::Tensor& total) {
   for (const auto& stage : stages) {
     for (std::size_t i = 0; i < stage.parameters.size(); ++i) {
       if (!stage.tied_copy[i]) continue;
       const at::Tensor grad = stage.held->whole_gradient(i);
       const std::int64_t kind = holds_whole(stage.layouts[i]) ? 1 : 0;
       total = total.to(grad.device());
-      total[kind] += grad.to(at::kFloat).square().sum();
+      at::Tensor slot = total[kind];
+      if (blocks) slot = slot[blocks->index(stage.whole_names[i])];
+      slot += grad.to(at::kFloat).square().sum();
     }
   }
+}
+
+}  // namespace
+
+at::Tensor tied_copy_squares(const std::vector<LocalStage>& stages) {
+  at::Tensor total = at::zeros({2}, at::kFloat);
+  add_tied_copy_squares(stages, nullptr, total);
+  return total;
+}
+
+at::Tensor tied_copy_block_squares(const std::vector<LocalStage>& stages,
+                                   const ParameterBlocks& blocks) {
+  at::Tensor total = at::zeros({2, blocks.count()}, at::kFloat);
+  add_tied_copy_squares(stages, &blocks, total);
   return total;
 }
 

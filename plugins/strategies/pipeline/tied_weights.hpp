@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "local_stage.hpp"
+#include "trainyard/parallel/block_norms.hpp"
 #include "trainyard/api/model.hpp"
 #include "trainyard/parallel/pipeline_schedule.hpp"
 #include "trainyard/parallel/pipeline_stages.hpp"
@@ -46,5 +47,9 @@ class TiedWeights {
 // The sums of squares of the gradients of this rank's tied copies, which a norm counts once (with
 // the owner), as StageParameters::gradient_squares gives them: [tensor-parallel pieces, whole].
 at::Tensor tied_copy_squares(const std::vector<LocalStage>& stages);
+// The same per block, [2, blocks], each in the block that owns the tied parameter (the block its
+// pieces' squares were counted in).
+at::Tensor tied_copy_block_squares(const std::vector<LocalStage>& stages,
+                                   const ParameterBlocks& blocks);
 
 }  // namespace trainyard

@@ -4,6 +4,8 @@
 #include <ATen/core/grad_mode.h>
 #include <torch/optim/optimizer.h>
 
+#include <optional>
+
 #include "trainyard/api/activation_checkpoint.hpp"
 #include "trainyard/api/communicator.hpp"
 #include "trainyard/api/error.hpp"
@@ -15,6 +17,7 @@
 #include "trainyard/api/parameter_pieces.hpp"
 #include "trainyard/api/plugin.hpp"
 #include "trainyard/api/precision.hpp"
+#include "trainyard/parallel/block_norms.hpp"
 #include "trainyard/parallel/replicated_step.hpp"
 #include "trainyard/api/strategy.hpp"
 
@@ -38,6 +41,7 @@ class Single final : public Strategy {
                                             context.device_backend);
     parameters_ = model_->module().parameters(true);
     layouts_ = parameter_layouts(*model_);
+    if (context.step.block_grad_norms) parameter_blocks_.emplace(*model_);
     optimizer_ = context.optimizer->create(parameters_);
     autocast_dtype_ = context.precision->autocast_dtype();
   }
@@ -53,7 +57,8 @@ class Single final : public Strategy {
       loss_sum = loss_sum.defined() ? loss_sum + detached : detached;
       result.samples += batch.size;
     }
-    finish_replicated_step(parameters_, layouts_, context_, *optimizer_, loss_sum, count, result);
+    finish_replicated_step(parameters_, layouts_, context_, *optimizer_, loss_sum, count, result,
+                           parameter_blocks_ ? &*parameter_blocks_ : nullptr);
     return result;
   }
 
@@ -97,6 +102,7 @@ class Single final : public Strategy {
   std::vector<Block> blocks_;
   std::vector<torch::Tensor> parameters_;
   std::vector<HeldLayout> layouts_;  // whole parameters, for naming a non-finite gradient
+  std::optional<ParameterBlocks> parameter_blocks_;  // with run.grad_norm_blocks
   std::unique_ptr<torch::optim::Optimizer> optimizer_;
   std::optional<torch::ScalarType> autocast_dtype_;
 };

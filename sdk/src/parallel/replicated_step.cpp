@@ -4,6 +4,7 @@
 #include <ATen/core/grad_mode.h>
 #include <torch/optim/optimizer.h>
 
+#include "trainyard/parallel/block_norms.hpp"
 #include "trainyard/parallel/gradient_verdict.hpp"
 #include "trainyard/parallel/gradients.hpp"
 #include "trainyard/api/precision.hpp"
@@ -14,7 +15,7 @@ void finish_replicated_step(const std::vector<torch::Tensor>& parameters,
                             const std::vector<HeldLayout>& layouts,
                             const StrategyContext& context, torch::optim::Optimizer& optimizer,
                             const torch::Tensor& loss_sum, std::int64_t micro_batches,
-                            StepResult& result) {
+                            StepResult& result, const ParameterBlocks* blocks) {
   Precision& precision = *context.precision;
   std::vector<torch::Tensor> held_gradients;
   held_gradients.reserve(parameters.size());
@@ -22,6 +23,12 @@ void finish_replicated_step(const std::vector<torch::Tensor>& parameters,
   test_nonfinite_hook(held_gradients, layouts);
   std::vector<torch::Tensor> gradients = gradients_of(parameters);
   const torch::Tensor found_inf = precision.unscale(gradients);
+  if (blocks) {
+    // Every rank holds whole gradients (reduced already): the local sums are the global ones.
+    const at::Tensor squares = block_squares(held_gradients, layouts, *blocks, {},
+                                             parameters.front().device());
+    set_block_norms(squares.sum(0), *blocks, result);
+  }
   const GradientVerdict verdict =
       judge_gradients(context, found_inf, global_norm(gradients), gradients,
                       [&] { return first_nonfinite_parameter(held_gradients, layouts); }, result);

@@ -54,6 +54,7 @@ Engine::Engine(Recipe recipe, const Registry& registry, RunControls controls)
   context.device_backend = s.placement.backend;
   context.step.accumulation = s.run.grad_accumulation;
   context.step.max_grad_norm = s.run.max_grad_norm;
+  context.step.block_grad_norms = s.run.grad_norm_blocks;
   context.step.activation_checkpointing = s.run.activation_checkpointing;
   s.phases = std::make_unique<PhaseClock>(s.placement.backend.get(), s.placement.index, false);
   context.phases = s.phases.get();

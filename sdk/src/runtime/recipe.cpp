@@ -140,6 +140,9 @@ const OptionSpecs& run_options() {
       option("grad_accumulation", 1, "micro-batches per optimizer step").at_least(1),
       option("max_grad_norm", 0.0, "clip gradients to this global norm (0: no clipping)")
           .at_least(0),
+      option("grad_norm_blocks", false,
+             "also log each block's gradient norm (before clipping) every record: grad_norm/<block>, "
+             "the same on every strategy as in one process"),
       option("on_nonfinite", "stop",
              "a step whose gradients hold inf or nan never steps the optimizer; then: stop "
              "(exit naming the step, the parameter and the batch), skip (count it and train on) "

@@ -22,6 +22,10 @@ void TrainingMeter::add_step(const StepResult& result) {
     max_grad_norm_ = max_grad_norm_.defined() ? at::fmax(max_grad_norm_, result.grad_norm)
                                               : result.grad_norm.detach().clone();
   }
+  if (result.block_grad_norms.defined()) {
+    last_block_grad_norms_ = result.block_grad_norms;
+    block_names_ = result.block_names;
+  }
   ++steps_;
   samples_ += result.samples;
   flops_ += result.flops > 0 ? result.flops
@@ -73,6 +77,12 @@ IntervalFigures TrainingMeter::close_interval() {
     values.emplace_back("grad_norm", last_grad_norm_.item<double>());
     values.emplace_back("grad_norm_max", max_grad_norm_.item<double>());
   }
+  if (last_block_grad_norms_.defined()) {
+    const at::Tensor norms = last_block_grad_norms_.to(at::kCPU, at::kDouble);
+    for (std::size_t b = 0; b < block_names_.size(); ++b) {
+      values.emplace_back("grad_norm/" + block_names_[b], norms[static_cast<std::int64_t>(b)].item<double>());
+    }
+  }
   if (skipped_ > 0) values.emplace_back("skipped_steps", static_cast<double>(skipped_));
   for (const auto& [name, sum] : metric_sums_) {
     values.emplace_back(name, sum / steps);
@@ -90,6 +100,7 @@ IntervalFigures TrainingMeter::close_interval() {
   skipped_ = 0;
   last_grad_norm_ = at::Tensor();
   max_grad_norm_ = at::Tensor();
+  last_block_grad_norms_ = at::Tensor();
   metric_sums_.clear();
   interval_start_ = Clock::now();
   return figures;

@@ -73,6 +73,8 @@ class TrainingMeter {
   std::int64_t loss_steps_ = 0;  // steps whose loss this rank holds
   at::Tensor last_grad_norm_;  // the interval's last step's
   at::Tensor max_grad_norm_;   // over the interval's steps, nan left out (fmax)
+  at::Tensor last_block_grad_norms_;  // the interval's last step's, with run.grad_norm_blocks
+  std::vector<std::string> block_names_;
   std::int64_t steps_ = 0;
   std::int64_t samples_ = 0;
   double flops_ = 0;  // this rank's, over the interval

@@ -41,6 +41,8 @@ struct StepOptions {
   std::int64_t accumulation = 1;  // micro-batches per optimizer step
   double max_grad_norm = 0;       // clip by global norm when > 0
   ActivationCheckpointing activation_checkpointing;
+  // Also report each block's gradient norm (StepResult::block_grad_norms): run.grad_norm_blocks.
+  bool block_grad_norms = false;
 };
 
 // Everything a strategy builds from. It calls make_model (possibly several times, or with a
@@ -78,6 +80,11 @@ struct StepResult {
   // each holds the mean of equally many samples.
   torch::Tensor loss;
   torch::Tensor grad_norm;  // before clipping
+  // With StepOptions::block_grad_norms: each block's gradient norm before clipping, [blocks] in
+  // the order of block_names (the whole model's), over every rank as grad_norm is (so the sum of
+  // their squares is grad_norm's square), on every rank.
+  torch::Tensor block_grad_norms;
+  std::vector<std::string> block_names;
   std::int64_t samples = 0;
   // Forward + backward FLOPs this rank ran in the step, for utilisation. 0: the engine reckons
   // samples x the model's flops_per_sample(), right for a strategy that holds one model built
