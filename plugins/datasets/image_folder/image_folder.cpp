@@ -91,21 +91,8 @@ class ImageFolderSplit final : public MapSource {
 
   // `made` (a sample of `index`) when it has the split's [C, H, W]; else an Error naming the file.
   at::Tensor checked(std::int64_t index, at::Tensor made) const {
-    if (made.sizes() != at::IntArrayRef(recipe_.shape)) {
-      throw Error(sample(index).path.string() + ": becomes a " + shape_text(made.sizes().vec()) +
-                  " sample where the split's first image gives " + shape_text(recipe_.shape) +
-                  "; resize or crop every image to one size ([dataset.transforms] resize = "
-                  "[height, width])");
-    }
+    check_sample_shape(made, recipe_.shape, sample(index).path.string());
     return made;
-  }
-
-  static std::string shape_text(const std::vector<std::int64_t>& shape) {
-    std::string text;
-    for (const std::int64_t extent : shape) {
-      text += (text.empty() ? "" : "x") + std::to_string(extent);
-    }
-    return text;
   }
 
   ScannedFolder folder_;
@@ -121,10 +108,8 @@ class ImageFolder final : public Dataset {
         mode_(options.get_string("color") == "gray" ? ColorMode::kGray : ColorMode::kRgb) {
     const std::int64_t channels = mode_ == ColorMode::kGray ? 1 : 3;
     const ImageTransformSpec train_spec = read_image_transforms(options.get_table("transforms"));
-    const Config test_table = options.get_table("test_transforms");
-    const ImageTransformSpec test_spec = test_table.table().empty()
-                                             ? without_random_steps(train_spec)
-                                             : read_image_transforms(test_table);
+    const ImageTransformSpec test_spec =
+        read_test_transforms(options.get_table("test_transforms"), train_spec);
     train_transforms_ = std::make_shared<const ImageTransforms>(train_spec, channels);
     test_transforms_ = std::make_shared<const ImageTransforms>(test_spec, channels);
     train_ = scan(train_root_);

@@ -87,12 +87,6 @@ std::vector<std::int64_t> sample_shape(const SplitReading& split) {
               " and the shards after it decodes");
 }
 
-ImageTransformSpec test_transform_spec(const Config& options, const ImageTransformSpec& train) {
-  const Config table = options.get_table("test_transforms");
-  if (table.table().empty()) return without_random_steps(train);
-  return read_image_transforms(table);
-}
-
 class WebDataset final : public Dataset {
  public:
   explicit WebDataset(const Config& options) : classes_(options.get_int("classes")) {
@@ -116,7 +110,7 @@ class WebDataset final : public Dataset {
     if (!options.get_string("test").empty()) {
       // Evaluation reads every sample once whatever the order: no shuffling.
       test_ = std::make_shared<WebDatasetStream>(
-          reading("test", test_transform_spec(options, train), 0));
+          reading("test", read_test_transforms(options.get_table("test_transforms"), train), 0));
     }
   }
 

@@ -25,12 +25,6 @@ at::Tensor longs(const std::vector<std::int64_t>& values) {
   return at::tensor(values, at::TensorOptions(at::kLong));
 }
 
-std::string shape_text(at::IntArrayRef shape) {
-  std::string text = "[";
-  for (std::size_t i = 0; i < shape.size(); ++i) text += (i ? ", " : "") + std::to_string(shape[i]);
-  return text + "]";
-}
-
 // One reader: its range of the epoch's sequence through its shuffle buffer.
 class ShardReader final : public SampleStream {
  public:
@@ -224,12 +218,7 @@ TensorMap make_sample(const SplitReading& split, std::int64_t shard, std::int64_
   const std::string source = indexed.path.string() + ": " + item.key;
   const DecodedImage image = decode_image(bytes, source, split.mode);
   const at::Tensor input = split.transforms->apply(image, draws.for_sample(global));
-  if (!split.shape.empty() && input.sizes() != at::IntArrayRef(split.shape)) {
-    throw Error(source + ": the image makes a sample of " + shape_text(input.sizes()) +
-                " where the split's first makes " + shape_text(split.shape) +
-                "; give dataset.transforms a two-number resize or a crop so every sample has "
-                "one size");
-  }
+  if (!split.shape.empty()) check_sample_shape(input, split.shape, source);
   return {{"input", input},
           {"target", at::scalar_tensor(item.label, at::kLong)},
           {kSampleIndexKey, at::scalar_tensor(global, at::kLong)}};

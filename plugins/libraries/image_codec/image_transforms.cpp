@@ -535,6 +535,27 @@ std::vector<std::int64_t> ImageTransforms::output_shape() const {
   return {channels_, fixed[0], fixed[1]};
 }
 
+ImageTransformSpec read_test_transforms(const Config& table, const ImageTransformSpec& train) {
+  if (table.table().empty()) return without_random_steps(train);
+  return read_image_transforms(table);
+}
+
+void check_sample_shape(const at::Tensor& sample, const std::vector<std::int64_t>& shape,
+                        const std::string& source) {
+  if (sample.sizes() == at::IntArrayRef(shape)) return;
+  auto text = [](at::IntArrayRef extents) {
+    std::string out = "[";
+    for (std::size_t i = 0; i < extents.size(); ++i) {
+      out += (i ? ", " : "") + std::to_string(extents[i]);
+    }
+    return out + "]";
+  };
+  throw Error(source + ": the image makes a sample of " + text(sample.sizes()) +
+              " where the split's first makes " + text(shape) +
+              "; give dataset.transforms a two-number resize or a crop so every sample has one "
+              "size");
+}
+
 at::Tensor collate_images(const std::vector<at::Tensor>& images, bool channels_last) {
   SampleTimer timer(SampleStage::kCollate);
   if (images.empty()) throw Error("collate_images: no images");

@@ -53,6 +53,14 @@ ImageTransformSpec read_image_transforms(const Config& table);
 // What an evaluation split runs when the recipe gives no transforms for it: the same steps
 // without chance (a random-resized crop becomes a resize to its size; no flip, no jitter).
 ImageTransformSpec without_random_steps(const ImageTransformSpec& spec);
+// An evaluation split's transforms: a validated [dataset.test_transforms] table, or when it is
+// empty the training ones without chance (without_random_steps).
+ImageTransformSpec read_test_transforms(const Config& table, const ImageTransformSpec& train);
+
+// Throws Error "<source>: the image makes a sample of [C, H, W] where the split's first makes
+// ..." unless `sample` has `shape` (the same size for every sample, so that they collate).
+void check_sample_shape(const at::Tensor& sample, const std::vector<std::int64_t>& shape,
+                        const std::string& source);
 
 // The outcome of one sample's random draws, for an image of a given size.
 struct ImageDraw {

@@ -22,22 +22,9 @@ struct ImageReader {
   ImageReader& operator=(const ImageReader&) = delete;
 };
 
-}  // namespace
-
-ImageHeader read_png_header(std::span<const std::uint8_t> bytes, const std::string& source) {
-  ImageReader reader;
-  png_image& png = reader.image;
-  if (!png_image_begin_read_from_memory(&png, bytes.data(), bytes.size())) {
-    throw Error(source + ": not a readable PNG: " + png.message);
-  }
-  if (png.format & PNG_FORMAT_FLAG_LINEAR) {
-    throw Error(source + ": a 16-bit PNG; only 8-bit PNGs are read");
-  }
-  return {png.height, png.width, (png.format & PNG_FORMAT_FLAG_COLOR) ? 3 : 1};
-}
-
-DecodedImage decode_png(std::span<const std::uint8_t> bytes, const std::string& source) {
-  ImageReader reader;
+// Reads the header into `reader`; refuses what is not an 8-bit PNG.
+void begin_png(ImageReader& reader, std::span<const std::uint8_t> bytes,
+               const std::string& source) {
   png_image& png = reader.image;
   if (!png_image_begin_read_from_memory(&png, bytes.data(), bytes.size())) {
     throw Error(source + ": not a readable PNG: " + png.message);
@@ -46,6 +33,21 @@ DecodedImage decode_png(std::span<const std::uint8_t> bytes, const std::string& 
     // libpng's 16-to-8-bit conversion treats the samples as linear light; Pillow does not.
     throw Error(source + ": a 16-bit PNG; only 8-bit PNGs are read");
   }
+}
+
+}  // namespace
+
+ImageHeader read_png_header(std::span<const std::uint8_t> bytes, const std::string& source) {
+  ImageReader reader;
+  begin_png(reader, bytes, source);
+  const png_image& png = reader.image;
+  return {png.height, png.width, (png.format & PNG_FORMAT_FLAG_COLOR) ? 3 : 1};
+}
+
+DecodedImage decode_png(std::span<const std::uint8_t> bytes, const std::string& source) {
+  ImageReader reader;
+  begin_png(reader, bytes, source);
+  png_image& png = reader.image;
   const bool color = (png.format & PNG_FORMAT_FLAG_COLOR) != 0;
   const bool alpha = (png.format & PNG_FORMAT_FLAG_ALPHA) != 0;
   png.format = color ? (alpha ? PNG_FORMAT_RGBA : PNG_FORMAT_RGB)
