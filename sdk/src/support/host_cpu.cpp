@@ -45,7 +45,12 @@ std::optional<double> ProcessCpuUsage::share_since_last() {
   std::optional<double> share;
   // The mask is read each time: the engine binds ranks to their cores after start-up.
   const auto cores = static_cast<double>(std::max<std::size_t>(1, allowed_cpus().size()));
-  if (cpu_now && cpu_seconds_ && wall_s > 0) share = (*cpu_now - *cpu_seconds_) / (wall_s * cores);
+  // At most every allowed core: the kernel adds another thread's run time to the process clock
+  // when that thread is next accounted, so a window of a few milliseconds can receive time the
+  // threads ran before it began.
+  if (cpu_now && cpu_seconds_ && wall_s > 0) {
+    share = std::min(1.0, (*cpu_now - *cpu_seconds_) / (wall_s * cores));
+  }
   cpu_seconds_ = cpu_now;
   wall_start_ = wall_now;
   return share;
