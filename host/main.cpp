@@ -20,6 +20,7 @@
 #include "diagnose_command.hpp"
 #include "doctor.hpp"
 #include "launch.hpp"
+#include "plan_command.hpp"
 #include "schedule_command.hpp"
 #include "trainyard/api/error.hpp"
 #include "trainyard/api/registry.hpp"
@@ -51,6 +52,9 @@ commands:
                     a checkpoint's contents, step, sizes and checksum status
   checkpoint export PATH --format safetensors --out FILE
                     the model's weights as one file other tools read
+  plan RECIPE [--nproc N]
+                    each rank's memory before the run: parameters, gradients, optimizer
+                    state, activations and the step's peak with its phase
   schedule NAME --stages P --micro-batches M [--virtual-stages V]
                     a pipeline schedule's timeline per rank and its idle share
                     (gpipe, 1f1b, interleaved_1f1b, zero_bubble)
@@ -170,6 +174,7 @@ int dispatch(int argc, char** argv, Registry& registry) {
   if (command == "launch") return command_launch(args);
   if (command == "compare") return command_compare(args);
   if (command == "schedule") return command_schedule(args);
+  if (command == "plan") return command_plan(args, registry);
   if (command == "diagnose") return command_diagnose(args);
   std::cerr << "trainyard: unknown command '" << command << "'\n" << kTopUsage;
   return kUsageError;

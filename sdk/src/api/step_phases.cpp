@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cstdio>
+#include <utility>
 
 #include "trainyard/api/device.hpp"
 #include "trainyard/api/error.hpp"
@@ -80,7 +81,10 @@ void PhaseClock::mark(StepPhase phase) {
   // Outside the engine's step loop (a strategy driven directly) nothing is timed.
   if (!in_step_ || !data_ready_) return;
   steps_.back().marks.push_back({phase, record_event()});
+  if (observer_) observer_(phase);
 }
+
+void PhaseClock::on_mark(std::function<void(StepPhase)> observer) { observer_ = std::move(observer); }
 
 void PhaseClock::end_step() {
   if (!in_step_) return;

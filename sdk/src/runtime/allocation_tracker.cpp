@@ -18,22 +18,52 @@ struct AllocationTracker::Counters : c10::MemoryReportingInfoBase,
   std::mutex mutex;
   std::array<std::int64_t, c10::COMPILE_TIME_MAX_DEVICE_TYPES> current{};
   std::array<std::int64_t, c10::COMPILE_TIME_MAX_DEVICE_TYPES> peak{};
+  std::array<std::int64_t, c10::COMPILE_TIME_MAX_DEVICE_TYPES> young{};  // this generation's
+  std::int64_t generation = 0;
+  // The generation of each accelerator allocation still live (CPU ones are kept with the
+  // tracking allocator's entries).
+  std::unordered_map<void*, std::int64_t> accelerator_generations;
 
-  void add(c10::DeviceType device, std::int64_t bytes) {
+  // Counts an allocation (bytes > 0) and returns its generation.
+  std::int64_t allocated(c10::DeviceType device, std::int64_t bytes) {
     const auto type = static_cast<std::size_t>(device);
-    if (type >= current.size()) return;
     std::lock_guard<std::mutex> lock(mutex);
+    if (type >= current.size()) return generation;
     current[type] += bytes;
+    young[type] += bytes;
     peak[type] = std::max(peak[type], current[type]);
+    return generation;
+  }
+  void freed(c10::DeviceType device, std::int64_t bytes, std::int64_t of_generation) {
+    const auto type = static_cast<std::size_t>(device);
+    std::lock_guard<std::mutex> lock(mutex);
+    if (type >= current.size()) return;
+    current[type] -= bytes;
+    if (of_generation == generation) young[type] -= bytes;
   }
 
   // The accelerators' caching allocators report here. CPU memory is counted by the tracking CPU
   // allocator below instead, because the allocators report a free to the freeing thread's
   // tracker: a tensor a communication worker thread frees would stay counted forever.
-  void reportMemoryUsage(void*, int64_t alloc_size, size_t, size_t,
+  void reportMemoryUsage(void* pointer, int64_t alloc_size, size_t, size_t,
                          c10::Device device) override {
     if (device.type() == c10::DeviceType::CPU) return;
-    add(device.type(), alloc_size);
+    if (alloc_size >= 0) {
+      const std::int64_t of_generation = allocated(device.type(), alloc_size);
+      std::lock_guard<std::mutex> lock(mutex);
+      accelerator_generations[pointer] = of_generation;
+      return;
+    }
+    std::int64_t of_generation = -1;
+    {
+      std::lock_guard<std::mutex> lock(mutex);
+      if (auto found = accelerator_generations.find(pointer);
+          found != accelerator_generations.end()) {
+        of_generation = found->second;
+        accelerator_generations.erase(found);
+      }
+    }
+    freed(device.type(), -alloc_size, of_generation);
   }
   bool memoryProfilingEnabled() const override { return true; }
 };
@@ -68,10 +98,12 @@ class TrackingCpuAllocator final : public c10::Allocator {
       return data;
     }
     void* pointer = data.release_context();
-    counters->add(c10::DeviceType::CPU, static_cast<std::int64_t>(bytes));
+    const std::int64_t generation =
+        counters->allocated(c10::DeviceType::CPU, static_cast<std::int64_t>(bytes));
     {
       std::lock_guard<std::mutex> lock(live_mutex());
-      live()[pointer] = Live{std::move(counters), static_cast<std::int64_t>(bytes), inner_deleter};
+      live()[pointer] =
+          Live{std::move(counters), static_cast<std::int64_t>(bytes), inner_deleter, generation};
     }
     return {pointer, pointer, &free_tracked, c10::Device(c10::DeviceType::CPU)};
   }
@@ -87,6 +119,7 @@ class TrackingCpuAllocator final : public c10::Allocator {
     std::shared_ptr<AllocationTracker::Counters> counters;
     std::int64_t bytes = 0;
     c10::DeleterFnPtr inner_deleter = nullptr;
+    std::int64_t generation = 0;
   };
 
   static std::mutex& live_mutex() {
@@ -107,7 +140,7 @@ class TrackingCpuAllocator final : public c10::Allocator {
       entry = std::move(found->second);
       live().erase(found);
     }
-    entry.counters->add(c10::DeviceType::CPU, -entry.bytes);
+    entry.counters->freed(c10::DeviceType::CPU, entry.bytes, entry.generation);
     entry.inner_deleter(pointer);
   }
 
@@ -138,6 +171,22 @@ AllocationTracker::AllocationTracker()
 
 AllocationTracker::~AllocationTracker() = default;
 
+namespace {
+
+// Stands where a tracker would (a guard without any info changes nothing), so that no tracker
+// is found. It must be a memory reporter: the allocators report to whatever the slot holds.
+struct NoTracker : c10::MemoryReportingInfoBase {
+  void reportMemoryUsage(void*, int64_t, size_t, size_t, c10::Device) override {}
+  bool memoryProfilingEnabled() const override { return false; }
+};
+
+}  // namespace
+
+AllocationTracker::Untracked::Untracked()
+    : installation_(std::make_unique<Installation>(std::make_shared<NoTracker>())) {}
+
+AllocationTracker::Untracked::~Untracked() = default;
+
 std::int64_t AllocationTracker::current_bytes(c10::DeviceType device) const {
   std::lock_guard<std::mutex> lock(counters_->mutex);
   return counters_->current[static_cast<std::size_t>(device)];
@@ -151,6 +200,17 @@ std::int64_t AllocationTracker::peak_bytes(c10::DeviceType device) const {
 void AllocationTracker::reset_peak() {
   std::lock_guard<std::mutex> lock(counters_->mutex);
   counters_->peak = counters_->current;
+}
+
+void AllocationTracker::start_generation() {
+  std::lock_guard<std::mutex> lock(counters_->mutex);
+  ++counters_->generation;
+  counters_->young = {};
+}
+
+std::int64_t AllocationTracker::generation_bytes(c10::DeviceType device) const {
+  std::lock_guard<std::mutex> lock(counters_->mutex);
+  return counters_->young[static_cast<std::size_t>(device)];
 }
 
 }  // namespace trainyard

@@ -58,32 +58,16 @@ Engine::Engine(Recipe recipe, const Registry& registry, RunControls controls)
   context.step.activation_checkpointing = s.run.activation_checkpointing;
   s.phases = std::make_unique<PhaseClock>(s.placement.backend.get(), s.placement.index, false);
   context.phases = s.phases.get();
+  // Counted from here: what the strategy builds (the model, its gradients and optimizer state,
+  // communication buffers) and what the steps allocate, not the dataset.
+  if (s.run.track_memory) s.memory = std::make_unique<MemoryMeter>(s.placement.device.type());
+  if (MemoryMeter* memory = s.memory.get()) {
+    s.phases->on_mark([memory](StepPhase phase) { memory->phase_ended(phase); });
+  }
   context.optimizer_step_gate = &s.optimizer_step_gate;
   s.runtime->naming_failures([&] { s.strategy().setup(context); });
 
-  s.data = std::make_unique<TrainingData>(
-      *s.components.dataset, s.recipe.section("dataset").get_string("plugin"), s.loader, s.run,
-      s.placement, s.runtime->data_parallel_place(), s.runtime->cores(), s.runtime->local_ranks());
-  if (s.data->chooses_workers()) {
-    LoaderTuningSettings tuning;
-    tuning.cores =
-        std::max(1, static_cast<int>(s.runtime->cores()) / std::max(1, s.runtime->local_ranks()));
-    tuning.threads = at::get_num_threads();
-    tuning.tune_threads = s.run.threads == 0;
-    s.loader_tuner = std::make_unique<LoaderTuner>(tuning);
-  }
-  if (!s.data->eval_split().empty()) {
-    LoaderOptions options;
-    options.batch_size = s.loader.evaluation_batch_size();
-    options.shuffle = false;
-    options.drop_last = false;
-    options.pad = false;
-    options.workers = s.loader.eval_workers >= 0 ? static_cast<int>(s.loader.eval_workers)
-                                                 : s.data->loader().workers();
-    s.evaluation = std::make_unique<Evaluation>(s.components.dataset, s.data->eval_split(), options,
-                                                s.run.eval_max_batches, s.strategy(),
-                                                s.placement.device, *s.runtime);
-  }
+  set_up_data();
   if (s.recipe.has_section("checkpoint")) {
     CheckpointedRun saved;
     saved.strategy = s.components.strategy.get();
@@ -117,7 +101,7 @@ Engine::Engine(Recipe recipe, const Registry& registry, RunControls controls)
   }
   ReportedRun reported{s.components.strategy, s.components.precision, s.components.scheduler,
                        s.placement,           &s.data->loader(),      s.components.base_lr,
-                       s.data->total_steps(), s.runtime->rank()};
+                       s.data->total_steps(), s.runtime->rank(), s.memory.get()};
   s.reporter =
       std::make_unique<MetricsReporter>(s.recipe, registry, build, *s.phases, meter,
                                         s.run.peak_tflops, std::move(reported), s.logger());
@@ -128,6 +112,37 @@ Engine::Engine(Recipe recipe, const Registry& registry, RunControls controls)
 
 Engine::~Engine() = default;
 
+// The training data, the loader tuner and the evaluation: loaded untracked, since the data is
+// not the steps' memory (run.track_memory counts what the strategy holds).
+void Engine::set_up_data() {
+  State& s = *state_;
+  std::optional<AllocationTracker::Untracked> loading_data;
+  if (s.memory) loading_data.emplace();
+  s.data = std::make_unique<TrainingData>(
+      *s.components.dataset, s.recipe.section("dataset").get_string("plugin"), s.loader, s.run,
+      s.placement, s.runtime->data_parallel_place(), s.runtime->cores(), s.runtime->local_ranks());
+  if (s.data->chooses_workers()) {
+    LoaderTuningSettings tuning;
+    tuning.cores =
+        std::max(1, static_cast<int>(s.runtime->cores()) / std::max(1, s.runtime->local_ranks()));
+    tuning.threads = at::get_num_threads();
+    tuning.tune_threads = s.run.threads == 0;
+    s.loader_tuner = std::make_unique<LoaderTuner>(tuning);
+  }
+  if (!s.data->eval_split().empty()) {
+    LoaderOptions options;
+    options.batch_size = s.loader.evaluation_batch_size();
+    options.shuffle = false;
+    options.drop_last = false;
+    options.pad = false;
+    options.workers = s.loader.eval_workers >= 0 ? static_cast<int>(s.loader.eval_workers)
+                                                 : s.data->loader().workers();
+    s.evaluation = std::make_unique<Evaluation>(s.components.dataset, s.data->eval_split(), options,
+                                                s.run.eval_max_batches, s.strategy(),
+                                                s.placement.device, *s.runtime);
+  }
+}
+
 Strategy& Engine::strategy() { return state_->strategy(); }
 Loader& Engine::train_loader() { return state_->data->loader(); }
 const torch::Device& Engine::device() const { return state_->placement.device; }
@@ -136,6 +151,7 @@ std::int64_t Engine::step() const { return state_->step; }
 std::vector<Batch> Engine::next_micro_batches() {
   State& s = *state_;
   PhaseClock& phases = s.reporter->meter().phases();
+  if (s.memory) s.memory->step_started();
   phases.begin_step(s.step);
   std::vector<Batch> host;
   host.reserve(static_cast<std::size_t>(s.run.grad_accumulation));

@@ -17,6 +17,7 @@
 #include "device_placement.hpp"
 #include "distributed_runtime.hpp"
 #include "evaluation.hpp"
+#include "memory_meter.hpp"
 #include "metrics_reporter.hpp"
 #include "nonfinite_guard.hpp"
 #include "run_options.hpp"
@@ -41,6 +42,8 @@ struct Engine::State {
   LoaderSettings loader;
   std::unique_ptr<DistributedRuntime> runtime;
   DevicePlacement placement;
+  // run.track_memory: made just before the strategy builds the model.
+  std::unique_ptr<MemoryMeter> memory;
   Components components;
   // The step phases the strategy marks.
   std::unique_ptr<PhaseClock> phases;

@@ -235,6 +235,10 @@ RunSummary MetricsReporter::finish(RunSummary summary, std::int64_t epoch, doubl
   record.values.emplace_back("skipped_samples", static_cast<double>(skipped_samples().count));
   for (const auto& figure : loader_choice_) record.values.push_back(figure);
   append_memory_figures(record.values);
+  if (run_.memory) {
+    for (const auto& figure : run_.memory->values()) record.values.push_back(figure);
+    if (run_.rank == 0) log_("trainyard: " + run_.memory->describe(run_.strategy->held_bytes()));
+  }
   for (const auto& figure : meter_->traffic_per_step()) record.values.push_back(figure);
   if (peak_) record.values.emplace_back("peak_tflops", peak_->flops_per_s / 1e12);
   if (run_.rank == 0) {

@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "device_placement.hpp"
+#include "memory_meter.hpp"
 #include "training_meter.hpp"
 #include "trainyard/api/build_context.hpp"
 #include "trainyard/support/host_cpu.hpp"
@@ -41,6 +42,7 @@ struct ReportedRun {
   double base_lr = 0;
   std::int64_t total_steps = 0;
   int rank = 0;
+  const MemoryMeter* memory = nullptr;  // with run.track_memory
 };
 
 class MetricsReporter {

@@ -143,6 +143,10 @@ const OptionSpecs& run_options() {
       option("grad_norm_blocks", false,
              "also log each block's gradient norm (before clipping) every record: grad_norm/<block>, "
              "the same on every strategy as in one process"),
+      option("track_memory", false,
+             "count every allocation (the allocator's, not estimates): the summary gives the "
+             "steps' peak and its phase, the bytes at a step's start and the activations, the "
+             "figures `trainyard plan` predicts"),
       option("on_nonfinite", "stop",
              "a step whose gradients hold inf or nan never steps the optimizer; then: stop "
              "(exit naming the step, the parameter and the batch), skip (count it and train on) "

@@ -5,6 +5,7 @@
 #include <array>
 #include <chrono>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <string>
@@ -79,6 +80,10 @@ class PhaseClock {
   void cancel_step();                  // no data came: the step does not happen
   void mark(StepPhase phase);          // the time since the previous mark was `phase`
   void end_step();                     // the rest of the step was the optimizer's
+  // Called on the marking thread after every mark of a timed step with the phase that just
+  // ended: where the engine's memory meter reads the allocator, so that a peak is attributed to
+  // the phase it happened in.
+  void on_mark(std::function<void(StepPhase)> observer);
 
   // The phases of the steps ended since the last rollup; waits for their device events.
   PhaseRollup rollup();
@@ -108,6 +113,7 @@ class PhaseClock {
   std::vector<Step> steps_;
   bool in_step_ = false;
   bool data_ready_ = false;
+  std::function<void(StepPhase)> observer_;
 };
 
 }  // namespace trainyard

@@ -29,12 +29,30 @@ class AllocationTracker {
   std::int64_t peak_bytes(c10::DeviceType device = c10::DeviceType::CPU) const;
   // Starts a new peak from the current value.
   void reset_peak();
+  // Starts a generation: generation_bytes() counts the bytes allocated from now on that are
+  // still live, whatever else is freed meanwhile (what a forward keeps for backward, even when
+  // the step freed last step's gradients before it).
+  void start_generation();
+  std::int64_t generation_bytes(c10::DeviceType device = c10::DeviceType::CPU) const;
 
   struct Counters;
+  struct Installation;
+
+  // While one lives, what the calling thread (and threads inheriting its state) allocates is
+  // counted by no tracker: data a run loads after its tracker started is not the step's memory.
+  class Untracked {
+   public:
+    Untracked();
+    ~Untracked();
+    Untracked(const Untracked&) = delete;
+    Untracked& operator=(const Untracked&) = delete;
+
+   private:
+    std::unique_ptr<Installation> installation_;
+  };
 
  private:
   std::shared_ptr<Counters> counters_;
-  struct Installation;
   std::unique_ptr<Installation> installation_;
 };
 

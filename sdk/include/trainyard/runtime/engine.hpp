@@ -68,6 +68,8 @@ class Engine {
 
  private:
   RunSummary run_steps();
+  // The training data, its loader (and tuner) and the evaluation, after the strategy's setup.
+  void set_up_data();
   // Logs the loader's workers and compute threads, or that the first steps will choose them.
   void announce_loader();
   // Feeds one step's data wait and time to the loader tuner and applies what it chooses.

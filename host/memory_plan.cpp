@@ -1,0 +1,121 @@
+#include "memory_plan.hpp"
+
+#include <algorithm>
+#include <cmath>
+
+namespace trainyard {
+
+namespace {
+
+std::int64_t round_bytes(double bytes) { return static_cast<std::int64_t>(std::llround(bytes)); }
+
+// A unit's flat buffer is padded to a multiple of the ranks (float32 elements), and each rank
+// keeps its share.
+std::int64_t shard_bytes(std::int64_t bytes, std::int64_t ranks) {
+  const std::int64_t elements = (bytes / 4 + ranks - 1) / ranks;
+  return elements * 4;
+}
+
+// What a rank of the layout holds between steps, and what moves during a step.
+struct Holdings {
+  std::int64_t parameters = 0;
+  std::int64_t gradients = 0;
+  std::int64_t optimizer_state = 0;
+  bool gradients_freed_at_start = false;  // set to none when the step starts
+  std::int64_t gathered_forward = 0;      // whole parameters gathered at the forward's end
+  std::int64_t gathered_backward = 0;     // ... and at backward's peak, with unit gradients
+  std::int64_t stepped = 0;               // parameter bytes the optimizer steps
+  std::int64_t optimizer_buffers = 0;     // flat copies the optimizer step makes (zero1)
+};
+
+// The largest `count` units' bytes, summed (at most two units are gathered at a time).
+std::int64_t largest_units(const ModelFootprint& model, std::size_t count) {
+  std::vector<std::int64_t> units;
+  for (std::size_t i = 1; i < model.blocks.size(); ++i)
+    units.push_back(model.blocks[i].parameter_bytes);
+  std::sort(units.rbegin(), units.rend());
+  std::int64_t sum = 0;
+  for (std::size_t i = 0; i < std::min(count, units.size()); ++i) sum += units[i];
+  return sum;
+}
+
+Holdings hold(const ModelFootprint& model, const PlanLayout& layout) {
+  const std::int64_t whole = model.parameter_bytes;
+  const auto state = [&](std::int64_t stepped) {
+    return round_bytes(model.optimizer_state_ratio * static_cast<double>(stepped));
+  };
+  Holdings held;
+  if (layout.holding == ModelHolding::kWhole) {
+    held.parameters = held.gradients = held.stepped = whole;
+    held.gradients_freed_at_start = true;
+  } else if (layout.holding == ModelHolding::kReplicated) {
+    held.parameters = held.gradients = held.stepped = whole;
+    if (layout.zero1) {
+      // The optimizer steps a float32 master copy of this rank's slice of the flat parameters,
+      // from a flat copy of the gradients, and all-gathers the slices into a flat buffer.
+      held.stepped = shard_bytes(whole, layout.shard_ranks);
+      held.parameters += held.stepped;
+      held.optimizer_buffers = whole + held.stepped + whole;
+    }
+  } else {
+    const std::int64_t ranks = layout.sharding == "none" ? 1 : layout.shard_ranks;
+    for (const auto& unit : model.blocks)
+      held.parameters += shard_bytes(unit.parameter_bytes, ranks);
+    held.gradients = held.stepped = held.parameters;
+    const std::int64_t root = model.blocks.empty() ? 0 : model.blocks.front().parameter_bytes;
+    if (layout.sharding == "full") {
+      const std::int64_t running = largest_units(model, layout.prefetch ? 2 : 1);
+      // The root stays gathered through the step; the last unit from its forward into its
+      // backward, which comes next, unless the block is recomputed (gathered again then).
+      const bool last_kept = model.blocks.size() > 1 && !model.blocks.back().recomputed;
+      held.gathered_forward = root + (last_kept ? model.blocks.back().parameter_bytes : 0);
+      held.gathered_backward = root + running + largest_units(model, 1);
+    } else if (layout.sharding == "grad_op") {
+      // Units stay gathered from their forward to their backward, except recomputed blocks'.
+      held.gathered_forward = root;
+      for (std::size_t i = 1; i < model.blocks.size(); ++i) {
+        if (!model.blocks[i].recomputed) held.gathered_forward += model.blocks[i].parameter_bytes;
+      }
+      held.gathered_backward = whole + largest_units(model, 1);
+    }
+  }
+  held.optimizer_state = state(held.stepped);
+  return held;
+}
+
+}  // namespace
+
+PlannedMemory plan_memory(const ModelFootprint& model, const PlanLayout& layout) {
+  const Holdings held = hold(model, layout);
+  PlannedMemory plan;
+  plan.parameters = held.parameters;
+  plan.gradients = held.gradients;
+  plan.optimizer_state = held.optimizer_state;
+  plan.frozen = model.frozen_bytes;
+  const std::int64_t samples = layout.micro_batch;
+  plan.activations = round_bytes(model.activations.at(samples));
+  plan.gathered_forward = held.gathered_forward;
+  const std::int64_t batch = round_bytes(model.batch.at(samples));
+  const std::int64_t kept = plan.parameters + plan.optimizer_state + plan.frozen;
+  plan.step_start = kept + plan.gradients;
+  const std::int64_t in_step = held.gradients_freed_at_start ? kept : plan.step_start;
+  const std::int64_t forward = in_step + batch + held.gathered_forward + plan.activations;
+  const double backward_extra = held.gradients_freed_at_start ? model.backward_fresh.at(samples)
+                                                              : model.backward_kept.at(samples);
+  const std::int64_t backward =
+      forward - held.gathered_forward + held.gathered_backward + round_bytes(backward_extra);
+  const std::int64_t optimizer =
+      plan.step_start + batch +
+      round_bytes(model.optimizer_step_ratio * static_cast<double>(held.stepped)) +
+      held.optimizer_buffers;
+  plan.phases = {{"h2d", plan.step_start + batch},
+                 {"forward", forward},
+                 {"backward", backward},
+                 {"optimizer", optimizer}};
+  plan.peak =
+      *std::max_element(plan.phases.begin(), plan.phases.end(),
+                        [](const PhasePeak& a, const PhasePeak& b) { return a.bytes < b.bytes; });
+  return plan;
+}
+
+}  // namespace trainyard

@@ -1,0 +1,54 @@
+#pragma once
+// The bytes a rank of a layout holds, composed from the probe's figures (memory_probe.hpp): the
+// parameters, gradients and optimizer state it keeps between steps, the activations a forward
+// keeps for backward, and the step's peak with the phase it falls in. The phases are the
+// engine's (step_phases.hpp), so that the plan lines up with what run.track_memory measures.
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "memory_probe.hpp"
+
+namespace trainyard {
+
+// How a strategy holds the model on a rank.
+enum class ModelHolding {
+  kWhole,         // one process: gradients made by each backward, freed when a step starts
+  kReplicated,    // a replica per rank, gradients kept in flat buckets between steps
+  kShardedUnits,  // units along the blocks, sharded as `sharding` says (sharded_units.hpp)
+};
+
+// How one rank of a data-parallel layout holds the model.
+struct PlanLayout {
+  std::string strategy;  // the plugin's name, for messages
+  ModelHolding holding = ModelHolding::kWhole;
+  std::string sharding = "full";  // sharded units: full, grad_op or none
+  bool prefetch = true;           // sharded units: the next unit gathered while one runs
+  bool zero1 = false;             // replicated: optimizer state sharded
+  std::int64_t shard_ranks = 1;   // the ranks state is sharded over
+  std::int64_t micro_batch = 1;   // samples per micro-batch on the rank
+};
+
+struct PhasePeak {
+  std::string phase;  // step_phase_name()
+  std::int64_t bytes = 0;
+};
+
+struct PlannedMemory {
+  std::int64_t parameters = 0;  // trainable, as held between steps
+  std::int64_t gradients = 0;
+  std::int64_t optimizer_state = 0;
+  std::int64_t frozen = 0;  // parameters without gradients, and buffers
+  std::int64_t activations = 0;
+  // Whole parameters a forward leaves gathered (sharded units: the root and the last block's, or
+  // every unit under grad_op): with the activations, what a forward allocates and keeps.
+  std::int64_t gathered_forward = 0;
+  std::int64_t step_start = 0;    // live when a step starts
+  std::vector<PhasePeak> phases;  // each phase's peak, in step order
+  PhasePeak peak;                 // the highest of them
+};
+
+PlannedMemory plan_memory(const ModelFootprint& model, const PlanLayout& layout);
+
+}  // namespace trainyard

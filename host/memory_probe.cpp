@@ -1,0 +1,226 @@
+#include "memory_probe.hpp"
+
+#include <ATen/ATen.h>
+#include <torch/optim/optimizer.h>
+
+#include <algorithm>
+#include <map>
+#include <memory>
+#include <set>
+
+#include "trainyard/api/activation_checkpoint.hpp"
+#include "trainyard/api/build_context.hpp"
+#include "trainyard/api/dataset.hpp"
+#include "trainyard/api/held_bytes.hpp"
+#include "trainyard/api/model.hpp"
+#include "trainyard/api/optimizer.hpp"
+#include "trainyard/api/precision.hpp"
+#include "trainyard/runtime/allocation_tracker.hpp"
+#include "trainyard/runtime/default_plugins.hpp"
+#include "trainyard/runtime/engine.hpp"
+
+namespace trainyard {
+
+namespace {
+
+// What one micro-batch size measured.
+struct ProbeStep {
+  std::int64_t batch = 0;
+  std::int64_t activations = 0;
+  std::int64_t backward_kept = 0;
+  std::int64_t backward_fresh = 0;
+};
+
+// The recipe as one process with micro-batches of `samples` read on the calling thread, and
+// nothing written anywhere.
+Recipe probe_recipe(const std::filesystem::path& path, const std::vector<std::string>& settings,
+                    std::int64_t samples, const Registry& registry) {
+  // The layout's own settings are the plan's business, not the probe's.
+  std::vector<std::string> overrides;
+  for (const auto& setting : settings) {
+    if (!setting.starts_with("strategy.") && !setting.starts_with("parallel.")) {
+      overrides.push_back(setting);
+    }
+  }
+  overrides.push_back(std::string("strategy.plugin=") + default_plugins::kStrategy);
+  for (const char* setting : {"parallel.pp=1", "parallel.tp=1", "parallel.dp_shard=1",
+                              "parallel.dp_replicate=1", "loader.workers=0", "run.eval=false",
+                              "run.track_memory=false", "run.grad_accumulation=1"}) {
+    overrides.emplace_back(setting);
+  }
+  overrides.push_back("loader.batch_size=" + std::to_string(samples));
+  Recipe resolved = resolve_recipe(load_recipe(path, overrides), registry);
+  auto root = std::make_shared<Table>(*resolved.root);
+  root->erase("checkpoint");
+  root->set("sinks", Value(std::shared_ptr<const Table>(std::make_shared<Table>())));
+  resolved.root = root;
+  return resolved;
+}
+
+// The first `samples` samples of `batch`, in storages of their own.
+Batch first_samples(const Batch& batch, std::int64_t samples) {
+  Batch part;
+  part.size = samples;
+  for (const auto& [name, tensor] : batch.tensors) {
+    const bool batched = tensor.dim() > 0 && tensor.size(0) == batch.size;
+    part.tensors[name] = (batched ? tensor.narrow(0, 0, samples) : tensor).clone();
+  }
+  return part;
+}
+
+std::int64_t bytes_of(const std::vector<at::Tensor>& tensors) {
+  std::int64_t bytes = 0;
+  for (const auto& tensor : tensors) bytes += static_cast<std::int64_t>(tensor.nbytes());
+  return bytes;
+}
+
+class Probe {
+ public:
+  Probe(const Recipe& resolved, const Registry& registry, Batch batch) : batch_(std::move(batch)) {
+    BuildContext build;
+    build.seed = static_cast<std::uint64_t>(resolved.section("run").get_int("seed"));
+    build.recipe_dir = resolved.path.parent_path();
+    const Config dataset = resolved.section("dataset");
+    build.data = registry.create<Dataset>(dataset.get_string("plugin"), dataset, build)->info();
+    const Config precision = resolved.section("precision");
+    autocast_ = registry.create<Precision>(precision.get_string("plugin"), precision, build)
+                    ->autocast_dtype();
+    if (autocast_) build.extensions[kComputeDtypeExtension] = *autocast_;
+    const Config model = resolved.section("model");
+    model_ = registry.create<Model>(model.get_string("plugin"), model, build);
+    model_->module().train();
+    checkpointing_ = ActivationCheckpointing::parse(
+        resolved.section("run").get_string("activation_checkpointing"));
+    blocks_ = with_activation_checkpointing(model_->blocks(), checkpointing_);
+    for (const auto& parameter : model_->module().parameters()) {
+      (parameter.requires_grad() ? trainable_ : frozen_).push_back(parameter);
+    }
+    for (const auto& buffer : model_->module().buffers()) frozen_.push_back(buffer);
+    const Config optimizer = resolved.section("optimizer");
+    optimizer_plugin_ =
+        registry.create<Optimizer>(optimizer.get_string("plugin"), optimizer, build);
+    optimizer_ = optimizer_plugin_->create(trainable_);
+  }
+
+  // Measured at `small` and at the whole batch's samples.
+  ModelFootprint measure(std::int64_t small) {
+    ModelFootprint footprint;
+    footprint.parameter_bytes = bytes_of(trainable_);
+    footprint.frozen_bytes = bytes_of(frozen_);
+    footprint.blocks = block_parameters();
+    // The first step makes the gradients and the optimizer's state.
+    forward(batch_).backward();
+    optimizer_step();
+    const HeldBytes held = count_held_bytes(trainable_, optimizer_.get(), *optimizer_plugin_);
+    const double parameters = static_cast<double>(std::max<std::int64_t>(1, held.parameters));
+    footprint.optimizer_state_ratio = static_cast<double>(held.optimizer_state) / parameters;
+    footprint.optimizer_step_ratio = static_cast<double>(optimizer_step()) / parameters;
+
+    const std::int64_t large = batch_.size;
+    const ProbeStep one = measure_step(small);
+    const ProbeStep two = measure_step(large);
+    auto line = [&](std::int64_t at_small, std::int64_t at_large) {
+      PerSample figure;
+      figure.per_sample =
+          static_cast<double>(at_large - at_small) / static_cast<double>(large - small);
+      figure.fixed = static_cast<double>(at_large) - figure.per_sample * static_cast<double>(large);
+      return figure;
+    };
+    footprint.batch = line(one.batch, two.batch);
+    footprint.activations = line(one.activations, two.activations);
+    footprint.backward_kept = line(one.backward_kept, two.backward_kept);
+    footprint.backward_fresh = line(one.backward_fresh, two.backward_fresh);
+    return footprint;
+  }
+
+ private:
+  at::Tensor forward(const Batch& batch) {
+    AutocastGuard guard(at::kCPU, autocast_);
+    return model_->loss(run_blocks(*model_, blocks_, batch), batch);
+  }
+
+  // The optimizer step's transient peak above what it starts with.
+  std::int64_t optimizer_step() {
+    AllocationTracker tracker;
+    optimizer_->step();
+    return tracker.peak_bytes() - std::max<std::int64_t>(0, tracker.current_bytes());
+  }
+
+  ProbeStep measure_step(std::int64_t samples) {
+    ProbeStep step;
+    for (const bool kept : {true, false}) {
+      if (!kept) optimizer_->zero_grad(/*set_to_none=*/true);
+      AllocationTracker tracker;
+      const Batch batch = first_samples(batch_, samples);
+      step.batch = tracker.current_bytes();
+      at::Tensor loss = forward(batch);
+      const std::int64_t forward_end = tracker.current_bytes();
+      step.activations = forward_end - step.batch;
+      tracker.reset_peak();
+      loss.backward();
+      loss.reset();
+      (kept ? step.backward_kept : step.backward_fresh) = tracker.peak_bytes() - forward_end;
+    }
+    return step;
+  }
+
+  // Each block's parameters that it alone uses; the rest (tied, or in no block) as "root".
+  std::vector<BlockFootprint> block_parameters() const {
+    std::map<const void*, int> users;
+    for (const auto& block : blocks_) {
+      for (const auto& parameter : block.module->parameters()) {
+        if (parameter.requires_grad()) ++users[parameter.unsafeGetTensorImpl()];
+      }
+    }
+    std::vector<BlockFootprint> out;
+    std::int64_t owned = 0;
+    for (std::size_t index = 0; index < blocks_.size(); ++index) {
+      const Block& block = blocks_[index];
+      BlockFootprint footprint{block.name, 0, checkpointing_.selects(index, block.name)};
+      for (const auto& parameter : block.module->parameters()) {
+        if (parameter.requires_grad() && users[parameter.unsafeGetTensorImpl()] == 1) {
+          footprint.parameter_bytes += static_cast<std::int64_t>(parameter.nbytes());
+        }
+      }
+      owned += footprint.parameter_bytes;
+      out.push_back(footprint);
+    }
+    out.insert(out.begin(), BlockFootprint{"root", bytes_of(trainable_) - owned, false});
+    return out;
+  }
+
+  Batch batch_;
+  std::optional<at::ScalarType> autocast_;
+  std::shared_ptr<Model> model_;
+  ActivationCheckpointing checkpointing_;
+  std::vector<Block> blocks_;
+  std::vector<at::Tensor> trainable_;
+  std::vector<at::Tensor> frozen_;
+  std::shared_ptr<Optimizer> optimizer_plugin_;
+  std::unique_ptr<torch::optim::Optimizer> optimizer_;
+};
+
+}  // namespace
+
+ModelFootprint probe_model(const std::filesystem::path& recipe,
+                           const std::vector<std::string>& overrides, std::int64_t micro_batch,
+                           const Registry& registry) {
+  // Two sizes give the per-sample line; the micro-batch itself is one of them, so the layout's
+  // own figures are measured, not extrapolated (kernels choose their algorithms by size).
+  const std::int64_t large = std::max<std::int64_t>(2, micro_batch);
+  const std::int64_t small = micro_batch >= 2 ? micro_batch / 2 : 1;
+  const Recipe resolved = probe_recipe(recipe, overrides, large, registry);
+  Batch batch;
+  {
+    // The engine reads the batch exactly as training would (any dataset, map or stream).
+    RunControls quiet;
+    quiet.log = [](const std::string&) {};
+    Engine engine(resolved, registry, quiet);
+    batch = engine.next_micro_batches().front();
+  }
+  at::manual_seed(static_cast<std::uint64_t>(resolved.section("run").get_int("seed")));
+  Probe probe(resolved, registry, std::move(batch));
+  return probe.measure(small);
+}
+
+}  // namespace trainyard

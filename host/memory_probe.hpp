@@ -1,0 +1,57 @@
+#pragma once
+// The measured half of a memory plan: the recipe's model, optimizer and precision run on the
+// host CPU at the layout's micro-batch and at half of it, under the allocation tracker. What the
+// step holds per sample and what it holds regardless (the parameters, their gradients, the
+// optimizer's state per parameter byte, the transients of backward and of the optimizer step)
+// are what every layout's plan is composed from (memory_plan.hpp), so a third party's model or
+// optimizer is planned as a bundled one is, with no code of its own.
+
+#include <cstdint>
+#include <filesystem>
+#include <string>
+#include <vector>
+
+#include "trainyard/api/registry.hpp"
+
+namespace trainyard {
+
+// A figure that grows with the micro-batch: fixed + per_sample * samples.
+struct PerSample {
+  double fixed = 0;
+  double per_sample = 0;
+  double at(std::int64_t samples) const {
+    return fixed + per_sample * static_cast<double>(samples);
+  }
+};
+
+struct BlockFootprint {
+  std::string name;  // the block's, or "root" for parameters no single block owns
+  std::int64_t parameter_bytes = 0;
+  bool recomputed = false;  // under run.activation_checkpointing
+};
+
+struct ModelFootprint {
+  std::int64_t parameter_bytes = 0;  // trainable parameters
+  std::int64_t frozen_bytes = 0;     // parameters that take no gradient, and buffers
+  std::vector<BlockFootprint> blocks;
+  // The optimizer's state bytes per trainable parameter byte, after its first step.
+  double optimizer_state_ratio = 0;
+  // The optimizer step's transient peak above what it starts with, per trainable parameter byte.
+  double optimizer_step_ratio = 0;
+  PerSample batch;        // the micro-batch itself
+  PerSample activations;  // held from the end of the forward (loss included) for backward
+  // The backward's peak above the forward's end: with the gradients already made (accumulated in
+  // place, as flat buckets do), and with the backward making them (gradients set to none).
+  PerSample backward_kept;
+  PerSample backward_fresh;
+};
+
+// Runs the probe (see the top of the file) on the recipe at `recipe` with `overrides`
+// (section.key=value) for micro-batches of `micro_batch` samples. Its strategy and [parallel]
+// sizes are ignored (the probe is one process); its precision (autocast) and
+// run.activation_checkpointing are applied.
+ModelFootprint probe_model(const std::filesystem::path& recipe,
+                           const std::vector<std::string>& overrides, std::int64_t micro_batch,
+                           const Registry& registry);
+
+}  // namespace trainyard

@@ -1,0 +1,70 @@
+#include "memory_meter.hpp"
+
+#include <algorithm>
+#include <cstdio>
+
+#include "trainyard/api/held_bytes.hpp"
+
+namespace trainyard {
+
+namespace {
+
+std::string mib(std::int64_t bytes) {
+  char text[32];
+  std::snprintf(text, sizeof text, "%.2f MiB", static_cast<double>(bytes) / (1 << 20));
+  return text;
+}
+
+}  // namespace
+
+MemoryMeter::MemoryMeter(c10::DeviceType device) : device_(device) {}
+
+void MemoryMeter::step_started() {
+  ++started_steps_;
+  const std::int64_t start = tracker_.current_bytes(device_);
+  tracker_.reset_peak();
+  StepMemory& figures = started_steps_ == 1 ? first_ : steady_;
+  ++figures.steps;
+  figures.start_bytes = std::max(figures.start_bytes, start);
+}
+
+void MemoryMeter::phase_ended(StepPhase phase) {
+  if (started_steps_ == 0) return;
+  StepMemory& figures = started_steps_ == 1 ? first_ : steady_;
+  const std::int64_t peak = tracker_.peak_bytes(device_);
+  if (peak > figures.peak_bytes) {
+    figures.peak_bytes = peak;
+    figures.peak_phase = phase;
+  }
+  if (phase == StepPhase::Forward) {
+    figures.activation_bytes =
+        std::max(figures.activation_bytes, tracker_.generation_bytes(device_));
+  }
+  // A forward's activations are what it allocates and keeps: counted from the batch's arrival
+  // on the device, or from the previous micro-batch's backward.
+  if (phase == StepPhase::HostToDevice || phase == StepPhase::Backward) {
+    tracker_.start_generation();
+  }
+  tracker_.reset_peak();
+}
+
+StepMemory MemoryMeter::figures() const { return steady_.steps > 0 ? steady_ : first_; }
+
+std::vector<std::pair<std::string, double>> MemoryMeter::values() const {
+  const StepMemory memory = figures();
+  return {{"memory_step_start_bytes", static_cast<double>(memory.start_bytes)},
+          {"memory_step_peak_bytes", static_cast<double>(memory.peak_bytes)},
+          {"memory_step_peak_phase", static_cast<double>(static_cast<int>(memory.peak_phase))},
+          {"memory_activation_bytes", static_cast<double>(memory.activation_bytes)}};
+}
+
+std::string MemoryMeter::describe(const HeldBytes& held) const {
+  const StepMemory memory = figures();
+  return "memory by the allocator: peak " + mib(memory.peak_bytes) + " in the " +
+         step_phase_name(memory.peak_phase) + " phase, " + mib(memory.start_bytes) +
+         " at a step's start, activations " + mib(memory.activation_bytes) + "; held: parameters " +
+         mib(held.parameters) + ", gradients " + mib(held.gradients) + ", optimizer state " +
+         mib(held.optimizer_state);
+}
+
+}  // namespace trainyard
