@@ -20,12 +20,14 @@
 #include "diagnose_command.hpp"
 #include "doctor.hpp"
 #include "launch.hpp"
+#include "memory_advice.hpp"
 #include "plan_command.hpp"
 #include "schedule_command.hpp"
 #include "trainyard/api/error.hpp"
 #include "trainyard/api/registry.hpp"
 #include "trainyard/runtime/crash_report.hpp"
 #include "trainyard/runtime/engine.hpp"
+#include "trainyard/runtime/memory_exhausted.hpp"
 #include "trainyard/runtime/model_check.hpp"
 #include "trainyard/runtime/plugin_loader.hpp"
 #include "trainyard/runtime/recipe.hpp"
@@ -65,6 +67,28 @@ Run 'trainyard <command> --help' for a command's options.
 Plugins are loaded from the install's plugin folder, TRAINYARD_PLUGIN_PATH (colon-separated),
 --plugin-path and the recipe's plugin_paths, never from the current directory.
 )";
+
+std::string first_line(const std::string& text);
+
+// A run that ran out of memory: the error, what was held, and the changes the planner predicts
+// would fit under the limit (or under what the device held when it ran out).
+void report_shortage(const MemoryExhausted& exhausted, const std::string& recipe_path,
+                     const std::vector<std::string>& overrides, const Registry& registry) {
+  std::cerr << "trainyard: error: " << exhausted.what() << std::endl;
+  const MemoryShortage& shortage = exhausted.shortage();
+  const char* world = std::getenv("WORLD_SIZE");
+  const int nproc = world ? std::max(1, std::atoi(world)) : 1;
+  const std::int64_t cap = shortage.limit_bytes > 0 ? shortage.limit_bytes : shortage.live_bytes;
+  try {
+    const MemoryAdvice advice = advise_memory(recipe_path, overrides, nproc, cap, registry);
+    for (const auto& line : describe_shortage(shortage, advice)) {
+      std::cerr << "trainyard: " << line << std::endl;
+    }
+  } catch (const std::exception& error) {
+    std::cerr << "trainyard: the planner cannot suggest a change: " << first_line(error.what())
+              << std::endl;
+  }
+}
 
 int command_run(const std::vector<std::string>& args, bool validate_only, Registry& registry) {
   CommonOptions common;
@@ -111,8 +135,15 @@ int command_run(const std::vector<std::string>& args, bool validate_only, Regist
   }
   RunControls controls;
   controls.resume = resume;
-  Engine engine(resolved, registry, controls);
-  const RunSummary summary = engine.run();
+  RunSummary summary;
+  try {
+    Engine engine(resolved, registry, controls);
+    summary = engine.run();
+  } catch (const MemoryExhausted& exhausted) {
+    // The engine is gone, and with it the memory limit: the planner may allocate.
+    report_shortage(exhausted, recipe_path, overrides, registry);
+    return 1;
+  }
   // The shell's convention for a process ended by a signal, which schedulers (Slurm's requeue)
   // and `trainyard launch` read as "stopped, not failed".
   if (summary.stopped_by_signal != 0) return 128 + summary.stopped_by_signal;

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <utility>
 
 namespace trainyard {
 
@@ -26,6 +27,7 @@ struct Holdings {
   std::int64_t gathered_backward = 0;     // ... and at backward's peak, with unit gradients
   std::int64_t stepped = 0;               // parameter bytes the optimizer steps
   std::int64_t optimizer_buffers = 0;     // flat copies the optimizer step makes (zero1)
+  std::int64_t accumulated_whole = 0;     // whole gradients held between micro-batches
 };
 
 // The largest `count` units' bytes, summed (at most two units are gathered at a time).
@@ -62,6 +64,7 @@ Holdings hold(const ModelFootprint& model, const PlanLayout& layout) {
     for (const auto& unit : model.blocks)
       held.parameters += shard_bytes(unit.parameter_bytes, ranks);
     held.gradients = held.stepped = held.parameters;
+    if (layout.accumulation > 1 && ranks > 1) held.accumulated_whole = whole;
     const std::int64_t root = model.blocks.empty() ? 0 : model.blocks.front().parameter_bytes;
     if (layout.sharding == "full") {
       const std::int64_t running = largest_units(model, layout.prefetch ? 2 : 1);
@@ -98,12 +101,23 @@ PlannedMemory plan_memory(const ModelFootprint& model, const PlanLayout& layout)
   const std::int64_t batch = round_bytes(model.batch.at(samples));
   const std::int64_t kept = plan.parameters + plan.optimizer_state + plan.frozen;
   plan.step_start = kept + plan.gradients;
-  const std::int64_t in_step = held.gradients_freed_at_start ? kept : plan.step_start;
-  const std::int64_t forward = in_step + batch + held.gathered_forward + plan.activations;
-  const double backward_extra = held.gradients_freed_at_start ? model.backward_fresh.at(samples)
-                                                              : model.backward_kept.at(samples);
-  const std::int64_t backward =
-      forward - held.gathered_forward + held.gathered_backward + round_bytes(backward_extra);
+  // The first micro-batch of a step, and (with accumulation) the later ones, which find the
+  // gradients made and, for sharded units, the whole gradients accumulating locally (no_sync).
+  const auto forward_backward = [&](bool later) {
+    const bool fresh = held.gradients_freed_at_start && !later;
+    const std::int64_t in_step =
+        (fresh ? kept : plan.step_start) + (later ? held.accumulated_whole : 0);
+    const std::int64_t forward = in_step + batch + held.gathered_forward + plan.activations;
+    const double extra = fresh ? model.backward_fresh.at(samples) : model.backward_kept.at(samples);
+    return std::pair{forward,
+                     forward - held.gathered_forward + held.gathered_backward + round_bytes(extra)};
+  };
+  auto [forward, backward] = forward_backward(false);
+  if (layout.accumulation > 1) {
+    const auto [later_forward, later_backward] = forward_backward(true);
+    forward = std::max(forward, later_forward);
+    backward = std::max(backward, later_backward);
+  }
   const std::int64_t optimizer =
       plan.step_start + batch +
       round_bytes(model.optimizer_step_ratio * static_cast<double>(held.stepped)) +

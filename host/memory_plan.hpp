@@ -28,6 +28,7 @@ struct PlanLayout {
   bool zero1 = false;             // replicated: optimizer state sharded
   std::int64_t shard_ranks = 1;   // the ranks state is sharded over
   std::int64_t micro_batch = 1;   // samples per micro-batch on the rank
+  std::int64_t accumulation = 1;  // micro-batches per optimizer step
 };
 
 struct PhasePeak {

@@ -4,10 +4,12 @@
 #include <gtest/gtest.h>
 
 #include <filesystem>
+#include <sstream>
 #include <string>
 #include <vector>
 
 #include "memory_plan_support.hpp"
+#include "parity_runs.hpp"
 #include "test_support.hpp"
 
 namespace trainyard::testing {
@@ -46,6 +48,59 @@ TEST(MemoryPlan, RefusesWhatItCannotPlanInOneLine) {
   EXPECT_NE(single_on_two.exit_code, 0);
   EXPECT_NE(single_on_two.err.find("single runs on one rank"), std::string::npos)
       << describe(single_on_two);
+}
+
+// The --set arguments of the first change the out-of-memory report lists ("trainyard:   --set a=b
+// --set c=d    peak ..."), empty when it lists none.
+std::vector<std::string> first_suggestion(const std::string& report) {
+  const std::string header = "changes the planner predicts would fit:\n";
+  const auto start = report.find(header);
+  if (start == std::string::npos) return {};
+  const auto line_start = start + header.size();
+  const std::string line = report.substr(line_start, report.find('\n', line_start) - line_start);
+  std::vector<std::string> args;
+  std::istringstream words(line.substr(0, line.find("    peak")));
+  for (std::string word; words >> word;) {
+    if (word == "--set") {
+      words >> word;
+      args.push_back("--set");
+      args.push_back(word);
+    }
+  }
+  return args;
+}
+
+TEST(MemoryPlan, AnOutOfMemoryRunReportsWhatWouldFitAndItsFirstSuggestionDoes) {
+  TempDir dir;
+  const fs::path gpt = source_dir() / "recipes" / "gpt_text.toml";
+  // The plan's peak for gpt_text is about 82 MiB a rank; 60 MiB does not hold it.
+  const std::vector<std::string> limited = {
+      "--set", "run.memory_limit=0.0586", "--set", "run.max_steps=2",
+      "--set", "run.eval=false",          "--set", "loader.workers=0"};
+  const CommandResult exhausted = run_one_process(gpt, dir / "exhausted", limited);
+  EXPECT_EQ(exhausted.exit_code, 1) << describe(exhausted);
+  EXPECT_NE(exhausted.err.find("rank 0 ran out of memory in the forward phase of step 1"),
+            std::string::npos)
+      << describe(exhausted);
+  EXPECT_NE(exhausted.err.find("over run.memory_limit (60.01 MiB)"), std::string::npos)
+      << describe(exhausted);
+  EXPECT_NE(exhausted.err.find("held then: parameters 3.21 MiB"), std::string::npos)
+      << describe(exhausted);
+  const std::vector<std::string> suggestion = first_suggestion(exhausted.err);
+  ASSERT_FALSE(suggestion.empty()) << describe(exhausted);
+  std::vector<std::string> applied = limited;
+  applied.insert(applied.end(), suggestion.begin(), suggestion.end());
+  const CommandResult fits = run_one_process(gpt, dir / "fits", applied);
+  EXPECT_EQ(fits.exit_code, 0) << describe(fits);
+
+  // A limit nothing the planner tries fits under: it says so, with the smallest peak it found.
+  std::vector<std::string> tiny = limited;
+  tiny[1] = "run.memory_limit=0.01";
+  const CommandResult hopeless = run_one_process(gpt, dir / "hopeless", tiny);
+  EXPECT_EQ(hopeless.exit_code, 1);
+  EXPECT_NE(hopeless.err.find("no change the planner tries fits: the smallest predicted peak is"),
+            std::string::npos)
+      << describe(hopeless);
 }
 
 }  // namespace

@@ -370,6 +370,43 @@ TEST(AllocationTracker, AFreeOnAnotherThreadIsChargedToTheTrackerThatCounted) {
   EXPECT_EQ(tracker.peak_bytes(), 1000 * 4);
 }
 
+// A generation counts what was allocated since it started and is still live, whatever older
+// memory is freed meanwhile (a step freeing last step's gradients before its forward).
+TEST(AllocationTracker, AGenerationCountsOnlyWhatItAllocatedAndKeeps) {
+  AllocationTracker tracker;
+  torch::Tensor old = at::empty({1000});
+  tracker.start_generation();
+  torch::Tensor kept = at::empty({300});
+  { torch::Tensor dropped = at::empty({200}); }
+  old.reset();
+  EXPECT_EQ(tracker.generation_bytes(), 300 * 4);
+  EXPECT_EQ(tracker.current_bytes(), 300 * 4);
+  tracker.start_generation();
+  EXPECT_EQ(tracker.generation_bytes(), 0);
+  kept.reset();  // of the previous generation: the new one does not go below zero
+  EXPECT_EQ(tracker.generation_bytes(), 0);
+}
+
+// Past the limit a CPU allocation fails as a device's allocator fails when it runs out, and the
+// first refusal is remembered; an untracked scope's allocations count against nothing.
+TEST(AllocationTracker, ALimitRefusesAllocationsPastItAsADeviceRunsOut) {
+  AllocationTracker tracker;
+  tracker.limit_cpu_bytes(4000);
+  torch::Tensor fits = at::empty({900});
+  EXPECT_FALSE(tracker.refusal().has_value());
+  EXPECT_THROW(at::empty({200}), c10::OutOfMemoryError);
+  ASSERT_TRUE(tracker.refusal().has_value());
+  EXPECT_EQ(tracker.refusal()->asked, 200 * 4);
+  EXPECT_EQ(tracker.refusal()->live, 900 * 4);
+  EXPECT_EQ(tracker.current_bytes(), 900 * 4);
+  {
+    AllocationTracker::Untracked untracked;
+    torch::Tensor data = at::empty({10000});
+    EXPECT_EQ(tracker.current_bytes(), 900 * 4);
+  }
+  EXPECT_EQ(tracker.current_bytes(), 900 * 4);
+}
+
 struct Footprint {
   std::int64_t held_after_forward = 0;  // what the graph keeps for backward (and the output)
   std::int64_t peak = 0;                // the most live at once during forward and backward

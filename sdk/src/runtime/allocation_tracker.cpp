@@ -2,6 +2,7 @@
 
 #include <c10/core/Allocator.h>
 #include <c10/core/CPUAllocator.h>
+#include <c10/util/Exception.h>
 #include <c10/util/ThreadLocalDebugInfo.h>
 
 #include <algorithm>
@@ -20,9 +21,20 @@ struct AllocationTracker::Counters : c10::MemoryReportingInfoBase,
   std::array<std::int64_t, c10::COMPILE_TIME_MAX_DEVICE_TYPES> peak{};
   std::array<std::int64_t, c10::COMPILE_TIME_MAX_DEVICE_TYPES> young{};  // this generation's
   std::int64_t generation = 0;
+  std::int64_t cpu_limit = 0;  // 0: none
+  std::optional<AllocationTracker::Refusal> refusal;
   // The generation of each accelerator allocation still live (CPU ones are kept with the
   // tracking allocator's entries).
   std::unordered_map<void*, std::int64_t> accelerator_generations;
+
+  // Whether `bytes` more would pass the CPU limit; the first time, remembered as the refusal.
+  bool refuses_cpu(std::int64_t bytes) {
+    std::lock_guard<std::mutex> lock(mutex);
+    const std::int64_t live = current[static_cast<std::size_t>(c10::DeviceType::CPU)];
+    if (cpu_limit <= 0 || live + bytes <= cpu_limit) return false;
+    if (!refusal) refusal = AllocationTracker::Refusal{bytes, live};
+    return true;
+  }
 
   // Counts an allocation (bytes > 0) and returns its generation.
   std::int64_t allocated(c10::DeviceType device, std::int64_t bytes) {
@@ -89,8 +101,12 @@ class TrackingCpuAllocator final : public c10::Allocator {
   explicit TrackingCpuAllocator(c10::Allocator* inner) : inner_(inner) {}
 
   c10::DataPtr allocate(std::size_t bytes) override {
-    c10::DataPtr data = inner_->allocate(bytes);
     auto counters = current_counters();
+    if (counters && counters->refuses_cpu(static_cast<std::int64_t>(bytes))) {
+      TORCH_CHECK_WITH(OutOfMemoryError, false, "CPU allocation of ", bytes,
+                       " bytes refused: it would pass the tracker's memory limit");
+    }
+    c10::DataPtr data = inner_->allocate(bytes);
     const auto inner_deleter = inner_->raw_deleter();
     // Only plain allocations (the data is its own context, freed by the inner raw deleter) can
     // be re-labelled without changing what frees them.
@@ -211,6 +227,16 @@ void AllocationTracker::start_generation() {
 std::int64_t AllocationTracker::generation_bytes(c10::DeviceType device) const {
   std::lock_guard<std::mutex> lock(counters_->mutex);
   return counters_->young[static_cast<std::size_t>(device)];
+}
+
+void AllocationTracker::limit_cpu_bytes(std::int64_t bytes) {
+  std::lock_guard<std::mutex> lock(counters_->mutex);
+  counters_->cpu_limit = bytes;
+}
+
+std::optional<AllocationTracker::Refusal> AllocationTracker::refusal() const {
+  std::lock_guard<std::mutex> lock(counters_->mutex);
+  return counters_->refusal;
 }
 
 }  // namespace trainyard

@@ -9,6 +9,7 @@
 #include <limits>
 
 #include "engine_state.hpp"
+#include "trainyard/runtime/memory_exhausted.hpp"
 #include "model_export.hpp"
 #include "stop_signals.hpp"
 #include "trainyard/api/device.hpp"
@@ -60,7 +61,10 @@ Engine::Engine(Recipe recipe, const Registry& registry, RunControls controls)
   context.phases = s.phases.get();
   // Counted from here: what the strategy builds (the model, its gradients and optimizer state,
   // communication buffers) and what the steps allocate, not the dataset.
-  if (s.run.track_memory) s.memory = std::make_unique<MemoryMeter>(s.placement.device.type());
+  if (s.run.track_memory) {
+    const auto limit = static_cast<std::int64_t>(s.run.memory_limit_gib * (1LL << 30));
+    s.memory = std::make_unique<MemoryMeter>(s.placement.device.type(), limit);
+  }
   if (MemoryMeter* memory = s.memory.get()) {
     s.phases->on_mark([memory](StepPhase phase) { memory->phase_ended(phase); });
   }
@@ -196,6 +200,23 @@ std::vector<Batch> Engine::next_micro_batches() {
   return micro;
 }
 
+// The strategy's step. One that ran out of memory (the device's allocator, or the limit
+// run.memory_limit sets) becomes MemoryExhausted, with what the memory meter saw.
+StepResult Engine::train_step_reporting_memory(std::span<const Batch> micro_batches) {
+  State& s = *state_;
+  try {
+    return s.strategy().train_step(micro_batches);
+  } catch (const std::exception& error) {
+    const bool device_out = dynamic_cast<const c10::OutOfMemoryError*>(&error) != nullptr;
+    if (s.memory) {
+      auto shortage = s.memory->shortage(s.runtime->rank(), s.step + 1,
+                                         s.strategy().held_bytes(), device_out);
+      if (shortage) throw MemoryExhausted(std::move(*shortage));
+    }
+    throw;
+  }
+}
+
 StepResult Engine::train_one_step(std::span<const Batch> micro_batches) {
   State& s = *state_;
   // A mesh of one rank has no groups: nothing to count, nothing to take.
@@ -208,7 +229,7 @@ StepResult Engine::train_one_step(std::span<const Batch> micro_batches) {
   s.strategy().set_learning_rate(s.learning_rate);
   set_test_hook_step(s.step);
   if (s.profiler) s.profiler->before_step(s.step + 1);
-  StepResult result = s.strategy().train_step(micro_batches);
+  StepResult result = train_step_reporting_memory(micro_batches);
   if (s.optimizer_step_gate.held()) {
     // Its optimizer may have changed tensors while a checkpoint was copying them.
     throw Error("strategy '" + s.recipe.section("strategy").get_string("plugin") +

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cstdio>
+#include <utility>
 
 #include "trainyard/api/held_bytes.hpp"
 
@@ -17,10 +18,14 @@ std::string mib(std::int64_t bytes) {
 
 }  // namespace
 
-MemoryMeter::MemoryMeter(c10::DeviceType device) : device_(device) {}
+MemoryMeter::MemoryMeter(c10::DeviceType device, std::int64_t limit_bytes)
+    : device_(device), limit_bytes_(limit_bytes) {
+  if (limit_bytes > 0) tracker_.limit_cpu_bytes(limit_bytes);
+}
 
 void MemoryMeter::step_started() {
   ++started_steps_;
+  last_mark_ = StepPhase::DataWait;
   const std::int64_t start = tracker_.current_bytes(device_);
   tracker_.reset_peak();
   StepMemory& figures = started_steps_ == 1 ? first_ : steady_;
@@ -30,6 +35,7 @@ void MemoryMeter::step_started() {
 
 void MemoryMeter::phase_ended(StepPhase phase) {
   if (started_steps_ == 0) return;
+  last_mark_ = phase;
   StepMemory& figures = started_steps_ == 1 ? first_ : steady_;
   const std::int64_t peak = tracker_.peak_bytes(device_);
   if (peak > figures.peak_bytes) {
@@ -66,5 +72,34 @@ std::string MemoryMeter::describe(const HeldBytes& held) const {
          mib(held.parameters) + ", gradients " + mib(held.gradients) + ", optimizer state " +
          mib(held.optimizer_state);
 }
+
+std::optional<MemoryShortage> MemoryMeter::shortage(int rank, std::int64_t step,
+                                                    const HeldBytes& held, bool device_out) const {
+  const auto refusal = tracker_.refusal();
+  if (!refusal && !device_out) return std::nullopt;
+  // Marks end phases: the one in progress is the next.
+  static constexpr StepPhase kNext[kStepPhaseCount] = {
+      StepPhase::HostToDevice, StepPhase::Forward,   StepPhase::Backward,
+      StepPhase::Optimizer,    StepPhase::Optimizer, StepPhase::DataWait};
+  MemoryShortage out;
+  out.rank = rank;
+  out.step = step;
+  out.phase = step_phase_name(kNext[static_cast<int>(last_mark_)]);
+  out.live_bytes = refusal ? refusal->live : tracker_.current_bytes(device_);
+  out.asked_bytes = refusal ? refusal->asked : 0;
+  out.limit_bytes = refusal ? limit_bytes_ : 0;
+  out.held = held;
+  return out;
+}
+
+MemoryExhausted::MemoryExhausted(MemoryShortage shortage)
+    : Error("rank " + std::to_string(shortage.rank) + " ran out of memory in the " +
+            shortage.phase + " phase of step " + std::to_string(shortage.step) + ": " +
+            mib(shortage.live_bytes) + " held" +
+            (shortage.asked_bytes > 0 ? " and " + mib(shortage.asked_bytes) + " more asked" : "") +
+            (shortage.limit_bytes > 0
+                 ? ", over run.memory_limit (" + mib(shortage.limit_bytes) + ")"
+                 : "")),
+      shortage_(std::move(shortage)) {}
 
 }  // namespace trainyard

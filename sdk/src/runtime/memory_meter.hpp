@@ -9,16 +9,16 @@
 #include <c10/core/DeviceType.h>
 
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
 
 #include "trainyard/api/step_phases.hpp"
 #include "trainyard/runtime/allocation_tracker.hpp"
+#include "trainyard/runtime/memory_exhausted.hpp"
 
 namespace trainyard {
-
-struct HeldBytes;
 
 struct StepMemory {
   std::int64_t steps = 0;             // steps the figures come from
@@ -31,8 +31,9 @@ struct StepMemory {
 class MemoryMeter {
  public:
   // Counts what is allocated on `device` from now on, by this thread and the threads that
-  // inherit its state; make it before the model is built.
-  explicit MemoryMeter(c10::DeviceType device);
+  // inherit its state; make it before the model is built. Host allocations past `limit_bytes`
+  // (0: none) fail as a device's do when it runs out.
+  MemoryMeter(c10::DeviceType device, std::int64_t limit_bytes);
 
   void step_started();                // before the step's data is read
   void phase_ended(StepPhase phase);  // PhaseClock's mark observer
@@ -43,10 +44,17 @@ class MemoryMeter {
   std::vector<std::pair<std::string, double>> values() const;
   std::string describe(const HeldBytes& held) const;
 
+  // After a step failed: what ran out, when the limit refused an allocation or `device_out`
+  // (the device's allocator ran out); nullopt otherwise. `held` is the strategy's.
+  std::optional<MemoryShortage> shortage(int rank, std::int64_t step, const HeldBytes& held,
+                                         bool device_out) const;
+
  private:
   c10::DeviceType device_;
   AllocationTracker tracker_;
+  std::int64_t limit_bytes_;
   std::int64_t started_steps_ = 0;
+  StepPhase last_mark_ = StepPhase::Optimizer;
   StepMemory first_;   // the first step's
   StepMemory steady_;  // the later steps'
 };

@@ -147,6 +147,12 @@ const OptionSpecs& run_options() {
              "count every allocation (the allocator's, not estimates): the summary gives the "
              "steps' peak and its phase, the bytes at a step's start and the activations, the "
              "figures `trainyard plan` predicts"),
+      option("memory_limit", 0.0,
+             "GiB of host memory the run's model, gradients, optimizer state and steps may "
+             "hold (counted as track_memory counts, 0: no limit): an allocation past it stops "
+             "the run with a report of what was held and the changes `trainyard plan` computes "
+             "would fit, as a device that runs out of memory does")
+          .at_least(0),
       option("on_nonfinite", "stop",
              "a step whose gradients hold inf or nan never steps the optimizer; then: stop "
              "(exit naming the step, the parameter and the batch), skip (count it and train on) "

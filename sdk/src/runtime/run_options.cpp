@@ -21,7 +21,8 @@ RunOptions RunOptions::read(const Recipe& recipe) {
   options.grad_accumulation = run.get_int("grad_accumulation");
   options.max_grad_norm = run.get_float("max_grad_norm");
   options.grad_norm_blocks = run.get_bool("grad_norm_blocks");
-  options.track_memory = run.get_bool("track_memory");
+  options.memory_limit_gib = run.get_float("memory_limit");
+  options.track_memory = run.get_bool("track_memory") || options.memory_limit_gib > 0;
   options.on_nonfinite = run.get_string("on_nonfinite");
   options.max_nonfinite_in_a_row = run.get_int("max_nonfinite_in_a_row");
   const Config spike = run.get_table("spike");

@@ -31,6 +31,7 @@ struct RunOptions {
   double max_grad_norm = 0;
   bool grad_norm_blocks = false;  // each block's gradient norm in the train records
   bool track_memory = false;      // the steps' memory by the allocator, in the summary
+  double memory_limit_gib = 0;    // host memory a step may hold (0: none); implies track_memory
   std::string on_nonfinite = "stop";       // stop | skip, for precisions that do not scale
   std::int64_t max_nonfinite_in_a_row = 5;  // skip: steps skipped in a row before stopping
   SpikeSettings spike;                      // run.spike

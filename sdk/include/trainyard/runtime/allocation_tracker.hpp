@@ -13,6 +13,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <optional>
 
 namespace trainyard {
 
@@ -34,6 +35,16 @@ class AllocationTracker {
   // the step freed last step's gradients before it).
   void start_generation();
   std::int64_t generation_bytes(c10::DeviceType device = c10::DeviceType::CPU) const;
+
+  // From now on a CPU allocation that would take current_bytes() past `bytes` fails with
+  // c10::OutOfMemoryError, as a device's allocator fails when it runs out (0: no limit).
+  void limit_cpu_bytes(std::int64_t bytes);
+  // The first allocation the limit refused: the bytes it asked for and the bytes live then.
+  struct Refusal {
+    std::int64_t asked = 0;
+    std::int64_t live = 0;
+  };
+  std::optional<Refusal> refusal() const;
 
   struct Counters;
   struct Installation;

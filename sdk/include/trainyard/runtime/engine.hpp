@@ -70,6 +70,8 @@ class Engine {
   RunSummary run_steps();
   // The training data, its loader (and tuner) and the evaluation, after the strategy's setup.
   void set_up_data();
+  // The strategy's step; one that ran out of memory throws MemoryExhausted.
+  StepResult train_step_reporting_memory(std::span<const Batch> micro_batches);
   // Logs the loader's workers and compute threads, or that the first steps will choose them.
   void announce_loader();
   // Feeds one step's data wait and time to the loader tuner and applies what it chooses.
