@@ -1,21 +1,15 @@
 #include "memory_advice.hpp"
 
 #include <algorithm>
-#include <cstdio>
 
 #include "layout_plan.hpp"
 #include "trainyard/api/registry.hpp"
+#include "trainyard/runtime/byte_size.hpp"
 #include "trainyard/runtime/recipe.hpp"
 
 namespace trainyard {
 
 namespace {
-
-std::string mib(std::int64_t bytes) {
-  char text[32];
-  std::snprintf(text, sizeof text, "%.2f MiB", static_cast<double>(bytes) / (1 << 20));
-  return text;
-}
 
 std::vector<std::string> joined(std::vector<std::string> a, const std::vector<std::string>& b) {
   a.insert(a.end(), b.begin(), b.end());
@@ -91,10 +85,11 @@ MemoryAdvice advise_memory(const std::filesystem::path& recipe,
 std::vector<std::string> describe_shortage(const MemoryShortage& shortage,
                                            const MemoryAdvice& advice) {
   std::vector<std::string> lines;
-  lines.push_back("held then: parameters " + mib(shortage.held.parameters) + ", gradients " +
-                  mib(shortage.held.gradients) + ", optimizer state " +
-                  mib(shortage.held.optimizer_state) + "; the plan's peak for this layout: " +
-                  mib(advice.planned_peak) + " in the " + advice.planned_phase + " phase");
+  lines.push_back("held then: parameters " + format_mib(shortage.held.parameters) + ", gradients " +
+                  format_mib(shortage.held.gradients) + ", optimizer state " +
+                  format_mib(shortage.held.optimizer_state) +
+                  "; the plan's peak for this layout: " + format_mib(advice.planned_peak) +
+                  " in the " + advice.planned_phase + " phase");
   const auto sets = [](const MemoryChange& change) {
     std::string text;
     for (const auto& set : change.sets) text += (text.empty() ? "" : " ") + ("--set " + set);
@@ -102,14 +97,14 @@ std::vector<std::string> describe_shortage(const MemoryShortage& shortage,
   };
   if (advice.fitting.empty()) {
     lines.push_back("no change the planner tries fits: the smallest predicted peak is " +
-                    mib(advice.smallest.peak_bytes) + " (" + advice.smallest.why +
+                    format_mib(advice.smallest.peak_bytes) + " (" + advice.smallest.why +
                     (advice.smallest.sets.empty() ? "" : ": " + sets(advice.smallest)) + ")");
     return lines;
   }
   lines.push_back("changes the planner predicts would fit:");
   for (const auto& change : advice.fitting) {
-    lines.push_back("  " + sets(change) + "    peak " + mib(change.peak_bytes) + " (" + change.why +
-                    ")");
+    lines.push_back("  " + sets(change) + "    peak " + format_mib(change.peak_bytes) + " (" +
+                    change.why + ")");
   }
   return lines;
 }

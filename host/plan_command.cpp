@@ -4,13 +4,13 @@
 #include <nlohmann/json.hpp>
 
 #include <algorithm>
-#include <cstdio>
 #include <iostream>
 
 #include "cli.hpp"
 #include "layout_plan.hpp"
 #include "trainyard/api/error.hpp"
 #include "trainyard/api/registry.hpp"
+#include "trainyard/runtime/byte_size.hpp"
 #include "trainyard/runtime/plugin_loader.hpp"
 #include "trainyard/runtime/recipe.hpp"
 
@@ -20,11 +20,7 @@ namespace trainyard {
 
 namespace {
 
-std::string mib(std::int64_t bytes) {
-  char text[32];
-  std::snprintf(text, sizeof text, "%10.2f MiB", static_cast<double>(bytes) / (1 << 20));
-  return text;
-}
+std::string format_mib_column(std::int64_t bytes) { return format_mib(bytes, 10); }
 
 nlohmann::json plan_json(const PlannedMemory& plan, const std::string& layout, int ranks) {
   nlohmann::json phases = nlohmann::json::object();
@@ -46,17 +42,19 @@ nlohmann::json plan_json(const PlannedMemory& plan, const std::string& layout, i
 
 void print_plan(const PlannedMemory& plan, const std::string& layout) {
   std::cout << "plan: " << layout << "; each rank holds\n"
-            << "  parameters        " << mib(plan.parameters) << "\n"
-            << "  gradients         " << mib(plan.gradients) << "\n"
-            << "  optimizer state   " << mib(plan.optimizer_state) << "\n"
-            << "  frozen, buffers   " << mib(plan.frozen) << "\n"
-            << "  activations       " << mib(plan.activations) << "  (one micro-batch)\n"
-            << "  gathered, forward " << mib(plan.gathered_forward)
+            << "  parameters        " << format_mib_column(plan.parameters) << "\n"
+            << "  gradients         " << format_mib_column(plan.gradients) << "\n"
+            << "  optimizer state   " << format_mib_column(plan.optimizer_state) << "\n"
+            << "  frozen, buffers   " << format_mib_column(plan.frozen) << "\n"
+            << "  activations       " << format_mib_column(plan.activations)
+            << "  (one micro-batch)\n"
+            << "  gathered, forward " << format_mib_column(plan.gathered_forward)
             << "  (whole parameters a forward leaves gathered)\n"
-            << "  at a step's start " << mib(plan.step_start) << "\n"
-            << "  peak              " << mib(plan.peak.bytes) << "  in the " << plan.peak.phase
-            << " phase\n  by phase:";
-  for (const auto& phase : plan.phases) std::cout << " " << phase.phase << " " << mib(phase.bytes);
+            << "  at a step's start " << format_mib_column(plan.step_start) << "\n"
+            << "  peak              " << format_mib_column(plan.peak.bytes) << "  in the "
+            << plan.peak.phase << " phase\n  by phase:";
+  for (const auto& phase : plan.phases)
+    std::cout << " " << phase.phase << " " << format_mib_column(phase.bytes);
   std::cout << "\n";
 }
 

@@ -1,22 +1,12 @@
 #include "memory_meter.hpp"
 
 #include <algorithm>
-#include <cstdio>
 #include <utility>
 
 #include "trainyard/api/held_bytes.hpp"
+#include "trainyard/runtime/byte_size.hpp"
 
 namespace trainyard {
-
-namespace {
-
-std::string mib(std::int64_t bytes) {
-  char text[32];
-  std::snprintf(text, sizeof text, "%.2f MiB", static_cast<double>(bytes) / (1 << 20));
-  return text;
-}
-
-}  // namespace
 
 MemoryMeter::MemoryMeter(c10::DeviceType device, std::int64_t limit_bytes)
     : device_(device), limit_bytes_(limit_bytes) {
@@ -66,11 +56,11 @@ std::vector<std::pair<std::string, double>> MemoryMeter::values() const {
 
 std::string MemoryMeter::describe(const HeldBytes& held) const {
   const StepMemory memory = figures();
-  return "memory by the allocator: peak " + mib(memory.peak_bytes) + " in the " +
-         step_phase_name(memory.peak_phase) + " phase, " + mib(memory.start_bytes) +
-         " at a step's start, activations " + mib(memory.activation_bytes) + "; held: parameters " +
-         mib(held.parameters) + ", gradients " + mib(held.gradients) + ", optimizer state " +
-         mib(held.optimizer_state);
+  return "memory by the allocator: peak " + format_mib(memory.peak_bytes) + " in the " +
+         step_phase_name(memory.peak_phase) + " phase, " + format_mib(memory.start_bytes) +
+         " at a step's start, activations " + format_mib(memory.activation_bytes) +
+         "; held: parameters " + format_mib(held.parameters) + ", gradients " +
+         format_mib(held.gradients) + ", optimizer state " + format_mib(held.optimizer_state);
 }
 
 std::optional<MemoryShortage> MemoryMeter::shortage(int rank, std::int64_t step,
@@ -95,10 +85,11 @@ std::optional<MemoryShortage> MemoryMeter::shortage(int rank, std::int64_t step,
 MemoryExhausted::MemoryExhausted(MemoryShortage shortage)
     : Error("rank " + std::to_string(shortage.rank) + " ran out of memory in the " +
             shortage.phase + " phase of step " + std::to_string(shortage.step) + ": " +
-            mib(shortage.live_bytes) + " held" +
-            (shortage.asked_bytes > 0 ? " and " + mib(shortage.asked_bytes) + " more asked" : "") +
+            format_mib(shortage.live_bytes) + " held" +
+            (shortage.asked_bytes > 0 ? " and " + format_mib(shortage.asked_bytes) + " more asked"
+                                      : "") +
             (shortage.limit_bytes > 0
-                 ? ", over run.memory_limit (" + mib(shortage.limit_bytes) + ")"
+                 ? ", over run.memory_limit (" + format_mib(shortage.limit_bytes) + ")"
                  : "")),
       shortage_(std::move(shortage)) {}
 
