@@ -13,6 +13,33 @@ namespace trainyard {
 
 namespace {
 
+// A pipeline's layout: the schedule its ranks run (from its file, or built by name), the
+// micro-batches the batch splits into, the recipe's named cut, and whether the stages are
+// replicated over data-parallel ranks.
+void plan_stages(const Config& strategy, const MeshLayout& mesh, PlanLayout& layout) {
+  if (strategy.get_string("dp_sharding") != "none") {
+    throw Error("plan: pipeline stages sharded over data-parallel ranks (dp_sharding = \"" +
+                strategy.get_string("dp_sharding") + "\") are not planned yet");
+  }
+  const int ranks = mesh.size(MeshAxis::kPipeline);
+  std::int64_t micro_batches = strategy.get_int("micro_batches");
+  if (micro_batches == 0) micro_batches = ranks;
+  const std::filesystem::path file = strategy.get_path("schedule_file");
+  layout.schedule =
+      file.empty() ? build_pipeline_schedule(strategy.get_string("schedule"),
+                                             {ranks, static_cast<int>(micro_batches),
+                                              static_cast<int>(strategy.get_int("virtual_stages"))})
+                   : read_schedule_file(file);
+  layout.stage_names = strategy.get_string_list("stages");
+  layout.batch_samples = layout.micro_batch;
+  if (layout.batch_samples % micro_batches != 0) {
+    throw Error("plan: a batch of " + std::to_string(layout.batch_samples) +
+                " samples does not split into " + std::to_string(micro_batches) + " micro-batches");
+  }
+  layout.micro_batch = layout.batch_samples / micro_batches;
+  layout.replicated_stages = mesh.size(MeshGroup::kData) > 1;
+}
+
 // The layout of the recipe's [strategy] and [parallel] on `nproc` processes (0: the product of
 // the [parallel] sizes), as a rank of it holds the model.
 PlanLayout layout_of(const Recipe& resolved, int nproc, std::string& described) {
@@ -24,23 +51,27 @@ PlanLayout layout_of(const Recipe& resolved, int nproc, std::string& described) 
   const Config strategy = resolved.section("strategy");
   PlanLayout layout;
   layout.strategy = strategy.get_string("plugin");
-  if (mesh.size(MeshAxis::kPipeline) > 1 || mesh.size(MeshAxis::kTensor) > 1) {
-    throw Error("plan: pipeline and tensor-parallel layouts are not planned yet (pp " +
-                std::to_string(mesh.size(MeshAxis::kPipeline)) + ", tp " +
+  if (mesh.size(MeshAxis::kTensor) > 1) {
+    throw Error("plan: tensor-parallel layouts are not planned yet (tp " +
                 std::to_string(mesh.size(MeshAxis::kTensor)) +
-                "); plan covers data-parallel layouts");
+                "); plan covers data-parallel and pipeline layouts");
   }
   // How the strategy holds the model, from the options it declares: units sharded as its
   // `sharding` says, or a replica whose optimizer state `zero1` may shard; the default strategy
   // holds the whole model in one process.
   const std::string name = layout.strategy;
   const int data_ranks = mesh.size(MeshGroup::kData);
+  layout.micro_batch = resolved.section("loader").get_int("batch_size");
+  layout.accumulation = resolved.section("run").get_int("grad_accumulation");
   if (name == default_plugins::kStrategy) {
     layout.holding = ModelHolding::kWhole;
     if (nproc != 1) {
       throw Error("plan: " + name + " runs on one rank; choose a data-parallel strategy for " +
                   std::to_string(nproc));
     }
+  } else if (strategy.has("schedule") && strategy.has("micro_batches")) {
+    layout.holding = ModelHolding::kStages;
+    plan_stages(strategy, mesh, layout);
   } else if (strategy.has("sharding") && strategy.has("prefetch")) {
     layout.holding = ModelHolding::kShardedUnits;
     layout.sharding = strategy.get_string("sharding");
@@ -55,8 +86,12 @@ PlanLayout layout_of(const Recipe& resolved, int nproc, std::string& described) 
                 "' declares neither 'sharding' nor 'zero1': plan cannot tell how it holds the "
                 "model");
   }
-  layout.micro_batch = resolved.section("loader").get_int("batch_size");
-  layout.accumulation = resolved.section("run").get_int("grad_accumulation");
+  if (layout.holding != ModelHolding::kStages && mesh.size(MeshAxis::kPipeline) > 1) {
+    throw Error("plan: pp " + std::to_string(mesh.size(MeshAxis::kPipeline)) +
+                " needs a strategy "
+                "that cuts the model into stages; '" +
+                name + "' does not");
+  }
   described = name +
               (layout.holding == ModelHolding::kShardedUnits ? " (" + layout.sharding + ")" : "") +
               (layout.zero1 ? " (zero1)" : "") + " on " + mesh.describe() + ", micro-batch " +
@@ -74,7 +109,14 @@ LayoutPlan plan_layout(const std::filesystem::path& recipe,
   plan.layout = layout_of(resolved, nproc, plan.described);
   const ModelFootprint footprint =
       probe_model(recipe, overrides, plan.layout.micro_batch, registry);
-  plan.memory = plan_memory(footprint, plan.layout);
+  if (plan.layout.holding == ModelHolding::kStages) {
+    plan.pipeline_ranks = plan_pipeline(footprint, plan.layout);
+    plan.memory = *std::max_element(
+        plan.pipeline_ranks.begin(), plan.pipeline_ranks.end(),
+        [](const PlannedMemory& a, const PlannedMemory& b) { return a.peak.bytes < b.peak.bytes; });
+  } else {
+    plan.memory = plan_memory(footprint, plan.layout);
+  }
   return plan;
 }
 

@@ -16,7 +16,8 @@ class Registry;
 struct LayoutPlan {
   PlanLayout layout;
   std::string described;  // "fsdp (full) on pp 1 x ... , micro-batch 16"
-  PlannedMemory memory;
+  PlannedMemory memory;   // every rank's, or the pipeline rank's with the highest peak
+  std::vector<PlannedMemory> pipeline_ranks;  // each pipeline rank's, in order (stages)
 };
 
 // Plans the recipe at `recipe` with `overrides` (section.key=value) on `nproc` processes (0: the

@@ -2,7 +2,10 @@
 
 #include <algorithm>
 #include <cmath>
+#include <set>
 #include <utility>
+
+#include "trainyard/parallel/pipeline_stages.hpp"
 
 namespace trainyard {
 
@@ -130,6 +133,115 @@ PlannedMemory plan_memory(const ModelFootprint& model, const PlanLayout& layout)
       *std::max_element(plan.phases.begin(), plan.phases.end(),
                         [](const PhasePeak& a, const PhasePeak& b) { return a.bytes < b.bytes; });
   return plan;
+}
+
+namespace {
+
+struct StageFigures {
+  std::int64_t activations = 0;  // its blocks' kept bytes for one micro-batch
+  std::int64_t input = 0;        // the received input a later stage keeps for backward
+};
+
+// The cut the pipeline makes: the recipe's named stages, or balanced by the blocks' costs.
+std::vector<BlockRange> stage_cut(const ModelFootprint& model, const PlanLayout& layout) {
+  std::vector<std::string> names;
+  std::vector<double> costs;
+  for (std::size_t i = 1; i < model.blocks.size(); ++i) {
+    names.push_back(model.blocks[i].name);
+    costs.push_back(model.blocks[i].cost);
+  }
+  const int stages = layout.schedule.shape.stages();
+  return layout.stage_names.empty() ? balanced_stages(costs, stages)
+                                    : named_stages(layout.stage_names, names, stages);
+}
+
+std::int64_t range_end(const BlockRange& range, const ModelFootprint& model) {
+  return range.end < 0 ? static_cast<std::int64_t>(model.blocks.size()) - 1 : range.end;
+}
+
+// The most bytes `rank`'s schedule holds in flight: a forward keeps its stage's activations
+// until the stage's backward (or, split, its weight half) for that micro-batch.
+std::int64_t most_in_flight(const PipelineSchedule& schedule, int rank,
+                            const std::vector<StageFigures>& stages) {
+  std::int64_t held = 0;
+  std::int64_t most = 0;
+  for (const PipelineAction& action : schedule.rank_actions[static_cast<std::size_t>(rank)]) {
+    const StageFigures& stage = stages[static_cast<std::size_t>(action.stage)];
+    const std::int64_t bytes = stage.activations + stage.input;
+    if (action.kind == PipelineActionKind::kForward) held += bytes;
+    if (action.kind == PipelineActionKind::kBackward ||
+        action.kind == PipelineActionKind::kBackwardWeight) {
+      held -= bytes;
+    }
+    most = std::max(most, held);
+  }
+  return most;
+}
+
+}  // namespace
+
+std::vector<PlannedMemory> plan_pipeline(const ModelFootprint& model, const PlanLayout& layout) {
+  const std::vector<BlockRange> cut = stage_cut(model, layout);
+  const std::int64_t samples = layout.micro_batch;
+  std::vector<StageFigures> stages(cut.size());
+  for (std::size_t s = 0; s < cut.size(); ++s) {
+    for (std::int64_t b = cut[s].begin; b < range_end(cut[s], model); ++b) {
+      stages[s].activations +=
+          round_bytes(model.blocks[static_cast<std::size_t>(b + 1)].activations.at(samples));
+    }
+    if (cut[s].begin > 0) {
+      stages[s].input =
+          round_bytes(model.blocks[static_cast<std::size_t>(cut[s].begin)].output.at(samples));
+    }
+  }
+  std::int64_t whole_activations = 0;
+  for (const auto& stage : stages) whole_activations += stage.activations;
+  const PipelineShape& shape = layout.schedule.shape;
+  std::vector<PlannedMemory> plans;
+  for (int rank = 0; rank < shape.ranks; ++rank) {
+    std::int64_t owned = 0;
+    std::int64_t rank_activations = 0;
+    std::set<std::size_t> shared;
+    for (std::size_t s = 0; s < cut.size(); ++s) {
+      if (shape.rank_of_stage(static_cast<int>(s)) != rank) continue;
+      rank_activations += stages[s].activations;
+      for (std::int64_t b = cut[s].begin; b < range_end(cut[s], model); ++b) {
+        const BlockFootprint& block = model.blocks[static_cast<std::size_t>(b + 1)];
+        owned += block.parameter_bytes;
+        shared.insert(block.shared.begin(), block.shared.end());
+      }
+    }
+    for (std::size_t index : shared) owned += model.shared_parameter_bytes[index];
+    PlannedMemory plan;
+    plan.parameters = plan.gradients = owned;
+    plan.optimizer_state = round_bytes(model.optimizer_state_ratio * static_cast<double>(owned));
+    plan.activations = most_in_flight(layout.schedule, rank, stages);
+    plan.step_start = plan.parameters + plan.gradients + plan.optimizer_state;
+    const std::int64_t batch = round_bytes(model.batch.at(layout.batch_samples));
+    const bool fresh = !layout.replicated_stages;
+    const std::int64_t in_step = fresh ? plan.step_start - plan.gradients : plan.step_start;
+    const std::int64_t forward = in_step + batch + plan.activations;
+    // A stage's backward transient, as the whole model's (gradients kept) in proportion to its
+    // activations; gradients set to none at the step's start are made by the first backward,
+    // while the schedule holds the most in flight.
+    const double share = whole_activations > 0 ? static_cast<double>(rank_activations) /
+                                                     static_cast<double>(whole_activations)
+                                               : 0.0;
+    const double extra =
+        model.backward_kept.at(samples) * share + (fresh ? static_cast<double>(owned) : 0.0);
+    const std::int64_t optimizer =
+        plan.step_start + batch +
+        round_bytes(model.optimizer_step_ratio * static_cast<double>(owned));
+    plan.phases = {{"h2d", plan.step_start + batch},
+                   {"forward", forward},
+                   {"backward", forward + round_bytes(extra)},
+                   {"optimizer", optimizer}};
+    plan.peak =
+        *std::max_element(plan.phases.begin(), plan.phases.end(),
+                          [](const PhasePeak& a, const PhasePeak& b) { return a.bytes < b.bytes; });
+    plans.push_back(plan);
+  }
+  return plans;
 }
 
 }  // namespace trainyard

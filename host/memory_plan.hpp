@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "memory_probe.hpp"
+#include "trainyard/parallel/pipeline_schedule.hpp"
 
 namespace trainyard {
 
@@ -17,6 +18,7 @@ enum class ModelHolding {
   kWhole,         // one process: gradients made by each backward, freed when a step starts
   kReplicated,    // a replica per rank, gradients kept in flat buckets between steps
   kShardedUnits,  // units along the blocks, sharded as `sharding` says (sharded_units.hpp)
+  kStages,        // consecutive blocks per pipeline stage, run by a schedule's actions
 };
 
 // How one rank of a data-parallel layout holds the model.
@@ -29,6 +31,13 @@ struct PlanLayout {
   std::int64_t shard_ranks = 1;   // the ranks state is sharded over
   std::int64_t micro_batch = 1;   // samples per micro-batch on the rank
   std::int64_t accumulation = 1;  // micro-batches per optimizer step
+  // Stages: the schedule each pipeline rank runs, the recipe's named cut (empty: balanced by the
+  // blocks' costs), the batch the step splits into micro-batches, and whether the stages are
+  // replicated over data-parallel ranks (gradients kept in flat buckets).
+  PipelineSchedule schedule;
+  std::vector<std::string> stage_names;
+  std::int64_t batch_samples = 1;
+  bool replicated_stages = false;
 };
 
 struct PhasePeak {
@@ -50,6 +59,12 @@ struct PlannedMemory {
   PhasePeak peak;                 // the highest of them
 };
 
+// A rank of a data-parallel layout (every rank alike).
 PlannedMemory plan_memory(const ModelFootprint& model, const PlanLayout& layout);
+
+// Each pipeline rank of a kStages layout, in rank order: its stages' parameters (a tied
+// parameter's copy with each stage that uses it), and the activations of the micro-batches its
+// schedule holds in flight at most, each stage's received input included.
+std::vector<PlannedMemory> plan_pipeline(const ModelFootprint& model, const PlanLayout& layout);
 
 }  // namespace trainyard

@@ -29,6 +29,8 @@ struct ProbeStep {
   std::int64_t activations = 0;
   std::int64_t backward_kept = 0;
   std::int64_t backward_fresh = 0;
+  std::vector<std::int64_t> blocks;   // what each block's forward kept (the loss's with the last)
+  std::vector<std::int64_t> outputs;  // the bytes of what each block hands to the next
 };
 
 // The recipe as one process with micro-batches of `samples` read on the calling thread, and
@@ -88,6 +90,7 @@ class Probe {
     if (autocast_) build.extensions[kComputeDtypeExtension] = *autocast_;
     const Config model = resolved.section("model");
     model_ = registry.create<Model>(model.get_string("plugin"), model, build);
+    if (model_->builds_stages()) block_costs_ = block_costs(registry, model, build);
     model_->module().train();
     checkpointing_ = ActivationCheckpointing::parse(
         resolved.section("run").get_string("activation_checkpointing"));
@@ -108,6 +111,10 @@ class Probe {
     footprint.parameter_bytes = bytes_of(trainable_);
     footprint.frozen_bytes = bytes_of(frozen_);
     footprint.blocks = block_parameters();
+    footprint.shared_parameter_bytes = shared_bytes_;
+    for (std::size_t b = 0; b < block_costs_.size() && b + 1 < footprint.blocks.size(); ++b) {
+      footprint.blocks[b + 1].cost = block_costs_[b];
+    }
     // The first step makes the gradients and the optimizer's state.
     forward(batch_).backward();
     optimizer_step();
@@ -130,13 +137,41 @@ class Probe {
     footprint.activations = line(one.activations, two.activations);
     footprint.backward_kept = line(one.backward_kept, two.backward_kept);
     footprint.backward_fresh = line(one.backward_fresh, two.backward_fresh);
+    for (std::size_t b = 0; b < one.blocks.size(); ++b) {
+      footprint.blocks[b + 1].activations = line(one.blocks[b], two.blocks[b]);
+      footprint.blocks[b + 1].output = line(one.outputs[b], two.outputs[b]);
+    }
     return footprint;
   }
 
  private:
-  at::Tensor forward(const Batch& batch) {
+  // The loss of `batch`; with `tracker`, what each block's forward kept goes to `per_block` (the
+  // input's with the first block, the loss's with the last).
+  at::Tensor forward(const Batch& batch, const AllocationTracker* tracker = nullptr,
+                     std::vector<std::int64_t>* per_block = nullptr,
+                     std::vector<std::int64_t>* outputs = nullptr) {
     AutocastGuard guard(at::kCPU, autocast_);
-    return model_->loss(run_blocks(*model_, blocks_, batch), batch);
+    std::int64_t before = tracker ? tracker->current_bytes() : 0;
+    const auto kept_since = [&] {
+      const std::int64_t now = tracker->current_bytes();
+      const std::int64_t kept = now - before;
+      before = now;
+      return kept;
+    };
+    Activations x(model_->input(batch));
+    for (const auto& block : blocks_) {
+      x = block.forward(x);
+      if (per_block) per_block->push_back(kept_since());
+      if (outputs) {
+        std::int64_t bytes = 0;
+        for (const auto& [name, tensor] : x.tensors)
+          bytes += static_cast<std::int64_t>(tensor.nbytes());
+        outputs->push_back(bytes);
+      }
+    }
+    at::Tensor loss = model_->loss(x.hidden(), batch);
+    if (per_block && !per_block->empty()) per_block->back() += kept_since();
+    return loss;
   }
 
   // The optimizer step's transient peak above what it starts with.
@@ -153,7 +188,8 @@ class Probe {
       AllocationTracker tracker;
       const Batch batch = first_samples(batch_, samples);
       step.batch = tracker.current_bytes();
-      at::Tensor loss = forward(batch);
+      at::Tensor loss =
+          forward(batch, &tracker, kept ? &step.blocks : nullptr, kept ? &step.outputs : nullptr);
       const std::int64_t forward_end = tracker.current_bytes();
       step.activations = forward_end - step.batch;
       tracker.reset_peak();
@@ -164,8 +200,33 @@ class Probe {
     return step;
   }
 
+  // What a pipeline balances its stages by: each block's FLOPs per sample, or its parameter
+  // count when the model reports no FLOPs, from the block built alone (a stage build).
+  static std::vector<double> block_costs(const Registry& registry, const Config& model,
+                                         const BuildContext& whole) {
+    std::vector<double> flops;
+    std::vector<double> sizes;
+    const auto count = static_cast<std::int64_t>(
+        registry.create<Model>(model.get_string("plugin"), model, whole)->block_names().size());
+    for (std::int64_t b = 0; b < count; ++b) {
+      BuildContext one_block = whole;
+      one_block.device = c10::Device(c10::kMeta);
+      one_block.blocks = BlockRange{b, b + 1};
+      auto built = registry.create<Model>(model.get_string("plugin"), model, one_block);
+      flops.push_back(built->flops_per_sample());
+      double numel = 0;
+      for (const auto& parameter : built->module().parameters(true)) {
+        numel += static_cast<double>(parameter.numel());
+      }
+      sizes.push_back(numel);
+    }
+    double total = 0;
+    for (double f : flops) total += f;
+    return total > 0 ? flops : sizes;
+  }
+
   // Each block's parameters that it alone uses; the rest (tied, or in no block) as "root".
-  std::vector<BlockFootprint> block_parameters() const {
+  std::vector<BlockFootprint> block_parameters() {
     std::map<const void*, int> users;
     for (const auto& block : blocks_) {
       for (const auto& parameter : block.module->parameters()) {
@@ -173,19 +234,31 @@ class Probe {
       }
     }
     std::vector<BlockFootprint> out;
+    std::map<const void*, std::size_t> shared_index;
     std::int64_t owned = 0;
     for (std::size_t index = 0; index < blocks_.size(); ++index) {
       const Block& block = blocks_[index];
-      BlockFootprint footprint{block.name, 0, checkpointing_.selects(index, block.name)};
+      BlockFootprint footprint;
+      footprint.name = block.name;
+      footprint.recomputed = checkpointing_.selects(index, block.name);
       for (const auto& parameter : block.module->parameters()) {
-        if (parameter.requires_grad() && users[parameter.unsafeGetTensorImpl()] == 1) {
+        if (!parameter.requires_grad()) continue;
+        const void* key = parameter.unsafeGetTensorImpl();
+        if (users[key] == 1) {
           footprint.parameter_bytes += static_cast<std::int64_t>(parameter.nbytes());
+          continue;
         }
+        auto [found, added] = shared_index.try_emplace(key, shared_bytes_.size());
+        if (added) shared_bytes_.push_back(static_cast<std::int64_t>(parameter.nbytes()));
+        footprint.shared.push_back(found->second);
       }
       owned += footprint.parameter_bytes;
       out.push_back(footprint);
     }
-    out.insert(out.begin(), BlockFootprint{"root", bytes_of(trainable_) - owned, false});
+    BlockFootprint root;
+    root.name = "root";
+    root.parameter_bytes = bytes_of(trainable_) - owned;
+    out.insert(out.begin(), root);
     return out;
   }
 
@@ -193,6 +266,8 @@ class Probe {
   std::optional<at::ScalarType> autocast_;
   std::shared_ptr<Model> model_;
   ActivationCheckpointing checkpointing_;
+  std::vector<std::int64_t> shared_bytes_;  // parameters several blocks use
+  std::vector<double> block_costs_;
   std::vector<Block> blocks_;
   std::vector<at::Tensor> trainable_;
   std::vector<at::Tensor> frozen_;

@@ -25,15 +25,22 @@ struct PerSample {
 };
 
 struct BlockFootprint {
-  std::string name;  // the block's, or "root" for parameters no single block owns
-  std::int64_t parameter_bytes = 0;
-  bool recomputed = false;  // under run.activation_checkpointing
+  std::string name;                  // the block's, or "root" for parameters no single block owns
+  std::int64_t parameter_bytes = 0;  // of the parameters it alone uses
+  bool recomputed = false;           // under run.activation_checkpointing
+  std::vector<std::size_t> shared;   // the shared parameters it uses (ModelFootprint's indices)
+  PerSample activations;             // what its forward keeps for backward (the root: none)
+  PerSample output;                  // what it hands to the next block (a stage's send)
+  double cost = 0;  // what a pipeline balances stages by: its FLOPs, or its parameter count
 };
 
 struct ModelFootprint {
-  std::int64_t parameter_bytes = 0;  // trainable parameters
-  std::int64_t frozen_bytes = 0;     // parameters that take no gradient, and buffers
-  std::vector<BlockFootprint> blocks;
+  std::int64_t parameter_bytes = 0;    // trainable parameters
+  std::int64_t frozen_bytes = 0;       // parameters that take no gradient, and buffers
+  std::vector<BlockFootprint> blocks;  // the root first, then the model's blocks in order
+  // Parameters several blocks use (a tied embedding and head): a pipeline stage holding any of
+  // those blocks holds its own copy.
+  std::vector<std::int64_t> shared_parameter_bytes;
   // The optimizer's state bytes per trainable parameter byte, after its first step.
   double optimizer_state_ratio = 0;
   // The optimizer step's transient peak above what it starts with, per trainable parameter byte.

@@ -22,12 +22,10 @@ namespace {
 
 std::string format_mib_column(std::int64_t bytes) { return format_mib(bytes, 10); }
 
-nlohmann::json plan_json(const PlannedMemory& plan, const std::string& layout, int ranks) {
+nlohmann::json memory_json(const PlannedMemory& plan) {
   nlohmann::json phases = nlohmann::json::object();
   for (const auto& phase : plan.phases) phases[phase.phase] = phase.bytes;
-  return {{"layout", layout},
-          {"ranks", ranks},
-          {"parameters", plan.parameters},
+  return {{"parameters", plan.parameters},
           {"gradients", plan.gradients},
           {"optimizer_state", plan.optimizer_state},
           {"frozen", plan.frozen},
@@ -40,14 +38,27 @@ nlohmann::json plan_json(const PlannedMemory& plan, const std::string& layout, i
           {"phases", phases}};
 }
 
-void print_plan(const PlannedMemory& plan, const std::string& layout) {
-  std::cout << "plan: " << layout << "; each rank holds\n"
+// The plan of every rank alike, or the highest pipeline rank's, and each pipeline rank's.
+nlohmann::json plan_json(const LayoutPlan& plan, int ranks) {
+  nlohmann::json out = memory_json(plan.memory);
+  out["layout"] = plan.described;
+  out["ranks"] = ranks;
+  if (!plan.pipeline_ranks.empty()) {
+    nlohmann::json stages = nlohmann::json::array();
+    for (const auto& rank : plan.pipeline_ranks) stages.push_back(memory_json(rank));
+    out["pipeline_ranks"] = stages;
+  }
+  return out;
+}
+
+void print_plan(const PlannedMemory& plan, const std::string& layout, const std::string& who) {
+  std::cout << "plan: " << layout << "; " << who << "\n"
             << "  parameters        " << format_mib_column(plan.parameters) << "\n"
             << "  gradients         " << format_mib_column(plan.gradients) << "\n"
             << "  optimizer state   " << format_mib_column(plan.optimizer_state) << "\n"
             << "  frozen, buffers   " << format_mib_column(plan.frozen) << "\n"
             << "  activations       " << format_mib_column(plan.activations)
-            << "  (one micro-batch)\n"
+            << "  (kept for backward, at most at once)\n"
             << "  gathered, forward " << format_mib_column(plan.gathered_forward)
             << "  (whole parameters a forward leaves gathered)\n"
             << "  at a step's start " << format_mib_column(plan.step_start) << "\n"
@@ -86,9 +97,14 @@ int command_plan(const std::vector<std::string>& args, Registry& registry) {
   load_plugins(loader, common, recipe_plugin_paths(recipe));
   const LayoutPlan plan = plan_layout(recipe_path, overrides, nproc, registry);
   if (json) {
-    std::cout << plan_json(plan.memory, plan.described, std::max(nproc, 1)).dump(2) << "\n";
+    std::cout << plan_json(plan, std::max(nproc, 1)).dump(2) << "\n";
+  } else if (plan.pipeline_ranks.empty()) {
+    print_plan(plan.memory, plan.described, "each rank holds");
   } else {
-    print_plan(plan.memory, plan.described);
+    for (std::size_t rank = 0; rank < plan.pipeline_ranks.size(); ++rank) {
+      print_plan(plan.pipeline_ranks[rank], plan.described,
+                 "pipeline rank " + std::to_string(rank) + " holds");
+    }
   }
   return 0;
 }

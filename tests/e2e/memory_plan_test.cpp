@@ -27,6 +27,7 @@ TEST(MemoryPlan, FastCoreWithinTenPercentOfTheAllocator) {
             "fashion_mnist_cnn.toml",
             2,
             {"strategy.plugin=ddp", "parallel.dp_shard=2"}},
+           {"gpt pipeline 1f1b 2", "gpt_pipeline.toml", 2, {"strategy.schedule=\"1f1b\""}},
        }) {
     expect_plan_matches_run(c);
   }
@@ -35,10 +36,9 @@ TEST(MemoryPlan, FastCoreWithinTenPercentOfTheAllocator) {
 TEST(MemoryPlan, RefusesWhatItCannotPlanInOneLine) {
   const fs::path gpt = source_dir() / "recipes" / "gpt_text.toml";
   const CommandResult pipeline =
-      run_host({"plan", (source_dir() / "recipes" / "gpt_pipeline.toml").string()});
+      run_host({"plan", (source_dir() / "recipes" / "gpt_3d.toml").string()});
   EXPECT_NE(pipeline.exit_code, 0);
-  EXPECT_NE(pipeline.err.find("pipeline and tensor-parallel layouts are not planned yet"),
-            std::string::npos)
+  EXPECT_NE(pipeline.err.find("tensor-parallel layouts are not planned yet"), std::string::npos)
       << describe(pipeline);
   const CommandResult no_ranks = run_host({"plan", gpt.string(), "--nproc", "0"});
   EXPECT_NE(no_ranks.exit_code, 0);
