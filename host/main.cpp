@@ -21,6 +21,7 @@
 #include "doctor.hpp"
 #include "launch.hpp"
 #include "memory_advice.hpp"
+#include "plan_check.hpp"
 #include "plan_command.hpp"
 #include "schedule_command.hpp"
 #include "trainyard/api/error.hpp"
@@ -135,6 +136,13 @@ int command_run(const std::vector<std::string>& args, bool validate_only, Regist
   }
   RunControls controls;
   controls.resume = resume;
+  // A run that measures its memory checks it against the plan.
+  std::optional<PlannedMemory> plan;
+  if (resolved.section("run").get_bool("track_memory") ||
+      resolved.section("run").get_float("memory_limit") > 0) {
+    plan = plan_this_rank(recipe_path, overrides, registry,
+                          [](const std::string& line) { std::cerr << line << std::endl; });
+  }
   RunSummary summary;
   try {
     Engine engine(resolved, registry, controls);
@@ -143,6 +151,11 @@ int command_run(const std::vector<std::string>& args, bool validate_only, Regist
     // The engine is gone, and with it the memory limit: the planner may allocate.
     report_shortage(exhausted, recipe_path, overrides, registry);
     return 1;
+  }
+  if (plan && summary.memory) {
+    for (const auto& line : compare_plan(*plan, *summary.memory)) {
+      std::cerr << "trainyard: " << line << std::endl;
+    }
   }
   // The shell's convention for a process ended by a signal, which schedulers (Slurm's requeue)
   // and `trainyard launch` read as "stopped, not failed".

@@ -290,6 +290,7 @@ ModelFootprint probe_model(const std::filesystem::path& recipe,
     // The engine reads the batch exactly as training would (any dataset, map or stream).
     RunControls quiet;
     quiet.log = [](const std::string&) {};
+    quiet.single_process = true;
     Engine engine(resolved, registry, quiet);
     batch = engine.next_micro_batches().front();
   }

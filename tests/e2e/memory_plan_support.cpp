@@ -53,6 +53,15 @@ void expect_plan_matches_run(const PlanCase& c) {
                                 ? run_one_process(recipe, out, as_set_arguments(sets))
                                 : run_launched(c.ranks, recipe, out, as_set_arguments(sets));
   ASSERT_EQ(run.exit_code, 0) << describe(run);
+  // The run checks itself against the plan, on every rank.
+  const std::string said = run.out + run.err;
+  std::size_t checks = 0;
+  for (auto at = said.find("memory, planned / measured by the allocator: parameters");
+       at != std::string::npos;
+       at = said.find("memory, planned / measured by the allocator: parameters", at + 1)) {
+    ++checks;
+  }
+  EXPECT_EQ(checks, static_cast<std::size_t>(c.ranks)) << describe(run);
   for (int rank = 0; rank < c.ranks; ++rank) {
     SCOPED_TRACE("rank " + std::to_string(rank));
     const std::string file =

@@ -28,9 +28,10 @@ void all_reduce(Communicator& communicator, at::Tensor& tensor, c10d::ReduceOp::
 
 }  // namespace
 
-DistributedRuntime::DistributedRuntime(const RunOptions& run, const Config& parallel)
+DistributedRuntime::DistributedRuntime(const RunOptions& run, const Config& parallel,
+                                       bool single_process)
     : stop_signals_(run.stop_signals) {
-  rendezvous_ = rendezvous_from_environment();
+  if (!single_process) rendezvous_ = rendezvous_from_environment();
   if (rendezvous_ && rendezvous_->world_size <= 1) rendezvous_.reset();
   // Checked before anything connects, so every rank refuses a layout alike and none waits.
   layout_ = MeshLayout::resolve(mesh_request(parallel), rendezvous_ ? rendezvous_->world_size : 1);

@@ -33,7 +33,8 @@ class DistributedRuntime {
   // against the world size (an Error with the reason when they disagree), then sets this rank's
   // intra-op threads and binds it to its CPUs: before the communicator and the loader start
   // their threads, which inherit the binding.
-  DistributedRuntime(const RunOptions& run, const Config& parallel);
+  // `single_process`: the launcher's variables are ignored (the run is this process alone).
+  DistributedRuntime(const RunOptions& run, const Config& parallel, bool single_process = false);
   ~DistributedRuntime();
   DistributedRuntime(const DistributedRuntime&) = delete;
   DistributedRuntime& operator=(const DistributedRuntime&) = delete;

@@ -33,7 +33,8 @@ Engine::Engine(Recipe recipe, const Registry& registry, RunControls controls)
   State& s = *state_;
   s.loader = LoaderSettings::read(s.recipe);
   s.skipped_batches.add_entries(s.run.skip_batches);
-  s.runtime = std::make_unique<DistributedRuntime>(s.run, s.recipe.section("parallel"));
+  s.runtime = std::make_unique<DistributedRuntime>(s.run, s.recipe.section("parallel"),
+                                                   s.controls.single_process);
 
   BuildContext build;
   build.seed = s.run.seed;

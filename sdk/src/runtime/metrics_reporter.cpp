@@ -213,6 +213,12 @@ void MetricsReporter::report_loader_threads(double wall_s) const {
 
 RunSummary MetricsReporter::finish(RunSummary summary, std::int64_t epoch, double elapsed_s) {
   summary.final_train_loss = final_train_loss_;
+  if (run_.memory) {
+    const StepMemory steps = run_.memory->figures();
+    summary.memory = MeasuredMemory{steps.start_bytes, steps.activation_bytes, steps.peak_bytes,
+                                    step_phase_name(steps.peak_phase),
+                                    run_.strategy->held_bytes()};
+  }
   summary.eval = last_eval_;
   MetricRecord record;
   record.phase = "summary";

@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "trainyard/api/batch.hpp"
+#include "trainyard/api/held_bytes.hpp"
 #include "trainyard/api/registry.hpp"
 #include "trainyard/api/strategy.hpp"
 #include "trainyard/runtime/recipe.hpp"
@@ -29,6 +30,18 @@ struct RunControls {
   std::optional<std::string> resume;
   // Messages for the user (defaults to standard error).
   std::function<void(const std::string&)> log;
+  // The run is this process alone even inside a launched rank (the launcher's variables are
+  // ignored): what the memory planner's probe of the model runs as.
+  bool single_process = false;
+};
+
+// What run.track_memory measured (the steady state's steps, memory_meter's figures).
+struct MeasuredMemory {
+  std::int64_t step_start = 0;
+  std::int64_t activations = 0;  // the most a micro-batch's forward allocated and kept
+  std::int64_t peak = 0;
+  std::string peak_phase;
+  HeldBytes held;  // the strategy's parameters, gradients and optimizer state at the end
 };
 
 struct RunSummary {
@@ -42,6 +55,7 @@ struct RunSummary {
   // The signal (run.stop_signals) the run stopped on before its last step, after saving a
   // checkpoint; 0 when it ran to the end.
   int stopped_by_signal = 0;
+  std::optional<MeasuredMemory> memory;  // with run.track_memory
 };
 
 class Engine {
