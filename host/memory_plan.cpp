@@ -159,21 +159,23 @@ std::int64_t range_end(const BlockRange& range, const ModelFootprint& model) {
   return range.end < 0 ? static_cast<std::int64_t>(model.blocks.size()) - 1 : range.end;
 }
 
-// The most bytes `rank`'s schedule holds in flight: a forward keeps its stage's activations
-// until the stage's backward (or, split, its weight half) for that micro-batch.
-std::int64_t most_in_flight(const PipelineSchedule& schedule, int rank,
+// What `rank`'s schedule holds in flight when it holds the most: a forward keeps its stage's
+// activations, and the input it received, until the stage's backward (or, split, its weight
+// half) for that micro-batch.
+StageFigures most_in_flight(const PipelineSchedule& schedule, int rank,
                             const std::vector<StageFigures>& stages) {
-  std::int64_t held = 0;
-  std::int64_t most = 0;
+  StageFigures held;
+  StageFigures most;
   for (const PipelineAction& action : schedule.rank_actions[static_cast<std::size_t>(rank)]) {
     const StageFigures& stage = stages[static_cast<std::size_t>(action.stage)];
-    const std::int64_t bytes = stage.activations + stage.input;
-    if (action.kind == PipelineActionKind::kForward) held += bytes;
-    if (action.kind == PipelineActionKind::kBackward ||
-        action.kind == PipelineActionKind::kBackwardWeight) {
-      held -= bytes;
-    }
-    most = std::max(most, held);
+    const int sign = action.kind == PipelineActionKind::kForward ? 1
+                     : action.kind == PipelineActionKind::kBackward ||
+                             action.kind == PipelineActionKind::kBackwardWeight
+                         ? -1
+                         : 0;
+    held.activations += sign * stage.activations;
+    held.input += sign * stage.input;
+    if (held.activations + held.input > most.activations + most.input) most = held;
   }
   return most;
 }
@@ -215,12 +217,14 @@ std::vector<PlannedMemory> plan_pipeline(const ModelFootprint& model, const Plan
     PlannedMemory plan;
     plan.parameters = plan.gradients = owned;
     plan.optimizer_state = round_bytes(model.optimizer_state_ratio * static_cast<double>(owned));
-    plan.activations = most_in_flight(layout.schedule, rank, stages);
+    const StageFigures in_flight = most_in_flight(layout.schedule, rank, stages);
+    plan.activations = in_flight.activations;
+    plan.received = in_flight.input;
     plan.step_start = plan.parameters + plan.gradients + plan.optimizer_state;
     const std::int64_t batch = round_bytes(model.batch.at(layout.batch_samples));
     const bool fresh = !layout.replicated_stages;
     const std::int64_t in_step = fresh ? plan.step_start - plan.gradients : plan.step_start;
-    const std::int64_t forward = in_step + batch + plan.activations;
+    const std::int64_t forward = in_step + batch + plan.activations + plan.received;
     // A stage's backward transient, as the whole model's (gradients kept) in proportion to its
     // activations; gradients set to none at the step's start are made by the first backward,
     // while the schedule holds the most in flight.

@@ -54,6 +54,9 @@ struct PlannedMemory {
   // Whole parameters a forward leaves gathered (sharded units: the root and the last block's, or
   // every unit under grad_op): with the activations, what a forward allocates and keeps.
   std::int64_t gathered_forward = 0;
+  // Pipeline stages: the inputs received from the previous stage that the micro-batches in
+  // flight keep (communication buffers, posted before they are needed).
+  std::int64_t received = 0;
   std::int64_t step_start = 0;    // live when a step starts
   std::vector<PhasePeak> phases;  // each phase's peak, in step order
   PhasePeak peak;                 // the highest of them

@@ -31,6 +31,7 @@ nlohmann::json memory_json(const PlannedMemory& plan) {
           {"frozen", plan.frozen},
           {"activations", plan.activations},
           {"gathered_forward", plan.gathered_forward},
+          {"received", plan.received},
           {"forward_held", plan.activations + plan.gathered_forward},
           {"step_start", plan.step_start},
           {"peak", plan.peak.bytes},
@@ -61,6 +62,8 @@ void print_plan(const PlannedMemory& plan, const std::string& layout, const std:
             << "  (kept for backward, at most at once)\n"
             << "  gathered, forward " << format_mib_column(plan.gathered_forward)
             << "  (whole parameters a forward leaves gathered)\n"
+            << "  received inputs   " << format_mib_column(plan.received)
+            << "  (a pipeline stage's, kept in flight)\n"
             << "  at a step's start " << format_mib_column(plan.step_start) << "\n"
             << "  peak              " << format_mib_column(plan.peak.bytes) << "  in the "
             << plan.peak.phase << " phase\n  by phase:";
