@@ -3,6 +3,7 @@
 // file and trains on one thread, so it runs beside other tests.
 
 #include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
 
 #include <cstdlib>
 #include <filesystem>
@@ -110,6 +111,19 @@ TEST(PluginTemplateTest, BuildsAgainstAMovedInstallAndTrains) {
   ASSERT_GE(train.size(), 2u);
   EXPECT_LT(train.back().at("loss"), 0.7 * train.front().at("loss"));
   EXPECT_GT(of_phase(records, "summary").back().at("eval_accuracy"), 0.6);
+
+  // The planner plans the template's model as it plans a bundled one, with no code of its own:
+  // the parameters it predicts are what the run held.
+  auto plan = run_command({(prefix / "bin" / "trainyard").string(), "plan",
+                           (source_dir() / "tools" / "plugin_template" / "recipe.toml").string(),
+                           "--plugin-path", build.string(), "--json"},
+                          dir.path(), 600, {"LD_LIBRARY_PATH="});
+  ASSERT_EQ(plan.exit_code, 0) << plan.out << plan.err;
+  const nlohmann::json planned = nlohmann::json::parse(plan.out);
+  EXPECT_EQ(planned.at("parameters").get<double>(),
+            of_phase(records, "summary").back().at("held_parameter_bytes"));
+  EXPECT_GT(planned.at("activations").get<double>(), 0);
+  EXPECT_GT(planned.at("peak").get<double>(), planned.at("step_start").get<double>());
 
   // The installed conformance runner tests the template's model and nothing else, quietly.
   auto conformance = run_command({(prefix / "bin" / "trainyard-conformance").string(),
