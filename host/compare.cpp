@@ -27,10 +27,13 @@
 #include "compare_report.hpp"
 #include "compare_statistics.hpp"
 #include "compare_variants.hpp"
+#include "layout_plan.hpp"
 #include "trainyard/api/error.hpp"
+#include "trainyard/api/registry.hpp"
 #include "trainyard/parallel/declared_schedule.hpp"
 #include "trainyard/parallel/pipeline_timeline.hpp"
 #include "trainyard/runtime/default_plugins.hpp"
+#include "trainyard/runtime/plugin_loader.hpp"
 #include "trainyard/runtime/recipe.hpp"
 #include "trainyard/support/strict_json.hpp"
 
@@ -309,6 +312,8 @@ std::vector<std::string> variant_sets(const CompareOptions& options, const Varia
                    std::to_string(std::max<std::int64_t>(1, options.steps / 20)));
   sets.insert(sets.end(), options.overrides.begin(), options.overrides.end());
   sets.push_back("run.seed=" + std::to_string(options.seed));
+  // Every variant measures its memory by the allocator, beside its plan.
+  sets.push_back("run.track_memory=true");
   if (options.steps > 0) sets.push_back("run.max_steps=" + std::to_string(options.steps));
   sets.insert(sets.end(), variant.assignments.begin(), variant.assignments.end());
   sets.push_back("run.output_dir=" + dir.string());
@@ -470,7 +475,36 @@ void write_outputs(const CompareOptions& options, const std::vector<std::string>
 
 }  // namespace
 
-int command_compare(const std::vector<std::string>& args) {
+// Each variant's planned step peak on its first rank (memory_plan.hpp), or nothing where the
+// planner cannot plan its layout.
+std::vector<std::optional<double>> planned_peaks(const CompareOptions& options,
+                                                 const std::vector<Variant>& variants,
+                                                 Registry& registry) {
+  PluginLoader loader(registry);
+  std::vector<std::filesystem::path> extra;
+  for (const auto& recipe : options.recipes) {
+    for (const auto& path : recipe_plugin_paths(load_recipe(recipe, options.overrides))) {
+      extra.push_back(path);
+    }
+  }
+  load_plugins(loader, options.common, extra);
+  std::vector<std::optional<double>> peaks;
+  for (const Variant& variant : variants) {
+    std::vector<std::string> sets = options.overrides;
+    sets.insert(sets.end(), variant.assignments.begin(), variant.assignments.end());
+    try {
+      const LayoutPlan plan = plan_layout(variant.recipe, sets, variant.nproc, registry);
+      const PlannedMemory& first =
+          plan.pipeline_ranks.empty() ? plan.memory : plan.pipeline_ranks.front();
+      peaks.emplace_back(static_cast<double>(first.peak.bytes));
+    } catch (const std::exception&) {
+      peaks.emplace_back();  // a layout the planner does not cover: measured only
+    }
+  }
+  return peaks;
+}
+
+int command_compare(const std::vector<std::string>& args, Registry& registry) {
   const std::optional<CompareOptions> options = parse_compare_options(args);
   if (!options) return 0;
   fs::create_directories(options->report_dir);
@@ -485,8 +519,10 @@ int command_compare(const std::vector<std::string>& args) {
     check_baseline_fits(*baseline, options->against, options->title, labels);
   }
 
+  const std::vector<std::optional<double>> plans = planned_peaks(*options, variants, registry);
   // One variant at a time, so that their step times are not skewed by sharing the machine.
   std::vector<VariantResult> results = run_rounds(*options, variants);
+  for (std::size_t i = 0; i < results.size(); ++i) results[i].planned_step_peak = plans[i];
   compute_divergences(results);
   compute_speeds(results, options->statistics);
   write_outputs(*options, args, results);

@@ -7,8 +7,10 @@
 
 namespace trainyard {
 
+class Registry;
+
 // Returns 0 when at least one variant finished; 1 when every variant failed. Bad options throw
 // Error (one line) before anything runs.
-int command_compare(const std::vector<std::string>& args);
+int command_compare(const std::vector<std::string>& args, Registry& registry);
 
 }  // namespace trainyard

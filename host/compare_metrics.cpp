@@ -81,6 +81,7 @@ void summarize(const std::vector<MetricsRecord>& records, VariantResult& v) {
     } else if (record.phase == "summary") {
       if (auto loss = value_of(record, "final_train_loss")) v.final_train_loss = *loss;
       if (auto steps = value_of(record, "steps")) v.steps = static_cast<std::int64_t>(*steps);
+      if (auto peak = value_of(record, "memory_step_peak_bytes")) v.measured_step_peak = *peak;
     }
     if (auto peak = value_of(record, "memory_peak_bytes"); peak && std::isfinite(*peak)) {
       v.peak_memory_bytes = std::max(v.peak_memory_bytes.value_or(0.0), *peak);

@@ -56,6 +56,10 @@ struct VariantResult {
   // record when there is only one: step_time_ms, the phase keys, samples_per_s, tokens_per_s, mfu.
   std::map<std::string, double> steady;
   std::optional<double> peak_memory_bytes;  // largest memory_peak_bytes of any train record
+  // The steps' peak on the first rank: planned (trainyard plan) and measured by the allocator
+  // (run.track_memory); empty where the planner cannot plan the layout or nothing was measured.
+  std::optional<double> planned_step_peak;
+  std::optional<double> measured_step_peak;
   std::optional<double> final_train_loss;
   std::optional<double> eval_loss_final;
   std::optional<std::pair<std::string, double>> eval_metric;  // first non-loss eval value

@@ -106,6 +106,10 @@ std::vector<std::vector<std::string>> table_cells(const std::vector<VariantResul
   std::vector<std::string> heading = {"#", "variant", "status"};
   for (const auto& column : columns) heading.push_back(column.title);
   if (memory) heading.push_back("peak mem");
+  const bool planned = std::any_of(variants.begin(), variants.end(), [](const VariantResult& v) {
+    return v.planned_step_peak.has_value() || v.measured_step_peak.has_value();
+  });
+  if (planned) heading.push_back("step peak plan / measured");
   for (const char* title : {"final loss", "eval loss", "eval metric", "max |loss diff|"}) {
     heading.push_back(title);
   }
@@ -139,6 +143,10 @@ std::vector<std::vector<std::string>> table_cells(const std::vector<VariantResul
       }
     }
     if (memory) row.push_back(v.peak_memory_bytes ? bytes_text(*v.peak_memory_bytes) : "-");
+    if (planned) {
+      row.push_back((v.planned_step_peak ? bytes_text(*v.planned_step_peak) : "-") + " / " +
+                    (v.measured_step_peak ? bytes_text(*v.measured_step_peak) : "-"));
+    }
     row.push_back(v.final_train_loss ? fixed(*v.final_train_loss, 4) : "-");
     row.push_back(v.eval_loss_final ? fixed(*v.eval_loss_final, 4) : "-");
     row.push_back(eval_metric_text(v));

@@ -216,7 +216,7 @@ int dispatch(int argc, char** argv, Registry& registry) {
   if (command == "checkpoint") return command_checkpoint(args, registry);
   if (command == "doctor") return command_doctor(args, registry);
   if (command == "launch") return command_launch(args);
-  if (command == "compare") return command_compare(args);
+  if (command == "compare") return command_compare(args, registry);
   if (command == "schedule") return command_schedule(args);
   if (command == "plan") return command_plan(args, registry);
   if (command == "diagnose") return command_diagnose(args);

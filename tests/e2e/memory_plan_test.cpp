@@ -3,7 +3,9 @@
 
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <filesystem>
+#include <regex>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -101,6 +103,27 @@ TEST(MemoryPlan, AnOutOfMemoryRunReportsWhatWouldFitAndItsFirstSuggestionDoes) {
   EXPECT_NE(hopeless.err.find("no change the planner tries fits: the smallest predicted peak is"),
             std::string::npos)
       << describe(hopeless);
+}
+
+// compare puts each variant's planned step peak beside the one its run measured.
+TEST(MemoryPlan, CompareShowsThePlanBesideTheMeasurement) {
+  TempDir dir;
+  const CommandResult compared = run_host(
+      {"compare", (source_dir() / "recipes" / "gpt_text.toml").string(), "--vary",
+       "strategy.plugin=ddp,fsdp", "--nproc", "2", "--steps", "4", "--output",
+       (dir / "report").string(), "--set", "loader.workers=0"});
+  ASSERT_EQ(compared.exit_code, 0) << describe(compared);
+  const std::string table = read_text(dir / "report" / "table.txt");
+  EXPECT_NE(table.find("step peak plan / measured"), std::string::npos) << table;
+  const std::regex pair(R"(([0-9.]+) MiB / ([0-9.]+) MiB)");
+  int rows = 0;
+  for (std::sregex_iterator it(table.begin(), table.end(), pair), end; it != end; ++it) {
+    const double planned = std::stod((*it)[1]);
+    const double measured = std::stod((*it)[2]);
+    EXPECT_LE(std::abs(planned - measured), kPlanTolerance * measured) << it->str();
+    ++rows;
+  }
+  EXPECT_EQ(rows, 2) << table;
 }
 
 }  // namespace
