@@ -61,6 +61,10 @@ struct ShardedOptimizerState::State {
           gathered.narrow(0, offset, parameter.numel()).view(parameter.sizes()));
       offset += parameter.numel();
     }
+    // Freed now rather than when the last reference goes: the communicator's worker thread may
+    // hold the finished all-gather (and so this buffer) a moment longer, and a whole flat copy of
+    // the parameters would then still be held when the next step starts.
+    gathered.storage().unsafeGetStorageImpl()->reset();
   }
 
   std::vector<at::Tensor> parameters;
