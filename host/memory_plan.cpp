@@ -75,14 +75,20 @@ Holdings hold(const ModelFootprint& model, const PlanLayout& layout) {
       // backward, which comes next, unless the block is recomputed (gathered again then).
       const bool last_kept = model.blocks.size() > 1 && !model.blocks.back().recomputed;
       held.gathered_forward = root + (last_kept ? model.blocks.back().parameter_bytes : 0);
-      held.gathered_backward = root + running + largest_units(model, 1);
+      // In backward a unit also holds its whole gradients and their flat copy being reduced.
+      held.gathered_backward = root + running + 2 * largest_units(model, 1);
     } else if (layout.sharding == "grad_op") {
       // Units stay gathered from their forward to their backward, except recomputed blocks'.
       held.gathered_forward = root;
       for (std::size_t i = 1; i < model.blocks.size(); ++i) {
         if (!model.blocks[i].recomputed) held.gathered_forward += model.blocks[i].parameter_bytes;
       }
-      held.gathered_backward = whole + largest_units(model, 1);
+      held.gathered_backward = whole + 2 * largest_units(model, 1);
+    } else {
+      // Replicated units: gradients are set to none when a step starts and made by the backward
+      // as one process makes them, each unit's all-reduced from a flat copy.
+      held.gradients_freed_at_start = true;
+      held.gathered_backward = largest_units(model, 1);
     }
   }
   held.optimizer_state = state(held.stepped);

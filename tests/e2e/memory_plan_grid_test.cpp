@@ -16,11 +16,14 @@ const std::vector<std::string> kFsdp = {"strategy.plugin=fsdp", "parallel.dp_sha
 
 TEST(MemoryPlanGrid, EveryDataParallelLayoutWithinTenPercentOfTheAllocator) {
   std::vector<PlanCase> cases;
-  // Not yet within 10%: the mlp's fsdp backward, whose communication buffers outweigh
-  // its activations, and the interleaved and zero-bubble schedules' backward peaks (their
-  // gradient buffers between a split backward's halves are not planned yet).
-  for (const std::string recipe : {"gpt_text.toml", "fashion_mnist_cnn.toml"}) {
+  // Not yet within 10%: the mlp recomputing its blocks (its activations are a few hundred KiB:
+  // 12% off), the mlp's replicated fsdp units (when a unit's all-reduce overlaps the next
+  // unit's backward depends on timing: the ranks' peaks differ by 17%), and the interleaved and zero-bubble schedules' backward peaks (their gradient
+  // buffers between a split backward's halves are not planned yet).
+  for (const std::string recipe :
+       {"gpt_text.toml", "fashion_mnist_cnn.toml", "fashion_mnist_mlp.toml"}) {
     for (const std::string checkpointing : {"none", "all"}) {
+      if (recipe == "fashion_mnist_mlp.toml" && checkpointing == "all") continue;
       const std::string name = recipe + " " + checkpointing;
       const std::vector<std::string> base = {"run.activation_checkpointing=\"" + checkpointing +
                                              "\""};
@@ -31,6 +34,7 @@ TEST(MemoryPlanGrid, EveryDataParallelLayoutWithinTenPercentOfTheAllocator) {
                        with(base, {"strategy.plugin=ddp", "parallel.dp_shard=2",
                                    "strategy.zero1=true"})});
       for (const std::string sharding : {"full", "grad_op", "none"}) {
+        if (recipe == "fashion_mnist_mlp.toml" && sharding == "none") continue;
         cases.push_back({name + " fsdp " + sharding + " 2", recipe, 2,
                          with(base, with(kFsdp, {"strategy.sharding=" + sharding}))});
       }
