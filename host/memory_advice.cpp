@@ -82,14 +82,8 @@ MemoryAdvice advise_memory(const std::filesystem::path& recipe,
   return advice;
 }
 
-std::vector<std::string> describe_shortage(const MemoryShortage& shortage,
-                                           const MemoryAdvice& advice) {
+std::vector<std::string> describe_changes(const MemoryAdvice& advice) {
   std::vector<std::string> lines;
-  lines.push_back("held then: parameters " + format_mib(shortage.held.parameters) + ", gradients " +
-                  format_mib(shortage.held.gradients) + ", optimizer state " +
-                  format_mib(shortage.held.optimizer_state) +
-                  "; the plan's peak for this layout: " + format_mib(advice.planned_peak) +
-                  " in the " + advice.planned_phase + " phase");
   const auto sets = [](const MemoryChange& change) {
     std::string text;
     for (const auto& set : change.sets) text += (text.empty() ? "" : " ") + ("--set " + set);
@@ -106,6 +100,18 @@ std::vector<std::string> describe_shortage(const MemoryShortage& shortage,
     lines.push_back("  " + sets(change) + "    peak " + format_mib(change.peak_bytes) + " (" +
                     change.why + ")");
   }
+  return lines;
+}
+
+std::vector<std::string> describe_shortage(const MemoryShortage& shortage,
+                                           const MemoryAdvice& advice) {
+  std::vector<std::string> lines;
+  lines.push_back("held then: parameters " + format_mib(shortage.held.parameters) + ", gradients " +
+                  format_mib(shortage.held.gradients) + ", optimizer state " +
+                  format_mib(shortage.held.optimizer_state) +
+                  "; the plan's peak for this layout: " + format_mib(advice.planned_peak) +
+                  " in the " + advice.planned_phase + " phase");
+  for (const auto& line : describe_changes(advice)) lines.push_back(line);
   return lines;
 }
 

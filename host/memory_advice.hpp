@@ -35,6 +35,10 @@ MemoryAdvice advise_memory(const std::filesystem::path& recipe,
                            const std::vector<std::string>& overrides, int nproc,
                            std::int64_t limit_bytes, const Registry& registry);
 
+// The changes that fit, each as --set arguments with its predicted peak, or that none does and
+// the smallest peak found.
+std::vector<std::string> describe_changes(const MemoryAdvice& advice);
+
 // The report of a run that ran out: what was held, the plan beside it, and what would fit.
 std::vector<std::string> describe_shortage(const MemoryShortage& shortage,
                                            const MemoryAdvice& advice);

@@ -8,6 +8,7 @@
 
 #include "cli.hpp"
 #include "layout_plan.hpp"
+#include "memory_advice.hpp"
 #include "trainyard/api/error.hpp"
 #include "trainyard/api/registry.hpp"
 #include "trainyard/runtime/byte_size.hpp"
@@ -72,6 +73,24 @@ void print_plan(const PlannedMemory& plan, const std::string& layout, const std:
   std::cout << "\n";
 }
 
+// Under --memory: whether the plan's peak fits the cap, and if not the changes the planner
+// predicts would fit (memory_advice.hpp). 0 when it fits as it stands.
+int report_fit(const LayoutPlan& plan, const std::string& recipe,
+               const std::vector<std::string>& overrides, int nproc, double memory_gib,
+               const Registry& registry) {
+  const auto cap = static_cast<std::int64_t>(memory_gib * (1LL << 30));
+  if (plan.memory.peak.bytes <= cap) {
+    std::cout << "fits: the peak, " << format_mib(plan.memory.peak.bytes) << ", is within "
+              << format_mib(cap) << " a rank\n";
+    return 0;
+  }
+  std::cout << "does not fit: the peak, " << format_mib(plan.memory.peak.bytes) << " in the "
+            << plan.memory.peak.phase << " phase, is over " << format_mib(cap) << " a rank\n";
+  const MemoryAdvice advice = advise_memory(recipe, overrides, nproc, cap, registry);
+  for (const auto& line : describe_changes(advice)) std::cout << line << "\n";
+  return 1;
+}
+
 }  // namespace
 
 int command_plan(const std::vector<std::string>& args, Registry& registry) {
@@ -79,13 +98,17 @@ int command_plan(const std::vector<std::string>& args, Registry& registry) {
   std::string recipe_path;
   std::vector<std::string> overrides;
   int nproc = 0;
+  double memory_gib = 0;
   bool json = false;
   po::options_description options("plan options");
   options.add_options()("recipe", po::value(&recipe_path)->required(), "recipe file")(
       "set", po::value(&overrides)->composing(), "override a recipe value: section.key=value")(
       "nproc", po::value(&nproc),
       "the processes the run will have (default: the product of the [parallel] sizes)")(
-      "json", po::bool_switch(&json), "print the plan as JSON");
+      "memory", po::value(&memory_gib),
+      "GiB a rank may hold: says whether the plan fits, and if not the changes that would (exit "
+      "status 1 when nothing fits as it stands)")("json", po::bool_switch(&json),
+                                                  "print the plan as JSON");
   add_common(options, common);
   po::positional_options_description positional;
   positional.add("recipe", 1);
@@ -93,6 +116,9 @@ int command_plan(const std::vector<std::string>& args, Registry& registry) {
   if (!values) return 0;
   if (values->count("nproc") && nproc < 1) {
     throw Error("plan: --nproc must be at least 1 (got " + std::to_string(nproc) + ")");
+  }
+  if (values->count("memory") && !(memory_gib > 0)) {
+    throw Error("plan: --memory must be a positive number of GiB");
   }
 
   const Recipe recipe = load_recipe(recipe_path, overrides);
@@ -109,6 +135,7 @@ int command_plan(const std::vector<std::string>& args, Registry& registry) {
                  "pipeline rank " + std::to_string(rank) + " holds");
     }
   }
+  if (memory_gib > 0) return report_fit(plan, recipe_path, overrides, nproc, memory_gib, registry);
   return 0;
 }
 

@@ -46,6 +46,20 @@ TEST(MemoryPlan, RefusesWhatItCannotPlanInOneLine) {
   EXPECT_NE(no_ranks.exit_code, 0);
   EXPECT_NE(no_ranks.err.find("--nproc must be at least 1"), std::string::npos)
       << describe(no_ranks);
+  const CommandResult no_memory = run_host({"plan", gpt.string(), "--memory", "0"});
+  EXPECT_NE(no_memory.exit_code, 0);
+  EXPECT_NE(no_memory.err.find("--memory must be a positive number of GiB"), std::string::npos)
+      << describe(no_memory);
+  // A cap no change fits under: said, with the smallest peak the planner found.
+  const CommandResult too_small = run_host({"plan", gpt.string(), "--memory", "0.005"});
+  EXPECT_EQ(too_small.exit_code, 1) << describe(too_small);
+  EXPECT_NE(too_small.out.find("does not fit: the peak"), std::string::npos) << describe(too_small);
+  EXPECT_NE(too_small.out.find("no change the planner tries fits: the smallest predicted peak is"),
+            std::string::npos)
+      << describe(too_small);
+  const CommandResult roomy = run_host({"plan", gpt.string(), "--memory", "1"});
+  EXPECT_EQ(roomy.exit_code, 0) << describe(roomy);
+  EXPECT_NE(roomy.out.find("fits: the peak"), std::string::npos) << describe(roomy);
   const CommandResult single_on_two = run_host({"plan", gpt.string(), "--nproc", "2"});
   EXPECT_NE(single_on_two.exit_code, 0);
   EXPECT_NE(single_on_two.err.find("single runs on one rank"), std::string::npos)
