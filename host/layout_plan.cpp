@@ -6,6 +6,7 @@
 #include "trainyard/api/error.hpp"
 #include "trainyard/api/registry.hpp"
 #include "trainyard/parallel/mesh_layout.hpp"
+#include "trainyard/runtime/cpu_binding.hpp"
 #include "trainyard/runtime/default_plugins.hpp"
 #include "trainyard/runtime/recipe.hpp"
 
@@ -63,6 +64,10 @@ PlanLayout layout_of(const Recipe& resolved, int nproc, std::string& described) 
   const int data_ranks = mesh.size(MeshGroup::kData);
   layout.micro_batch = resolved.section("loader").get_int("batch_size");
   layout.accumulation = resolved.section("run").get_int("grad_accumulation");
+  // The intra-op threads each rank gets: the recipe's, or the cores shared by the ranks.
+  const auto threads = resolved.section("run").get_int("threads");
+  const auto cores = static_cast<int>(std::max<std::size_t>(1, allowed_cpus().size()));
+  layout.threads = threads > 0 ? static_cast<int>(threads) : std::max(1, cores / nproc);
   if (name == default_plugins::kStrategy) {
     layout.holding = ModelHolding::kWhole;
     if (nproc != 1) {
@@ -108,7 +113,7 @@ LayoutPlan plan_layout(const std::filesystem::path& recipe,
   LayoutPlan plan;
   plan.layout = layout_of(resolved, nproc, plan.described);
   const ModelFootprint footprint =
-      probe_model(recipe, overrides, plan.layout.micro_batch, registry);
+      probe_model(recipe, overrides, plan.layout.micro_batch, plan.layout.threads, registry);
   if (plan.layout.holding == ModelHolding::kStages) {
     plan.pipeline_ranks = plan_pipeline(footprint, plan.layout);
     plan.memory = *std::max_element(

@@ -135,6 +135,9 @@ PlannedMemory plan_memory(const ModelFootprint& model, const PlanLayout& layout)
                  {"forward", forward},
                  {"backward", backward},
                  {"optimizer", optimizer}};
+  plan.compute_seconds = static_cast<double>(layout.accumulation) *
+                         (model.forward_seconds.at(samples) + model.backward_seconds.at(samples));
+  plan.optimizer_seconds = model.optimizer_seconds_per_byte * static_cast<double>(held.stepped);
   plan.peak =
       *std::max_element(plan.phases.begin(), plan.phases.end(),
                         [](const PhasePeak& a, const PhasePeak& b) { return a.bytes < b.bytes; });
@@ -186,6 +189,34 @@ StageFigures most_in_flight(const PipelineSchedule& schedule, int rank,
   return most;
 }
 
+// The schedule's makespan with each forward and backward costing the slowest stage's: the
+// probe's timed forward and backward of a micro-batch, in the share of the forward its blocks
+// took (a split backward's halves half each).
+double pipeline_compute_seconds(const ModelFootprint& model, const PlanLayout& layout,
+                                const std::vector<BlockRange>& cut) {
+  double slowest = 0;
+  for (const BlockRange& range : cut) {
+    double share = 0;
+    for (std::int64_t b = range.begin; b < range_end(range, model); ++b) {
+      share += model.blocks[static_cast<std::size_t>(b + 1)].forward_share;
+    }
+    slowest = std::max(slowest, share);
+  }
+  constexpr double kUnit = 1e-4;  // the simulation's time unit, seconds
+  const auto units = [&](double seconds) {
+    return std::max(1, static_cast<int>(std::lround(seconds / kUnit)));
+  };
+  const double forward = model.forward_seconds.at(layout.micro_batch) * slowest;
+  const double backward = model.backward_seconds.at(layout.micro_batch) * slowest;
+  PipelineCosts costs;
+  costs.forward = units(forward);
+  costs.backward = units(backward);
+  costs.backward_input = units(backward / 2);
+  costs.backward_weight = units(backward / 2);
+  return static_cast<double>(simulate_schedule(layout.schedule, costs).makespan) * kUnit *
+         static_cast<double>(layout.accumulation);
+}
+
 }  // namespace
 
 std::vector<PlannedMemory> plan_pipeline(const ModelFootprint& model, const PlanLayout& layout) {
@@ -205,6 +236,7 @@ std::vector<PlannedMemory> plan_pipeline(const ModelFootprint& model, const Plan
   std::int64_t whole_activations = 0;
   for (const auto& stage : stages) whole_activations += stage.activations;
   const PipelineShape& shape = layout.schedule.shape;
+  const double compute_seconds = pipeline_compute_seconds(model, layout, cut);
   std::vector<PlannedMemory> plans;
   for (int rank = 0; rank < shape.ranks; ++rank) {
     std::int64_t owned = 0;
@@ -249,6 +281,8 @@ std::vector<PlannedMemory> plan_pipeline(const ModelFootprint& model, const Plan
     plan.peak =
         *std::max_element(plan.phases.begin(), plan.phases.end(),
                           [](const PhasePeak& a, const PhasePeak& b) { return a.bytes < b.bytes; });
+    plan.compute_seconds = compute_seconds;
+    plan.optimizer_seconds = model.optimizer_seconds_per_byte * static_cast<double>(owned);
     plans.push_back(plan);
   }
   return plans;

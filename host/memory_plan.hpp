@@ -31,6 +31,7 @@ struct PlanLayout {
   std::int64_t shard_ranks = 1;   // the ranks state is sharded over
   std::int64_t micro_batch = 1;   // samples per micro-batch on the rank
   std::int64_t accumulation = 1;  // micro-batches per optimizer step
+  int threads = 1;                // intra-op threads per rank
   // Stages: the schedule each pipeline rank runs, the recipe's named cut (empty: balanced by the
   // blocks' costs), the batch the step splits into micro-batches, and whether the stages are
   // replicated over data-parallel ranks (gradients kept in flat buckets).
@@ -60,6 +61,12 @@ struct PlannedMemory {
   std::int64_t step_start = 0;    // live when a step starts
   std::vector<PhasePeak> phases;  // each phase's peak, in step order
   PhasePeak peak;                 // the highest of them
+  // The step's time on the host CPU: the probe's timed forwards and backwards of the rank's
+  // micro-batches (through the schedule, for a pipeline rank) and its optimizer step.
+  // Communication is not counted yet.
+  double compute_seconds = 0;
+  double optimizer_seconds = 0;
+  double step_seconds() const { return compute_seconds + optimizer_seconds; }
 };
 
 // A rank of a data-parallel layout (every rank alike).

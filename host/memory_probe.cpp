@@ -4,6 +4,7 @@
 #include <torch/optim/optimizer.h>
 
 #include <algorithm>
+#include <chrono>
 #include <map>
 #include <memory>
 #include <set>
@@ -18,10 +19,18 @@
 #include "trainyard/runtime/allocation_tracker.hpp"
 #include "trainyard/runtime/default_plugins.hpp"
 #include "trainyard/runtime/engine.hpp"
+#include "trainyard/runtime/median.hpp"
 
 namespace trainyard {
 
 namespace {
+
+constexpr int kTimedRepetitions = 5;
+
+struct PerSampleSeconds {
+  double forward = 0;
+  double backward = 0;
+};
 
 // What one micro-batch size measured.
 struct ProbeStep {
@@ -36,7 +45,7 @@ struct ProbeStep {
 // The recipe as one process with micro-batches of `samples` read on the calling thread, and
 // nothing written anywhere.
 Recipe probe_recipe(const std::filesystem::path& path, const std::vector<std::string>& settings,
-                    std::int64_t samples, const Registry& registry) {
+                    std::int64_t samples, int threads, const Registry& registry) {
   // The layout's own settings are the plan's business, not the probe's.
   std::vector<std::string> overrides;
   for (const auto& setting : settings) {
@@ -51,6 +60,7 @@ Recipe probe_recipe(const std::filesystem::path& path, const std::vector<std::st
     overrides.emplace_back(setting);
   }
   overrides.push_back("loader.batch_size=" + std::to_string(samples));
+  overrides.push_back("run.threads=" + std::to_string(threads));
   Recipe resolved = resolve_recipe(load_recipe(path, overrides), registry);
   auto root = std::make_shared<Table>(*resolved.root);
   root->erase("checkpoint");
@@ -141,7 +151,62 @@ class Probe {
       footprint.blocks[b + 1].activations = line(one.blocks[b], two.blocks[b]);
       footprint.blocks[b + 1].output = line(one.outputs[b], two.outputs[b]);
     }
+    time_steps(footprint, small, large);
     return footprint;
+  }
+
+  // The seconds of a forward and of its backward at both sizes, each block's share of the
+  // forward, and the optimizer step's seconds per parameter byte: medians of a few repetitions
+  // after a warm-up, on the intra-op threads a rank of the layout gets.
+  void time_steps(ModelFootprint& footprint, std::int64_t small, std::int64_t large) {
+    using Clock = std::chrono::steady_clock;
+    const auto seconds = [](Clock::time_point a, Clock::time_point b) {
+      return std::chrono::duration<double>(b - a).count();
+    };
+    std::vector<double> block_seconds(blocks_.size(), 0.0);
+    const auto time_at = [&](std::int64_t samples, PerSampleSeconds& into) {
+      const Batch batch = first_samples(batch_, samples);
+      std::vector<double> forwards;
+      std::vector<double> backwards;
+      for (int repetition = 0; repetition < kTimedRepetitions + 2; ++repetition) {
+        const auto start = Clock::now();
+        at::Tensor loss = forward(batch, nullptr, nullptr, nullptr,
+                                  repetition > 1 && samples == large ? &block_seconds : nullptr);
+        const auto forwarded = Clock::now();
+        loss.backward();
+        const auto backwarded = Clock::now();
+        if (repetition < 2) continue;  // warm-up
+        forwards.push_back(seconds(start, forwarded));
+        backwards.push_back(seconds(forwarded, backwarded));
+      }
+      into.forward = median(forwards);
+      into.backward = median(backwards);
+    };
+    PerSampleSeconds at_small;
+    PerSampleSeconds at_large;
+    time_at(small, at_small);
+    time_at(large, at_large);
+    const auto line = [&](double a, double b) {
+      PerSample figure;
+      figure.per_sample = (b - a) / static_cast<double>(large - small);
+      figure.fixed = b - figure.per_sample * static_cast<double>(large);
+      return figure;
+    };
+    footprint.forward_seconds = line(at_small.forward, at_large.forward);
+    footprint.backward_seconds = line(at_small.backward, at_large.backward);
+    double total = 0;
+    for (double s : block_seconds) total += s;
+    for (std::size_t b = 0; b < block_seconds.size() && b + 1 < footprint.blocks.size(); ++b) {
+      footprint.blocks[b + 1].forward_share = total > 0 ? block_seconds[b] / total : 0.0;
+    }
+    std::vector<double> steps;
+    for (int repetition = 0; repetition < kTimedRepetitions; ++repetition) {
+      const auto start = Clock::now();
+      optimizer_->step();
+      steps.push_back(seconds(start, Clock::now()));
+    }
+    footprint.optimizer_seconds_per_byte =
+        median(steps) / static_cast<double>(std::max<std::int64_t>(1, bytes_of(trainable_)));
   }
 
  private:
@@ -149,7 +214,8 @@ class Probe {
   // input's with the first block, the loss's with the last).
   at::Tensor forward(const Batch& batch, const AllocationTracker* tracker = nullptr,
                      std::vector<std::int64_t>* per_block = nullptr,
-                     std::vector<std::int64_t>* outputs = nullptr) {
+                     std::vector<std::int64_t>* outputs = nullptr,
+                     std::vector<double>* block_seconds = nullptr) {
     AutocastGuard guard(at::kCPU, autocast_);
     std::int64_t before = tracker ? tracker->current_bytes() : 0;
     const auto kept_since = [&] {
@@ -159,8 +225,13 @@ class Probe {
       return kept;
     };
     Activations x(model_->input(batch));
-    for (const auto& block : blocks_) {
-      x = block.forward(x);
+    for (std::size_t b = 0; b < blocks_.size(); ++b) {
+      const auto started = std::chrono::steady_clock::now();
+      x = blocks_[b].forward(x);
+      if (block_seconds) {
+        (*block_seconds)[b] +=
+            std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
+      }
       if (per_block) per_block->push_back(kept_since());
       if (outputs) {
         std::int64_t bytes = 0;
@@ -279,12 +350,12 @@ class Probe {
 
 ModelFootprint probe_model(const std::filesystem::path& recipe,
                            const std::vector<std::string>& overrides, std::int64_t micro_batch,
-                           const Registry& registry) {
+                           int threads, const Registry& registry) {
   // Two sizes give the per-sample line; the micro-batch itself is one of them, so the layout's
   // own figures are measured, not extrapolated (kernels choose their algorithms by size).
   const std::int64_t large = std::max<std::int64_t>(2, micro_batch);
   const std::int64_t small = micro_batch >= 2 ? micro_batch / 2 : 1;
-  const Recipe resolved = probe_recipe(recipe, overrides, large, registry);
+  const Recipe resolved = probe_recipe(recipe, overrides, large, std::max(1, threads), registry);
   Batch batch;
   {
     // The engine reads the batch exactly as training would (any dataset, map or stream).

@@ -32,6 +32,7 @@ struct BlockFootprint {
   PerSample activations;             // what its forward keeps for backward (the root: none)
   PerSample output;                  // what it hands to the next block (a stage's send)
   double cost = 0;  // what a pipeline balances stages by: its FLOPs, or its parameter count
+  double forward_share = 0;  // of the whole forward's time
 };
 
 struct ModelFootprint {
@@ -51,14 +52,20 @@ struct ModelFootprint {
   // place, as flat buckets do), and with the backward making them (gradients set to none).
   PerSample backward_kept;
   PerSample backward_fresh;
+  // Seconds of a micro-batch's forward and backward, and of the optimizer step per trainable
+  // parameter byte, on the intra-op threads the probe ran with.
+  PerSample forward_seconds;
+  PerSample backward_seconds;
+  double optimizer_seconds_per_byte = 0;
 };
 
 // Runs the probe (see the top of the file) on the recipe at `recipe` with `overrides`
-// (section.key=value) for micro-batches of `micro_batch` samples. Its strategy and [parallel]
+// (section.key=value) for micro-batches of `micro_batch` samples, timed on `threads` intra-op
+// threads (what each rank of the layout gets). Its strategy and [parallel]
 // sizes are ignored (the probe is one process); its precision (autocast) and
 // run.activation_checkpointing are applied.
 ModelFootprint probe_model(const std::filesystem::path& recipe,
                            const std::vector<std::string>& overrides, std::int64_t micro_batch,
-                           const Registry& registry);
+                           int threads, const Registry& registry);
 
 }  // namespace trainyard

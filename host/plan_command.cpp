@@ -4,6 +4,7 @@
 #include <nlohmann/json.hpp>
 
 #include <algorithm>
+#include <cstdio>
 #include <iostream>
 
 #include "cli.hpp"
@@ -23,6 +24,12 @@ namespace {
 
 std::string format_mib_column(std::int64_t bytes) { return format_mib(bytes, 10); }
 
+std::string fixed_ms(double seconds) {
+  char text[32];
+  std::snprintf(text, sizeof text, "%10.2f ms", seconds * 1e3);
+  return text;
+}
+
 nlohmann::json memory_json(const PlannedMemory& plan) {
   nlohmann::json phases = nlohmann::json::object();
   for (const auto& phase : plan.phases) phases[phase.phase] = phase.bytes;
@@ -37,6 +44,9 @@ nlohmann::json memory_json(const PlannedMemory& plan) {
           {"step_start", plan.step_start},
           {"peak", plan.peak.bytes},
           {"peak_phase", plan.peak.phase},
+          {"step_seconds", plan.step_seconds()},
+          {"compute_seconds", plan.compute_seconds},
+          {"optimizer_seconds", plan.optimizer_seconds},
           {"phases", phases}};
 }
 
@@ -70,7 +80,9 @@ void print_plan(const PlannedMemory& plan, const std::string& layout, const std:
             << plan.peak.phase << " phase\n  by phase:";
   for (const auto& phase : plan.phases)
     std::cout << " " << phase.phase << " " << format_mib_column(phase.bytes);
-  std::cout << "\n";
+  std::cout << "\n  step time         " << fixed_ms(plan.step_seconds()) << "  (compute "
+            << fixed_ms(plan.compute_seconds) << ", optimizer " << fixed_ms(plan.optimizer_seconds)
+            << "; communication not counted)\n";
 }
 
 // Under --memory: whether the plan's peak fits the cap, and if not the changes the planner

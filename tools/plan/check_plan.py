@@ -29,7 +29,7 @@ def planned(recipe, nproc, settings):
 def measured(recipe, nproc, settings, steps, output):
     run = [recipe, "--set", "run.track_memory=true", "--set", f"run.max_steps={steps}",
            "--set", "run.eval=false", "--set", f"run.output_dir={output}",
-           "--set", 'sinks.jsonl.path=""']
+           "--set", 'sinks.jsonl.path=""', "--set", "run.log_every=1"]
     for setting in settings:
         run += ["--set", setting]
     command = [BINARY] + (["launch", "--nproc-per-node", str(nproc)] if nproc > 1 else ["run"]) + run
@@ -37,7 +37,10 @@ def measured(recipe, nproc, settings, steps, output):
     ranks = []
     for path in sorted(glob.glob(os.path.join(output, "metrics*.jsonl"))):
         with open(path) as lines:
-            summary = [json.loads(line) for line in lines if '"summary"' in line][-1]
+            records = [json.loads(line) for line in lines]
+        summary = [r for r in records if r["phase"] == "summary"][-1]
+        times = sorted(r["step_time_ms"] for r in records if r["phase"] == "train")[2:] or [0]
+        summary["step_ms"] = times[len(times) // 2]
         ranks.append(summary)
     return ranks
 
@@ -60,7 +63,7 @@ def main():
     parser.add_argument("recipe")
     parser.add_argument("nproc", type=int)
     parser.add_argument("--set", action="append", default=[])
-    parser.add_argument("--steps", type=int, default=3)
+    parser.add_argument("--steps", type=int, default=8)
     parser.add_argument("--tolerance", type=float, default=0.10)
     args = parser.parse_args()
     plan = planned(args.recipe, args.nproc, args.set)
@@ -79,6 +82,8 @@ def main():
             worst = max(worst, abs(ratio - 1.0))
             cells.append(f"{key} {expected[key] / 2**20:.2f}/{got[key] / 2**20:.2f} MiB ({ratio:.3f})")
         cells.append(f"peak phase {expected['peak_phase']}/{got['peak_phase']}")
+        cells.append(f"step {expected['step_seconds'] * 1e3:.1f}/{record['step_ms']:.1f} ms "
+                     f"({expected['step_seconds'] * 1e3 / max(record['step_ms'], 1e-9):.2f})")
         print(f"rank {rank}: " + ", ".join(cells))
     print(f"worst deviation {worst:.3f}")
     return 0 if worst <= args.tolerance else 1

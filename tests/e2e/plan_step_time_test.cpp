@@ -1,0 +1,69 @@
+// `trainyard plan`'s step time against the run's: the probe's timed forwards, backwards and
+// optimizer step on the threads a rank gets, within a quarter of the median measured step for
+// one process and for ddp (whose all-reduces overlap the backward). Communication is not counted
+// yet, so layouts whose collectives sit on the critical path (fsdp's gathers, a pipeline's
+// sends) are not held to it. Timed: it runs with the machine to itself.
+
+#include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
+
+#include <algorithm>
+#include <cmath>
+#include <filesystem>
+#include <string>
+#include <vector>
+
+#include "metrics_file.hpp"
+#include "parity_runs.hpp"
+#include "test_support.hpp"
+
+namespace trainyard::testing {
+namespace {
+
+namespace fs = std::filesystem;
+
+constexpr double kStepTimeTolerance = 0.25;
+
+void expect_step_time_planned(const std::string& name, int ranks,
+                              const std::vector<std::string>& sets) {
+  SCOPED_TRACE(name);
+  TempDir dir;
+  const fs::path recipe = source_dir() / "recipes" / "gpt_text.toml";
+  std::vector<std::string> plan_args = {"plan", recipe.string(), "--json", "--nproc",
+                                        std::to_string(ranks)};
+  std::vector<std::string> run_args = {"--set", "run.max_steps=12", "--set", "run.log_every=1",
+                                       "--set", "run.eval=false",   "--set", "loader.workers=0"};
+  // Runs of one process here take one thread (run_one_process): the plan is told so too.
+  std::vector<std::string> all = sets;
+  all.emplace_back("run.threads=1");
+  for (const auto& set : all) {
+    plan_args.insert(plan_args.end(), {"--set", set});
+    run_args.insert(run_args.end(), {"--set", set});
+  }
+  const CommandResult planned = run_host(plan_args);
+  ASSERT_EQ(planned.exit_code, 0) << describe(planned);
+  const double plan_ms = nlohmann::json::parse(planned.out).at("step_seconds").get<double>() * 1e3;
+  const CommandResult run = ranks == 1 ? run_one_process(recipe, dir / "run", run_args)
+                                       : run_launched(ranks, recipe, dir / "run", run_args);
+  ASSERT_EQ(run.exit_code, 0) << describe(run);
+  const std::string file = ranks == 1 ? "metrics.jsonl" : "metrics.rank0.jsonl";
+  std::vector<double> steps;
+  for (const auto& record : of_phase(read_metrics(dir / "run" / file), "train")) {
+    steps.push_back(record.at("step_time_ms"));
+  }
+  ASSERT_GT(steps.size(), 4u);
+  steps.erase(steps.begin(), steps.begin() + 2);  // warm-up
+  std::sort(steps.begin(), steps.end());
+  const double measured_ms = steps[steps.size() / 2];
+  EXPECT_LE(std::abs(plan_ms - measured_ms), kStepTimeTolerance * measured_ms)
+      << "planned " << plan_ms << " ms, measured " << measured_ms << " ms";
+}
+
+TEST(PlanStepTime, WithinAQuarterOfTheMeasuredStepForOneProcessAndDdp) {
+  expect_step_time_planned("single", 1, {});
+  expect_step_time_planned("single, recomputing", 1, {"run.activation_checkpointing=\"all\""});
+  expect_step_time_planned("ddp 2", 2, {"strategy.plugin=ddp", "parallel.dp_shard=2"});
+}
+
+}  // namespace
+}  // namespace trainyard::testing
