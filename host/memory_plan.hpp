@@ -1,8 +1,9 @@
 #pragma once
 // The bytes a rank of a layout holds, composed from the probe's figures (memory_probe.hpp): the
 // parameters, gradients and optimizer state it keeps between steps, the activations a forward
-// keeps for backward, and the step's peak with the phase it falls in. The phases are the
-// engine's (step_phases.hpp), so that the plan lines up with what run.track_memory measures.
+// keeps for backward, and the step's peak with the phase it falls in, and the step's time. The
+// phases are the engine's (step_phases.hpp), so that the plan lines up with what
+// run.track_memory measures.
 
 #include <cstdint>
 #include <string>
@@ -21,7 +22,7 @@ enum class ModelHolding {
   kStages,        // consecutive blocks per pipeline stage, run by a schedule's actions
 };
 
-// How one rank of a data-parallel layout holds the model.
+// How one rank of a layout holds the model.
 struct PlanLayout {
   std::string strategy;  // the plugin's name, for messages
   ModelHolding holding = ModelHolding::kWhole;

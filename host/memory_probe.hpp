@@ -1,10 +1,13 @@
 #pragma once
-// The measured half of a memory plan: the recipe's model, optimizer and precision run on the
-// host CPU at the layout's micro-batch and at half of it, under the allocation tracker. What the
-// step holds per sample and what it holds regardless (the parameters, their gradients, the
-// optimizer's state per parameter byte, the transients of backward and of the optimizer step)
-// are what every layout's plan is composed from (memory_plan.hpp), so a third party's model or
-// optimizer is planned as a bundled one is, with no code of its own.
+// The measured half of a plan: the recipe's model, optimizer and precision run on the host CPU at
+// the layout's micro-batch and at half of it, under the allocation tracker, and then timed. What
+// the step holds per sample and what it holds regardless (the parameters, their gradients, the
+// optimizer's state per parameter byte, each block's activations and hand-over, the transients
+// of backward and of the optimizer step) and how long its forward, backward and optimizer step
+// take are what every layout's plan is composed from (memory_plan.hpp), so a third party's model
+// or optimizer is planned as a bundled one is, with no code of its own. It needs the model to
+// fit the host's memory for one micro-batch: LibTorch's C++ build lacks the meta-device kernels
+// (convolution, batch norm, index_select, where) a shape-only dry run would need.
 
 #include <cstdint>
 #include <filesystem>
