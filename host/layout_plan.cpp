@@ -106,14 +106,31 @@ PlanLayout layout_of(const Recipe& resolved, int nproc, std::string& described) 
 
 }  // namespace
 
+const ModelFootprint& ProbeCache::probe(const std::filesystem::path& recipe,
+                                        const std::vector<std::string>& overrides,
+                                        std::int64_t micro_batch, int threads,
+                                        const std::string& checkpointing,
+                                        const Registry& registry) {
+  const auto key = std::make_tuple(micro_batch, threads, checkpointing);
+  auto found = probes_.find(key);
+  if (found == probes_.end()) {
+    found =
+        probes_.emplace(key, probe_model(recipe, overrides, micro_batch, threads, registry)).first;
+  }
+  return found->second;
+}
+
 LayoutPlan plan_layout(const std::filesystem::path& recipe,
                        const std::vector<std::string>& overrides, int nproc,
-                       const Registry& registry) {
+                       const Registry& registry, ProbeCache* cache) {
   const Recipe resolved = resolve_recipe(load_recipe(recipe, overrides), registry);
   LayoutPlan plan;
   plan.layout = layout_of(resolved, nproc, plan.described);
-  const ModelFootprint footprint =
-      probe_model(recipe, overrides, plan.layout.micro_batch, plan.layout.threads, registry);
+  ProbeCache own;
+  const ModelFootprint& footprint =
+      (cache ? *cache : own)
+          .probe(recipe, overrides, plan.layout.micro_batch, plan.layout.threads,
+                 resolved.section("run").get_string("activation_checkpointing"), registry);
   if (plan.layout.holding == ModelHolding::kStages) {
     plan.pipeline_ranks = plan_pipeline(footprint, plan.layout);
     plan.memory = *std::max_element(

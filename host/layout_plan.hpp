@@ -3,8 +3,11 @@
 // process count) and the memory the plan gives it (memory_plan.hpp). What `trainyard plan`
 // prints, and what the out-of-memory report and its suggestions are computed from.
 
+#include <cstdint>
 #include <filesystem>
+#include <map>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "memory_plan.hpp"
@@ -20,11 +23,26 @@ struct LayoutPlan {
   std::vector<PlannedMemory> pipeline_ranks;  // each pipeline rank's, in order (stages)
 };
 
+// Probes of one recipe kept by what they depend on beyond the recipe's model, optimizer and
+// precision (the micro-batch, the recomputed blocks, the threads), so that a search plans many
+// layouts of it from few probes.
+class ProbeCache {
+ public:
+  const ModelFootprint& probe(const std::filesystem::path& recipe,
+                              const std::vector<std::string>& overrides, std::int64_t micro_batch,
+                              int threads, const std::string& checkpointing,
+                              const Registry& registry);
+
+ private:
+  std::map<std::tuple<std::int64_t, int, std::string>, ModelFootprint> probes_;
+};
+
 // Plans the recipe at `recipe` with `overrides` (section.key=value) on `nproc` processes (0: the
 // product of its [parallel] sizes). Its plugins must be loaded in `registry`. Throws Error for a
-// layout it cannot plan or a process count the mesh cannot take.
+// layout it cannot plan or a process count the mesh cannot take. With `cache`, probes are shared
+// with the other plans made through it.
 LayoutPlan plan_layout(const std::filesystem::path& recipe,
                        const std::vector<std::string>& overrides, int nproc,
-                       const Registry& registry);
+                       const Registry& registry, ProbeCache* cache = nullptr);
 
 }  // namespace trainyard

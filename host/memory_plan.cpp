@@ -44,6 +44,25 @@ std::int64_t largest_units(const ModelFootprint& model, std::size_t count) {
   return sum;
 }
 
+// What a data-parallel step's collectives move per rank: gradients all-reduced (a replica, or
+// replicated units), or whole parameters gathered for each micro-batch's forward (and again for
+// its backward when the units are freed between them) and gradients reduce-scattered once; zero1
+// also gathers the stepped slices.
+std::int64_t data_parallel_traffic(const ModelFootprint& model, const PlanLayout& layout) {
+  const double ranks = static_cast<double>(layout.shard_ranks);
+  if (layout.holding == ModelHolding::kWhole || ranks <= 1) return 0;
+  const double whole = static_cast<double>(model.parameter_bytes);
+  const double share = (ranks - 1) / ranks;
+  const auto micro_batches = static_cast<double>(layout.accumulation);
+  double moved = 2 * share * whole;  // an all-reduce of the gradients
+  if (layout.holding == ModelHolding::kReplicated && layout.zero1) moved += share * whole;
+  if (layout.holding == ModelHolding::kShardedUnits && layout.sharding != "none") {
+    const double gathers = layout.sharding == "full" ? 2 : 1;
+    moved = gathers * micro_batches * share * whole + share * whole;
+  }
+  return round_bytes(moved);
+}
+
 Holdings hold(const ModelFootprint& model, const PlanLayout& layout) {
   const std::int64_t whole = model.parameter_bytes;
   const auto state = [&](std::int64_t stepped) {
@@ -138,6 +157,7 @@ PlannedMemory plan_memory(const ModelFootprint& model, const PlanLayout& layout)
   plan.compute_seconds = static_cast<double>(layout.accumulation) *
                          (model.forward_seconds.at(samples) + model.backward_seconds.at(samples));
   plan.optimizer_seconds = model.optimizer_seconds_per_byte * static_cast<double>(held.stepped);
+  plan.communication_bytes = data_parallel_traffic(model, layout);
   plan.peak =
       *std::max_element(plan.phases.begin(), plan.phases.end(),
                         [](const PhasePeak& a, const PhasePeak& b) { return a.bytes < b.bytes; });
@@ -283,6 +303,16 @@ std::vector<PlannedMemory> plan_pipeline(const ModelFootprint& model, const Plan
                           [](const PhasePeak& a, const PhasePeak& b) { return a.bytes < b.bytes; });
     plan.compute_seconds = compute_seconds;
     plan.optimizer_seconds = model.optimizer_seconds_per_byte * static_cast<double>(owned);
+    // Each micro-batch's input received and its gradient sent back, on every stage but the
+    // first, and its output sent and the output's gradient received on every stage but the last.
+    std::int64_t handed = 0;
+    for (std::size_t s = 0; s < cut.size(); ++s) {
+      if (shape.rank_of_stage(static_cast<int>(s)) != rank) continue;
+      if (s > 0) handed += 2 * stages[s].input;
+      if (s + 1 < cut.size()) handed += 2 * stages[s + 1].input;
+    }
+    plan.communication_bytes =
+        handed * static_cast<std::int64_t>(shape.micro_batches) * layout.accumulation;
     plans.push_back(plan);
   }
   return plans;

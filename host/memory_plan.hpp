@@ -67,6 +67,9 @@ struct PlannedMemory {
   // Communication is not counted yet.
   double compute_seconds = 0;
   double optimizer_seconds = 0;
+  // Bytes a step's collectives and sends move per rank (ring algorithms: an all-reduce moves
+  // 2 (n-1)/n of its buffer, an all-gather or reduce-scatter (n-1)/n).
+  std::int64_t communication_bytes = 0;
   double step_seconds() const { return compute_seconds + optimizer_seconds; }
 };
 

@@ -9,6 +9,7 @@
 
 #include "cli.hpp"
 #include "layout_plan.hpp"
+#include "layout_search.hpp"
 #include "memory_advice.hpp"
 #include "trainyard/api/error.hpp"
 #include "trainyard/api/registry.hpp"
@@ -47,6 +48,7 @@ nlohmann::json memory_json(const PlannedMemory& plan) {
           {"step_seconds", plan.step_seconds()},
           {"compute_seconds", plan.compute_seconds},
           {"optimizer_seconds", plan.optimizer_seconds},
+          {"communication_bytes", plan.communication_bytes},
           {"phases", phases}};
 }
 
@@ -82,7 +84,8 @@ void print_plan(const PlannedMemory& plan, const std::string& layout, const std:
     std::cout << " " << phase.phase << " " << format_mib_column(phase.bytes);
   std::cout << "\n  step time         " << fixed_ms(plan.step_seconds()) << "  (compute "
             << fixed_ms(plan.compute_seconds) << ", optimizer " << fixed_ms(plan.optimizer_seconds)
-            << "; communication not counted)\n";
+            << "; communication not counted)\n  communication     "
+            << format_mib_column(plan.communication_bytes) << "  (moved per rank per step)\n";
 }
 
 // Under --memory: whether the plan's peak fits the cap, and if not the changes the planner
@@ -112,6 +115,7 @@ int command_plan(const std::vector<std::string>& args, Registry& registry) {
   int nproc = 0;
   double memory_gib = 0;
   bool json = false;
+  bool fit = false;
   po::options_description options("plan options");
   options.add_options()("recipe", po::value(&recipe_path)->required(), "recipe file")(
       "set", po::value(&overrides)->composing(), "override a recipe value: section.key=value")(
@@ -119,8 +123,12 @@ int command_plan(const std::vector<std::string>& args, Registry& registry) {
       "the processes the run will have (default: the product of the [parallel] sizes)")(
       "memory", po::value(&memory_gib),
       "GiB a rank may hold: says whether the plan fits, and if not the changes that would (exit "
-      "status 1 when nothing fits as it stands)")("json", po::bool_switch(&json),
-                                                  "print the plan as JSON");
+      "status 1 when nothing fits as it stands)")(
+      "fit", po::bool_switch(&fit),
+      "with --memory: search the layouts the loaded strategies offer on --nproc processes "
+      "(recomputing or not, the micro-batch split and accumulated) and print the fastest that "
+      "fits, as --set arguments, with the runners-up")("json", po::bool_switch(&json),
+                                                       "print the plan as JSON");
   add_common(options, common);
   po::positional_options_description positional;
   positional.add("recipe", 1);
@@ -133,9 +141,15 @@ int command_plan(const std::vector<std::string>& args, Registry& registry) {
     throw Error("plan: --memory must be a positive number of GiB");
   }
 
+  if (fit && !(memory_gib > 0)) throw Error("plan: --fit needs --memory GiB, the cap per rank");
   const Recipe recipe = load_recipe(recipe_path, overrides);
   PluginLoader loader(registry);
   load_plugins(loader, common, recipe_plugin_paths(recipe));
+  if (fit) {
+    const auto cap = static_cast<std::int64_t>(memory_gib * (1LL << 30));
+    return report_search(search_layouts(recipe_path, overrides, std::max(nproc, 1), cap, registry),
+                         cap);
+  }
   const LayoutPlan plan = plan_layout(recipe_path, overrides, nproc, registry);
   if (json) {
     std::cout << plan_json(plan, std::max(nproc, 1)).dump(2) << "\n";

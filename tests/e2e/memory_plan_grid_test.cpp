@@ -4,10 +4,17 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <filesystem>
+#include <sstream>
+
 #include <string>
 #include <vector>
 
 #include "memory_plan_support.hpp"
+#include "metrics_file.hpp"
+#include "parity_runs.hpp"
+#include "test_support.hpp"
 
 namespace trainyard::testing {
 namespace {
@@ -18,8 +25,9 @@ TEST(MemoryPlanGrid, EveryDataParallelLayoutWithinTenPercentOfTheAllocator) {
   std::vector<PlanCase> cases;
   // Not yet within 10%: the mlp recomputing its blocks (its activations are a few hundred KiB:
   // 12% off), the mlp's replicated fsdp units (when a unit's all-reduce overlaps the next
-  // unit's backward depends on timing: the ranks' peaks differ by 17%), and the interleaved and zero-bubble schedules' backward peaks (their gradient
-  // buffers between a split backward's halves are not planned yet).
+  // unit's backward depends on timing: the ranks' peaks differ by 17%), and the interleaved and
+  // zero-bubble schedules' backward peaks (their gradient buffers between a split backward's halves
+  // are not planned yet).
   for (const std::string recipe :
        {"gpt_text.toml", "fashion_mnist_cnn.toml", "fashion_mnist_mlp.toml"}) {
     for (const std::string checkpointing : {"none", "all"}) {
@@ -30,9 +38,9 @@ TEST(MemoryPlanGrid, EveryDataParallelLayoutWithinTenPercentOfTheAllocator) {
       cases.push_back({name + " single", recipe, 1, base});
       cases.push_back(
           {name + " ddp 2", recipe, 2, with(base, {"strategy.plugin=ddp", "parallel.dp_shard=2"})});
-      cases.push_back({name + " zero1 2", recipe, 2,
-                       with(base, {"strategy.plugin=ddp", "parallel.dp_shard=2",
-                                   "strategy.zero1=true"})});
+      cases.push_back(
+          {name + " zero1 2", recipe, 2,
+           with(base, {"strategy.plugin=ddp", "parallel.dp_shard=2", "strategy.zero1=true"})});
       for (const std::string sharding : {"full", "grad_op", "none"}) {
         if (recipe == "fashion_mnist_mlp.toml" && sharding == "none") continue;
         cases.push_back({name + " fsdp " + sharding + " 2", recipe, 2,
@@ -49,6 +57,60 @@ TEST(MemoryPlanGrid, EveryDataParallelLayoutWithinTenPercentOfTheAllocator) {
   cases.push_back(
       {"gpt pipeline 1f1b 4 micro-batches", "gpt_pipeline.toml", 2, {"strategy.micro_batches=4"}});
   for (const PlanCase& c : cases) expect_plan_matches_run(c);
+}
+
+// The --set arguments on one line of plan --fit's output.
+std::vector<std::string> sets_on(const std::string& line) {
+  std::vector<std::string> out;
+  std::istringstream words(line);
+  for (std::string word; words >> word;) {
+    if (word == "--set" && words >> word) out.insert(out.end(), {"--set", word});
+  }
+  return out;
+}
+
+// The median step of a 12-step run of gpt_text on 2 ranks with `sets`, after two warm-up steps.
+double measured_step_ms(const std::vector<std::string>& sets, const std::filesystem::path& out) {
+  std::vector<std::string> args = {"--set", "run.max_steps=12", "--set", "run.log_every=1",
+                                   "--set", "run.eval=false",   "--set", "loader.workers=0"};
+  args.insert(args.end(), sets.begin(), sets.end());
+  const CommandResult run = run_launched(2, source_dir() / "recipes" / "gpt_text.toml", out, args);
+  EXPECT_EQ(run.exit_code, 0) << describe(run);
+  std::vector<double> steps;
+  for (const auto& record : of_phase(read_metrics(out / "metrics.rank0.jsonl"), "train")) {
+    steps.push_back(record.at("step_time_ms"));
+  }
+  if (steps.size() < 5) return 0;
+  steps.erase(steps.begin(), steps.begin() + 2);
+  std::sort(steps.begin(), steps.end());
+  return steps[steps.size() / 2];
+}
+
+// --fit's choice and the four best predicted runners-up that fit, each run for real: none is
+// more than 10% faster than the choice.
+TEST(MemoryPlanGrid, NoneOfTheFiveBestPredictedLayoutsIsMuchFasterThanTheChoice) {
+  TempDir dir;
+  const CommandResult fit = run_host({"plan", (source_dir() / "recipes" / "gpt_text.toml").string(),
+                                      "--nproc", "2", "--memory", "0.0586", "--fit"});
+  ASSERT_EQ(fit.exit_code, 0) << describe(fit);
+  std::vector<std::vector<std::string>> layouts;
+  std::istringstream lines(fit.out);
+  std::string line;
+  std::getline(lines, line);
+  std::getline(lines, line);
+  layouts.push_back(sets_on(line));
+  while (std::getline(lines, line)) {
+    if (line.find("% step time") == std::string::npos) continue;
+    if (std::getline(lines, line)) layouts.push_back(sets_on(line));
+  }
+  ASSERT_GE(layouts.size(), 2u) << fit.out;
+  const double chosen_ms = measured_step_ms(layouts.front(), dir / "chosen");
+  ASSERT_GT(chosen_ms, 0);
+  for (std::size_t i = 1; i < layouts.size(); ++i) {
+    const double other_ms = measured_step_ms(layouts[i], dir / ("other" + std::to_string(i)));
+    EXPECT_GE(other_ms, 0.9 * chosen_ms) << "runner-up " << i << " ran in " << other_ms
+                                         << " ms against the choice's " << chosen_ms << " ms";
+  }
 }
 
 }  // namespace

@@ -122,10 +122,10 @@ TEST(MemoryPlan, AnOutOfMemoryRunReportsWhatWouldFitAndItsFirstSuggestionDoes) {
 // compare puts each variant's planned step peak beside the one its run measured.
 TEST(MemoryPlan, CompareShowsThePlanBesideTheMeasurement) {
   TempDir dir;
-  const CommandResult compared = run_host(
-      {"compare", (source_dir() / "recipes" / "gpt_text.toml").string(), "--vary",
-       "strategy.plugin=ddp,fsdp", "--nproc", "2", "--steps", "4", "--output",
-       (dir / "report").string(), "--set", "loader.workers=0"});
+  const CommandResult compared =
+      run_host({"compare", (source_dir() / "recipes" / "gpt_text.toml").string(), "--vary",
+                "strategy.plugin=ddp,fsdp", "--nproc", "2", "--steps", "4", "--output",
+                (dir / "report").string(), "--set", "loader.workers=0"});
   ASSERT_EQ(compared.exit_code, 0) << describe(compared);
   const std::string table = read_text(dir / "report" / "table.txt");
   EXPECT_NE(table.find("step peak plan / measured"), std::string::npos) << table;
@@ -138,6 +138,41 @@ TEST(MemoryPlan, CompareShowsThePlanBesideTheMeasurement) {
     ++rows;
   }
   EXPECT_EQ(rows, 2) << table;
+}
+
+// --fit under a cap: the layout it chooses runs under that cap as run.memory_limit.
+TEST(MemoryPlan, FitChoosesALayoutThatRunsUnderTheCap) {
+  TempDir dir;
+  const fs::path gpt = source_dir() / "recipes" / "gpt_text.toml";
+  // gpt_text's own layout on 2 ranks peaks near 85 MiB a rank.
+  const CommandResult fit =
+      run_host({"plan", gpt.string(), "--nproc", "2", "--memory", "0.0586", "--fit"});
+  ASSERT_EQ(fit.exit_code, 0) << describe(fit);
+  std::istringstream lines(fit.out);
+  std::string line;
+  std::getline(lines, line);
+  EXPECT_NE(line.find("fastest layout that fits"), std::string::npos) << fit.out;
+  std::getline(lines, line);
+  std::vector<std::string> chosen;
+  std::istringstream words(line);
+  for (std::string word; words >> word;) {
+    if (word == "--set" && words >> word) chosen.insert(chosen.end(), {"--set", word});
+  }
+  ASSERT_FALSE(chosen.empty()) << fit.out;
+  std::vector<std::string> sets = {"--set", "run.memory_limit=0.0586", "--set", "run.max_steps=3",
+                                   "--set", "run.eval=false",          "--set", "loader.workers=0"};
+  sets.insert(sets.end(), chosen.begin(), chosen.end());
+  const CommandResult run = run_launched(2, gpt, dir / "run", sets);
+  EXPECT_EQ(run.exit_code, 0) << describe(run);
+  // A cap nothing fits under: said, with the smallest peak found.
+  const CommandResult hopeless =
+      run_host({"plan", gpt.string(), "--nproc", "2", "--memory", "0.005", "--fit"});
+  EXPECT_EQ(hopeless.exit_code, 1) << describe(hopeless);
+  EXPECT_NE(hopeless.out.find("nothing the planner tries fits"), std::string::npos)
+      << describe(hopeless);
+  const CommandResult no_cap = run_host({"plan", gpt.string(), "--nproc", "2", "--fit"});
+  EXPECT_NE(no_cap.exit_code, 0);
+  EXPECT_NE(no_cap.err.find("--fit needs --memory GiB"), std::string::npos) << describe(no_cap);
 }
 
 }  // namespace
