@@ -133,5 +133,28 @@ TEST_F(CnnRunsSharingAPeakCache, ACorruptCacheEntryIsReplacedWithOneWarningLine)
   EXPECT_HAS(read_text(corrupt), "flops_per_s = ");
 }
 
+// A cached peak the model then outruns (an entry measured on a busy machine; here one a thousand
+// times too low) is measured again at the end of the run, with one warning, for later runs.
+TEST_F(CnnRunsSharingAPeakCache, APeakTheModelOutrunsIsMeasuredAgain) {
+  ASSERT_EQ(first_->exit_code, 0) << describe(*first_);
+  const fs::path cache = dir_->path() / "stale_cache";
+  fs::create_directories(cache / "peak_flops");
+  std::vector<fs::path> entries;
+  for (const auto& entry : fs::directory_iterator(dir_->path() / "cache" / "peak_flops")) {
+    entries.push_back(entry.path());
+  }
+  ASSERT_EQ(entries.size(), 1u);
+  const fs::path stale = cache / "peak_flops" / entries[0].filename();
+  const std::string whole = read_text(entries[0]);
+  const auto at = whole.find("flops_per_s = ");
+  ASSERT_NE(at, std::string::npos) << whole;
+  std::ofstream(stale) << whole.substr(0, at) << "flops_per_s = 1000000\n";
+  const CommandResult result = run("stale", cache);
+  ASSERT_EQ(result.exit_code, 0) << describe(result);
+  EXPECT_HAS(result.err, "times the cached peak FLOP/s, so the cache entry was measured on a busy");
+  EXPECT_EQ(read_text(stale).find("flops_per_s = 1000000\n"), std::string::npos) << read_text(stale);
+  EXPECT_HAS(read_text(stale), "flops_per_s = ");
+}
+
 }  // namespace
 }  // namespace trainyard::testing

@@ -75,6 +75,8 @@ class MetricsReporter {
 
  private:
   void emit(const MetricRecord& record);
+  // Measures the cached peak again when the run's model outran it (mfu above 1).
+  void refresh_outrun_peak();
   void append_memory_figures(std::vector<std::pair<std::string, double>>& values) const;
   void append_loader_figures(std::vector<std::pair<std::string, double>>& values) const;
   void report_loader_threads(double wall_s) const;
@@ -87,6 +89,7 @@ class MetricsReporter {
   std::unique_ptr<TrainingMeter> meter_;
   std::string comm_settings_;  // the recipe's [comm] as TOML, for run_info.toml
   std::optional<PeakFlops> peak_;  // none when the model reports no FLOPs and none is declared
+  double highest_mfu_ = 0;         // of the records emitted
   ProcessCpuUsage process_cpu_;
   double final_train_loss_ = 0;
   std::map<std::string, double> last_eval_;

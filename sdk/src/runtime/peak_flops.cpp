@@ -223,6 +223,14 @@ PeakFlops cached_or_measured_peak(DeviceBackend& backend, int device_index, c10:
   return peak;
 }
 
+double remeasure_cached_peak(DeviceBackend& backend, int device_index, const PeakFlops& stale) {
+  if (stale.source != PeakSource::Cached || stale.cache_file.empty()) return 0;
+  const PeakProbeKey key = PeakProbeKey::of(backend, device_index, stale.dtype);
+  const double flops = measure_peak_flops(backend, device_index, stale.dtype);
+  if (flops <= 0 || !write_entry(stale.cache_file, key, flops)) return 0;
+  return flops;
+}
+
 PeakFlops resolve_peak_flops(double declared_tflops, DeviceBackend& backend, int device_index,
                              std::optional<c10::ScalarType> autocast_dtype, const fs::path& folder,
                              const std::function<void(const std::string&)>& warn) {

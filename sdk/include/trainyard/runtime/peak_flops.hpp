@@ -62,6 +62,11 @@ PeakFlops resolve_peak_flops(double declared_tflops, DeviceBackend& backend, int
                              const std::filesystem::path& folder,
                              const std::function<void(const std::string&)>& warn);
 
+// A cached peak that a run's model outran (mfu above 1) was measured while the machine was busy:
+// measures the probe again and replaces the entry, for later runs. Returns the new figure (0 when
+// it could not be measured or written).
+double remeasure_cached_peak(DeviceBackend& backend, int device_index, const PeakFlops& stale);
+
 // "0.184 TFLOP/s (cached, bfloat16 matmul probe, <file>)", for logs.
 std::string describe_peak(const PeakFlops& peak);
 
