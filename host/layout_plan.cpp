@@ -120,6 +120,12 @@ const ModelFootprint& ProbeCache::probe(const std::filesystem::path& recipe,
   return found->second;
 }
 
+std::vector<std::string> with_settings(std::vector<std::string> settings,
+                                       const std::vector<std::string>& more) {
+  settings.insert(settings.end(), more.begin(), more.end());
+  return settings;
+}
+
 LayoutPlan plan_layout(const std::filesystem::path& recipe,
                        const std::vector<std::string>& overrides, int nproc,
                        const Registry& registry, ProbeCache* cache) {

@@ -37,6 +37,10 @@ class ProbeCache {
   std::map<std::tuple<std::int64_t, int, std::string>, ModelFootprint> probes_;
 };
 
+// `settings` (section.key=value) followed by `more`, which win where they name the same key.
+std::vector<std::string> with_settings(std::vector<std::string> settings,
+                                       const std::vector<std::string>& more);
+
 // Plans the recipe at `recipe` with `overrides` (section.key=value) on `nproc` processes (0: the
 // product of its [parallel] sizes). Its plugins must be loaded in `registry`. Throws Error for a
 // layout it cannot plan or a process count the mesh cannot take. With `cache`, probes are shared

@@ -16,11 +16,6 @@ namespace trainyard {
 
 namespace {
 
-std::vector<std::string> joined(std::vector<std::string> a, const std::vector<std::string>& b) {
-  a.insert(a.end(), b.begin(), b.end());
-  return a;
-}
-
 // A strategy's layout on the ranks: its settings and how many data-parallel ranks share the
 // global batch.
 struct StrategyLayout {
@@ -45,14 +40,15 @@ std::vector<StrategyLayout> strategy_layouts(const Registry& registry, int nproc
       if (nproc == 1) out.push_back({{plugin, "parallel.dp_shard=1"}, 1, 1});
     } else if (nproc > 1 && options.count("sharding") && options.count("prefetch")) {
       for (const char* mode : {"full", "grad_op"}) {
-        out.push_back(
-            {joined({plugin, std::string("strategy.sharding=\"") + mode + "\""}, data_parallel),
-             nproc, 1});
+        out.push_back({with_settings({plugin, std::string("strategy.sharding=\"") + mode + "\""},
+                                     data_parallel),
+                       nproc, 1});
       }
     } else if (nproc > 1 && options.count("zero1")) {
       for (const char* zero1 : {"false", "true"}) {
         out.push_back(
-            {joined({plugin, std::string("strategy.zero1=") + zero1}, data_parallel), nproc, 1});
+            {with_settings({plugin, std::string("strategy.zero1=") + zero1}, data_parallel), nproc,
+             1});
       }
     } else if (nproc > 1 && options.count("schedule") && options.count("micro_batches")) {
       out.push_back({{plugin, "strategy.schedule=\"1f1b\"",
@@ -95,8 +91,9 @@ std::vector<std::vector<std::string>> candidates(const Registry& registry, const
           "loader.batch_size=" + std::to_string(per_rank / accumulation),
           "run.grad_accumulation=" + std::to_string(accumulation)};
       for (const char* recompute : {"none", "all"}) {
-        out.push_back(joined(joined(layout.sets, split),
-                             {std::string("run.activation_checkpointing=\"") + recompute + "\""}));
+        out.push_back(
+            with_settings(with_settings(layout.sets, split),
+                          {std::string("run.activation_checkpointing=\"") + recompute + "\""}));
       }
     }
   }
@@ -125,7 +122,8 @@ std::vector<LayoutCandidate> search_layouts(const std::filesystem::path& recipe,
   std::vector<LayoutCandidate> out;
   for (const auto& sets : candidates(registry, resolved, nproc)) {
     try {
-      const LayoutPlan plan = plan_layout(recipe, joined(overrides, sets), nproc, registry, &cache);
+      const LayoutPlan plan =
+          plan_layout(recipe, with_settings(overrides, sets), nproc, registry, &cache);
       LayoutCandidate candidate;
       candidate.sets = sets;
       candidate.described = plan.described;

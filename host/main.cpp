@@ -77,8 +77,7 @@ void report_shortage(const MemoryExhausted& exhausted, const std::string& recipe
                      const std::vector<std::string>& overrides, const Registry& registry) {
   std::cerr << "trainyard: error: " << exhausted.what() << std::endl;
   const MemoryShortage& shortage = exhausted.shortage();
-  const char* world = std::getenv("WORLD_SIZE");
-  const int nproc = world ? std::max(1, std::atoi(world)) : 1;
+  const int nproc = launched_world_size();
   const std::int64_t cap = shortage.limit_bytes > 0 ? shortage.limit_bytes : shortage.live_bytes;
   try {
     const MemoryAdvice advice = advise_memory(recipe_path, overrides, nproc, cap, registry);

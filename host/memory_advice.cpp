@@ -11,11 +11,6 @@ namespace trainyard {
 
 namespace {
 
-std::vector<std::string> joined(std::vector<std::string> a, const std::vector<std::string>& b) {
-  a.insert(a.end(), b.begin(), b.end());
-  return a;
-}
-
 // The changes tried, least intrusive first: shard the optimizer state or the gradients and
 // parameters further (no extra compute), split the micro-batch and accumulate (the same global
 // batch, smaller kernels), recompute every block (a second forward), and the last two together.
@@ -49,7 +44,7 @@ std::vector<MemoryChange> candidates(const Recipe& resolved, const PlanLayout& l
                                  "recompute"};
     out.push_back(recompute);
     for (const auto& split : splits) {
-      out.push_back({joined(recompute.sets, split.sets), recompute.why + ", " + split.why, 0,
+      out.push_back({with_settings(recompute.sets, split.sets), recompute.why + ", " + split.why, 0,
                      "recompute and split"});
     }
   }
@@ -61,7 +56,8 @@ std::vector<MemoryChange> candidates(const Recipe& resolved, const PlanLayout& l
 MemoryAdvice advise_memory(const std::filesystem::path& recipe,
                            const std::vector<std::string>& overrides, int nproc,
                            std::int64_t limit_bytes, const Registry& registry) {
-  const LayoutPlan current = plan_layout(recipe, overrides, nproc, registry);
+  ProbeCache probes;
+  const LayoutPlan current = plan_layout(recipe, overrides, nproc, registry, &probes);
   MemoryAdvice advice;
   advice.planned_peak = current.memory.peak.bytes;
   advice.planned_phase = current.memory.peak.phase;
@@ -69,7 +65,8 @@ MemoryAdvice advise_memory(const std::filesystem::path& recipe,
   const Recipe resolved = resolve_recipe(load_recipe(recipe, overrides), registry);
   for (MemoryChange change : candidates(resolved, current.layout)) {
     change.peak_bytes =
-        plan_layout(recipe, joined(overrides, change.sets), nproc, registry).memory.peak.bytes;
+        plan_layout(recipe, with_settings(overrides, change.sets), nproc, registry, &probes)
+            .memory.peak.bytes;
     if (change.peak_bytes < advice.smallest.peak_bytes) advice.smallest = change;
     // The least intrusive of each kind that fits: a choice between kinds, not three splits.
     const bool kind_listed =

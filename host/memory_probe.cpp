@@ -16,6 +16,7 @@
 #include "trainyard/api/model.hpp"
 #include "trainyard/api/optimizer.hpp"
 #include "trainyard/api/precision.hpp"
+#include "trainyard/parallel/pipeline_stages.hpp"
 #include "trainyard/runtime/allocation_tracker.hpp"
 #include "trainyard/runtime/default_plugins.hpp"
 #include "trainyard/runtime/engine.hpp"
@@ -291,9 +292,7 @@ class Probe {
       }
       sizes.push_back(numel);
     }
-    double total = 0;
-    for (double f : flops) total += f;
-    return total > 0 ? flops : sizes;
+    return stage_balancing_costs(std::move(flops), std::move(sizes));
   }
 
   // Each block's parameters that it alone uses; the rest (tied, or in no block) as "root".

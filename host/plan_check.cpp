@@ -26,11 +26,13 @@ std::string pair(std::int64_t planned, std::int64_t measured) {
 
 }  // namespace
 
+int launched_world_size() { return std::max(1, environment_int("WORLD_SIZE", 1)); }
+
 std::optional<PlannedMemory> plan_this_rank(const std::filesystem::path& recipe,
                                             const std::vector<std::string>& overrides,
                                             const Registry& registry,
                                             const std::function<void(const std::string&)>& log) {
-  const int world = std::max(1, environment_int("WORLD_SIZE", 1));
+  const int world = launched_world_size();
   const int rank = environment_int("RANK", 0);
   try {
     const LayoutPlan plan = plan_layout(recipe, overrides, world, registry);

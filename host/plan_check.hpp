@@ -15,6 +15,9 @@ namespace trainyard {
 
 class Registry;
 
+// The processes of the run this one belongs to: a launched rank's WORLD_SIZE, else 1.
+int launched_world_size();
+
 // The plan of this process's rank (a launched rank reads RANK and WORLD_SIZE), or nullopt when
 // the layout cannot be planned: `log` is told why, and the run goes on.
 std::optional<PlannedMemory> plan_this_rank(const std::filesystem::path& recipe,

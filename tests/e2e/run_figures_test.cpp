@@ -7,6 +7,7 @@
 #include <fstream>
 #include <sstream>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "metrics_file.hpp"
@@ -52,6 +53,18 @@ class CnnRunsSharingAPeakCache : public ::testing::Test {
   }
   static std::vector<MetricLine> records(const std::string& name, const std::string& phase) {
     return of_phase(read_metrics(dir_->path() / name / "metrics.jsonl"), phase);
+  }
+  // The first run's one cache entry (an fp32 run probes float32 only) and where the same entry
+  // goes in the cache folder `cache`, created.
+  static std::pair<fs::path, fs::path> cache_entry_into(const fs::path& cache) {
+    fs::create_directories(cache / "peak_flops");
+    std::vector<fs::path> entries;
+    for (const auto& entry : fs::directory_iterator(dir_->path() / "cache" / "peak_flops")) {
+      entries.push_back(entry.path());
+    }
+    EXPECT_EQ(entries.size(), 1u) << "an fp32 run probes float32 only";
+    if (entries.empty()) return {};
+    return {entries[0], cache / "peak_flops" / entries[0].filename()};
   }
   static std::string run_info(const std::string& name) {
     return read_text(dir_->path() / name / "run_info.toml");
@@ -109,14 +122,9 @@ TEST_F(CnnRunsSharingAPeakCache, ADeclaredPeakWinsOverTheCache) {
 TEST_F(CnnRunsSharingAPeakCache, ACorruptCacheEntryIsReplacedWithOneWarningLine) {
   ASSERT_EQ(first_->exit_code, 0) << describe(*first_);
   const fs::path cache = dir_->path() / "corrupt_cache";
-  fs::create_directories(cache / "peak_flops");
-  std::vector<fs::path> entries;
-  for (const auto& entry : fs::directory_iterator(dir_->path() / "cache" / "peak_flops")) {
-    entries.push_back(entry.path());
-  }
-  ASSERT_EQ(entries.size(), 1u) << "an fp32 run probes float32 only";
-  const fs::path corrupt = cache / "peak_flops" / entries[0].filename();
-  const std::string whole = read_text(entries[0]);
+  const auto [original, corrupt] = cache_entry_into(cache);
+  ASSERT_FALSE(original.empty());
+  const std::string whole = read_text(original);
   std::ofstream(corrupt) << whole.substr(0, whole.size() / 2);  // truncated
   const CommandResult result = run("corrupt", cache);
   ASSERT_EQ(result.exit_code, 0) << describe(result);
@@ -138,14 +146,9 @@ TEST_F(CnnRunsSharingAPeakCache, ACorruptCacheEntryIsReplacedWithOneWarningLine)
 TEST_F(CnnRunsSharingAPeakCache, APeakTheModelOutrunsIsMeasuredAgain) {
   ASSERT_EQ(first_->exit_code, 0) << describe(*first_);
   const fs::path cache = dir_->path() / "stale_cache";
-  fs::create_directories(cache / "peak_flops");
-  std::vector<fs::path> entries;
-  for (const auto& entry : fs::directory_iterator(dir_->path() / "cache" / "peak_flops")) {
-    entries.push_back(entry.path());
-  }
-  ASSERT_EQ(entries.size(), 1u);
-  const fs::path stale = cache / "peak_flops" / entries[0].filename();
-  const std::string whole = read_text(entries[0]);
+  const auto [original, stale] = cache_entry_into(cache);
+  ASSERT_FALSE(original.empty());
+  const std::string whole = read_text(original);
   const auto at = whole.find("flops_per_s = ");
   ASSERT_NE(at, std::string::npos) << whole;
   std::ofstream(stale) << whole.substr(0, at) << "flops_per_s = 1000000\n";

@@ -303,9 +303,7 @@ class Pipeline final : public Strategy {
       }
       sizes.push_back(numel);
     }
-    double total = 0;
-    for (double f : flops) total += f;
-    block_costs_ = total > 0 ? flops : sizes;
+    block_costs_ = stage_balancing_costs(std::move(flops), std::move(sizes));
     cut_ = balanced_stages(block_costs_, stage_count);
   }
 

@@ -7,6 +7,8 @@
 
 #include "trainyard/api/error.hpp"
 
+#include <utility>
+
 namespace trainyard {
 namespace {
 
@@ -165,6 +167,13 @@ std::string stage_cut_key(const std::vector<BlockRange>& stages,
     }
   }
   return key;
+}
+
+std::vector<double> stage_balancing_costs(std::vector<double> block_flops,
+                                          std::vector<double> block_parameters) {
+  double total = 0;
+  for (double flops : block_flops) total += flops;
+  return total > 0 ? std::move(block_flops) : std::move(block_parameters);
 }
 
 }  // namespace trainyard

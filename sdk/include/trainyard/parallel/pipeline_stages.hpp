@@ -16,6 +16,11 @@ namespace trainyard {
 std::vector<BlockRange> named_stages(const std::vector<std::string>& stages,
                                      const std::vector<std::string>& block_names, int stage_count);
 
+// What a pipeline balances its stages by: each block's FLOPs per sample when the model reports
+// any, else each block's parameter count.
+std::vector<double> stage_balancing_costs(std::vector<double> block_flops,
+                                          std::vector<double> block_parameters);
+
 // `stage_count` consecutive runs of the blocks, each at least one block, whose largest summed
 // cost is the smallest possible (ties: the earliest cut that achieves it, so every rank computes
 // the same cut). Throws Error naming the numbers when there are fewer blocks than stages or a
