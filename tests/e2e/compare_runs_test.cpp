@@ -8,6 +8,7 @@
 
 #include <algorithm>
 #include <filesystem>
+#include <iostream>
 #include <regex>
 #include <sstream>
 #include <string>
@@ -60,31 +61,50 @@ std::vector<double> slower_interval(const std::string& row) {
   return {std::stod(match[2]), std::stod(match[3])};
 }
 
-// Real runs on a shared machine: two identical variants get no verdict, and one slowed on
-// purpose is called slower. The slowed variant waits 30% of its work: on this 2-core machine a
-// core spinning for 10% of a step also slows the step's work by a few percent, so the measured
-// ratio of a 10% wait lands anywhere from 1.10 to 1.25; how close the interval comes to a known
-// ratio is the fake timing source's test (CompareStatistics.*).
-TEST(CompareVerdictRun, IdenticalVariantsAreTheSameAndOneSlowedOnPurposeIsCalledSlower) {
+// Real runs on a shared machine: two identical variants get no verdict, and one slowed by a
+// known 10% is called slower with an interval that holds 1.10 (the paced model waits 10% of the
+// rest of each step). A timing test on a shared machine: a neighbour's burst during one of the
+// rounds can move an interval, so a second compare is run when the first's misses; how often the
+// interval holds the ratio is the fake timing source's test (CompareStatistics.*).
+struct VerdictTry {
+  bool identical_same = false;
+  bool interval_holds = false;
+  std::string table;
+};
+
+VerdictTry compare_identical_and_slowed(const fs::path& output) {
+  auto result = run_host(paced_compare(output, {"model.slowdown=0,0,0.1"}, 5));
+  EXPECT_EQ(result.exit_code, 0) << describe(result);
+  VerdictTry attempt;
+  attempt.table = read_text(output / "table.txt");
+  const std::string same_row = row_text(attempt.table, "2");
+  attempt.identical_same = same_row.find("no significant difference") != std::string::npos &&
+                           same_row.find("same") != std::string::npos;
+  const std::vector<double> interval = slower_interval(row_text(attempt.table, "3"));
+  attempt.interval_holds =
+      interval.size() == 2 && interval[0] > 1.0 && interval[0] <= 1.10 && 1.10 <= interval[1];
+  return attempt;
+}
+
+TEST(CompareVerdictRun, IdenticalVariantsAreTheSameAndOneSlowedByTenPercentIsCalledSlower) {
   TempDir dir;
-  auto result = run_host(paced_compare(dir / "cmp", {"model.slowdown=0,0,0.3"}, 5));
-  ASSERT_EQ(result.exit_code, 0) << describe(result);
-  const std::string table = read_text(dir / "cmp" / "table.txt");
+  VerdictTry attempt = compare_identical_and_slowed(dir / "cmp");
+  if (!attempt.identical_same || !attempt.interval_holds) {
+    std::cerr << "first compare missed, running it again:\n" << attempt.table;
+    attempt = compare_identical_and_slowed(dir / "again");
+  }
+  const std::string& table = attempt.table;
   EXPECT_HAS(table, "speed vs ref");
   // Five runs each, interleaved: run-1 .. run-5 under every variant's folder.
-  for (const char* folder : {"1-0", "2-0", "3-0.3"}) {
+  for (const char* folder : {"1-0", "2-0", "3-0.1"}) {
     for (int run = 1; run <= 5; ++run) {
       EXPECT_TRUE(
           fs::exists(dir / "cmp" / folder / ("run-" + std::to_string(run)) / "metrics.jsonl"))
           << folder << " run " << run;
     }
   }
-  EXPECT_HAS(row_text(table, "2"), "no significant difference") << table;
-  EXPECT_HAS(row_text(table, "2"), "same") << table;  // numerically the same run
-  const std::vector<double> interval = slower_interval(row_text(table, "3"));
-  ASSERT_EQ(interval.size(), 2u) << table;
-  EXPECT_GT(interval[0], 1.0) << table;
-  EXPECT_LE(interval[0], 1.3 * 1.3) << table;
+  EXPECT_TRUE(attempt.identical_same) << table;
+  EXPECT_TRUE(attempt.interval_holds) << table;
   // The step time is a median with its interval.
   EXPECT_TRUE(
       std::regex_search(row_text(table, "1"), std::regex(R"([0-9.]+ \[[0-9.]+, [0-9.]+\])")))

@@ -31,8 +31,6 @@ struct PaceImpl : torch::nn::Module {
       waited = std::chrono::duration_cast<Clock::duration>(worked * slowdown);
       // Spinning, not sleeping: a sleeping process gives its core away and waits for it again,
       // which on a busy machine costs more than the sleep itself.
-      // Spinning, not sleeping: a sleeping process gives its core away and waits for it again,
-      // which on a busy machine costs more than the sleep itself.
       const auto until = now + waited;
       while (Clock::now() < until) {
       }

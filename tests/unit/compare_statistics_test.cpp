@@ -7,6 +7,7 @@
 #include <cmath>
 #include <random>
 
+#include "compare_baseline.hpp"
 #include "compare_statistics.hpp"
 #include "trainyard/api/error.hpp"
 
@@ -66,6 +67,61 @@ TEST(CompareStatistics, ATenPercentSlowerVariantIsCalledSlowerWithAnIntervalHold
   }
   EXPECT_GE(slower, 18);
   EXPECT_GE(held, 18);
+}
+
+// `compare --against`: a baseline saved by one command, checked by a later one. The two commands
+// share no round, so each side's runs are independent draws and the machine's drift between the
+// commands is part of the noise (the baseline's runs at one speed, the later runs at another,
+// each drawn per run). The same build passes and a seeded 10% regression fails, each in at
+// least 19 of 20 seeded trials, at the default noise threshold, with `--repeat 8` on each side.
+VariantResult later_run(const RunStepTimes& step_times) {
+  VariantResult result;
+  result.label = "variant";
+  result.succeeded = true;
+  result.step_times = step_times;
+  result.train_loss = {{10, 2.5}, {20, 1.25}};
+  return result;
+}
+
+int regressions_in_20_trials(int runs, double slowdown, std::uint64_t first_seed) {
+  int regressed = 0;
+  for (std::uint64_t trial = 0; trial < 20; ++trial) {
+    FakeMachine machine(first_seed + trial);
+    Baseline baseline;
+    baseline.title = "recipe.toml";
+    BaselineVariant saved;
+    saved.label = "variant";
+    saved.train_loss = {{10, 2.5}, {20, 1.25}};
+    RunStepTimes later;
+    for (int run = 0; run < runs; ++run) {
+      saved.step_times.push_back(machine.run(20.0 * machine.factor(0.04), 19));
+    }
+    for (int run = 0; run < runs; ++run) {
+      later.push_back(machine.run(20.0 * slowdown * machine.factor(0.04), 19));
+    }
+    baseline.variants = {saved};
+    if (check_against_baseline(baseline, {later_run(later)}, {}).regressed) ++regressed;
+  }
+  return regressed;
+}
+
+TEST(CompareBaselineVerdicts, AnUnchangedBuildPassesAndATenPercentRegressionFails) {
+  // Eight runs a side: with five, a 10% regression is caught in only 16 of these 20 trials (3
+  // runs: 5), because the drift between two commands is not shared as it is within a round.
+  EXPECT_LE(regressions_in_20_trials(8, 1.0, 3000), 1);
+  EXPECT_GE(regressions_in_20_trials(8, 1.10, 4000), 19);
+}
+
+TEST(CompareBaselineVerdicts, ANumericallyDifferentRunFailsAtTheSameSpeed) {
+  FakeMachine machine(11);
+  const auto [a, b] = machine.rounds(3, 19, 1.0);
+  Baseline baseline;
+  baseline.variants = {{"variant", "float32", a, {{10, 2.5}, {20, 1.25}}}};
+  VariantResult other = later_run(b);
+  other.train_loss[1].loss = 1.26;
+  const BaselineCheck check = check_against_baseline(baseline, {other}, {});
+  EXPECT_TRUE(check.regressed);
+  EXPECT_NE(check.text.find("losses differ"), std::string::npos) << check.text;
 }
 
 TEST(CompareStatistics, AFasterVariantReadsAsASpeedUp) {
