@@ -60,7 +60,7 @@ commands:
                     state, activations and the step's peak with its phase
   schedule NAME --stages P --micro-batches M [--virtual-stages V]
                     a pipeline schedule's timeline per rank and its idle share
-                    (gpipe, 1f1b, interleaved_1f1b, zero_bubble)
+                    (gpipe, 1f1b, interleaved_1f1b, zero_bubble, zero_bubble_v)
   diagnose DIR      which rank and collective a hung or failed multi-process run stopped at,
                     from the flight records its ranks wrote
 

@@ -16,11 +16,11 @@ constexpr const char* kScheduleUsage =
     R"(usage: trainyard schedule NAME --stages P --micro-batches M [--virtual-stages V] [options]
        trainyard schedule --file FILE [options]
 
-NAME is gpipe, 1f1b, interleaved_1f1b or zero_bubble; FILE a schedule written out, one line per
-rank (as --as-file prints one, and strategy.schedule_file reads it). Prints one row per rank, one
-column per time unit (F3: forward of micro-batch 3, B full backward, I input gradient, W weight
-gradient, 2F3: stage 2's when ranks hold several stages, '.' idle), each rank's idle share, and
-the share the literature gives. Exits 1 when the schedule cannot be built for these numbers, or
+NAME is gpipe, 1f1b, interleaved_1f1b, zero_bubble or zero_bubble_v (with V = 2); FILE a
+schedule written out, one line per rank (as --as-file prints one, and strategy.schedule_file
+reads it). Prints one row per rank, one column per time unit (F3: forward of micro-batch 3, B
+full backward, I input gradient, W weight gradient, 2F3: stage 2's when ranks hold several
+stages, '.' idle), each rank's idle share, and the share the literature gives. Exits 1 when the schedule cannot be built for these numbers, or
 the file does not read or is not one training step (naming the rank, the action and why).)";
 
 }  // namespace
@@ -41,7 +41,7 @@ int command_schedule(const std::vector<std::string>& args) {
       "micro-batches", po::value(&shape.micro_batches)->default_value(0),
       "M: micro-batches per step")("virtual-stages",
                                    po::value(&shape.virtual_stages)->default_value(1),
-                                   "V: stages per rank (interleaved_1f1b)")(
+                                   "V: stages per rank (interleaved_1f1b; 2 for zero_bubble_v)")(
       "forward-cost", po::value(&costs.forward)->default_value(1), "F, in time units")(
       "input-gradient-cost", po::value(&costs.backward_input)->default_value(1),
       "I, in time units")("weight-gradient-cost",

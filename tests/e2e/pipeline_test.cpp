@@ -135,7 +135,7 @@ struct Schedule {
 };
 
 const std::vector<Schedule> kSchedules = {
-    {"gpipe"}, {"1f1b"}, {"interleaved_1f1b", 2}, {"zero_bubble"}};
+    {"gpipe"}, {"1f1b"}, {"interleaved_1f1b", 2}, {"zero_bubble"}, {"zero_bubble_v", 2}};
 
 std::vector<std::string> pipeline_sets(int stages, const Schedule& schedule, int micro_batches) {
   return {"--set", "strategy.plugin=pipeline",
@@ -250,7 +250,8 @@ TEST(PipelineParity, AccumulationClippingAndRecomputationMatchOneProcess) {
       "--set", "run.max_grad_norm=0.05", "--set", "run.activation_checkpointing=all"};
   auto single = run_one_process(recipe, dir / "single", common);
   ASSERT_EQ(single.exit_code, 0) << describe(single);
-  for (const Schedule& schedule : {Schedule{"1f1b"}, Schedule{"zero_bubble"}}) {
+  for (const Schedule& schedule :
+       {Schedule{"1f1b"}, Schedule{"zero_bubble"}, Schedule{"zero_bubble_v", 2}}) {
     SCOPED_TRACE(schedule.name);
     const fs::path out = dir / schedule.name;
     auto run = run_launched(2, recipe, out, joined(pipeline_sets(2, schedule, 4), common));
@@ -438,9 +439,9 @@ TEST(PipelineCheckpoint, ResumesOnTheSameCutBitForBitAndOnAnotherCut) {
   }
 }
 
-// The mlp saved by 2 stages after 3 steps resumes on 4 stages under another schedule, in one
-// process, and under ddp on 2 ranks (the same global batch): each ends where one process
-// training all 6 steps ends.
+// The mlp saved by 2 stages after 3 steps resumes on 4 stages under another schedule, on 2 ranks
+// of 2 stages each placed in a V (zero_bubble_v), in one process, and under ddp on 2 ranks (the
+// same global batch): each ends where one process training all 6 steps ends.
 TEST(PipelineCheckpoint, ResumesOnAnotherPipelineSizeOrStrategy) {
   TempDir dir;
   const fs::path recipe = dir.write("recipe.toml", mlp_recipe() + kCheckpointSection);
@@ -456,13 +457,17 @@ TEST(PipelineCheckpoint, ResumesOnAnotherPipelineSizeOrStrategy) {
   auto four = run_launched(4, recipe, dir / "four",
                            joined(pipeline_sets(4, {"interleaved_1f1b", 2}, 8), from_saved));
   ASSERT_EQ(four.exit_code, 0) << describe(four);
+  // ZB-V's V placement: rank 0 holds the first and the last of 4 stages.
+  auto v_shape = run_launched(2, recipe, dir / "v_shape",
+                              joined(pipeline_sets(2, {"zero_bubble_v", 2}, 4), from_saved));
+  ASSERT_EQ(v_shape.exit_code, 0) << describe(v_shape);
   auto one = run_one_process(recipe, dir / "one", from_saved);
   ASSERT_EQ(one.exit_code, 0) << describe(one);
   auto ddp = run_launched(
       2, recipe, dir / "ddp",
       joined({"--set", "strategy.plugin=ddp", "--set", "loader.batch_size=9"}, from_saved));
   ASSERT_EQ(ddp.exit_code, 0) << describe(ddp);
-  for (const char* resumed : {"four", "one", "ddp"}) {
+  for (const char* resumed : {"four", "v_shape", "one", "ddp"}) {
     SCOPED_TRACE(resumed);
     expect_same_model_within(dir / "single" / "final.pt", dir / resumed / "final.pt",
                              kParameterRtol, kParameterAtol);

@@ -18,11 +18,11 @@ struct GridPoint {
 };
 
 // p in {2, 4}, m in {p, 2p, 8}, v = 2 for interleaved (whose v = 1 is 1F1B with a longer
-// warm-up) and 1 for the others.
+// warm-up) and ZB-V (which takes two) and 1 for the others.
 std::vector<GridPoint> grid() {
   std::vector<GridPoint> points;
   for (const auto& name : pipeline_schedule_names()) {
-    const int v = name == "interleaved_1f1b" ? 2 : 1;
+    const int v = name == "interleaved_1f1b" || name == "zero_bubble_v" ? 2 : 1;
     for (int p : {2, 4}) {
       for (int m : {p, 2 * p, 8}) {
         if (m == 2 * p && m == 8) continue;  // p = 4: 2p is 8
@@ -148,6 +148,68 @@ TEST(PipelineScheduleTest, ZeroBubbleIdleTimeIsAtMostAThirdOfOneForwardOneBackwa
           << "rank " << rank;
     }
   }
+}
+
+// ZB-V: rank r holds stages r and 2p - 1 - r; the first and last stage share rank 0 and the
+// middle two rank p - 1, which hand over without communication.
+TEST(PipelineScheduleTest, ZeroBubbleVPlacesTwoStagesPerRankInAV) {
+  const PipelineSchedule schedule = zero_bubble_v_schedule({4, 8, 2});
+  EXPECT_EQ(schedule.shape.placement, StagePlacement::kV);
+  const std::vector<int> ranks = {0, 1, 2, 3, 3, 2, 1, 0};
+  for (int stage = 0; stage < 8; ++stage) {
+    EXPECT_EQ(schedule.shape.rank_of_stage(stage), ranks[static_cast<std::size_t>(stage)]);
+  }
+  for (std::size_t rank = 0; rank < 4; ++rank) {
+    for (const PipelineAction& action : schedule.rank_actions[rank]) {
+      EXPECT_EQ(schedule.shape.rank_of_stage(action.stage), static_cast<int>(rank))
+          << to_string(action);
+      EXPECT_NE(action.kind, Kind::kBackward) << "every backward is split";
+      // Rank 3's stages 3 and 4 hand over; rank 0's stage 7 has no next stage.
+      if (rank == 3 && action.stage == 3) {
+        EXPECT_NE(action.kind, Kind::kSendActivation);
+      }
+      if (rank == 3 && action.stage == 4) {
+        EXPECT_NE(action.kind, Kind::kReceiveActivation);
+      }
+    }
+  }
+  // The looped placement of the same numbers puts stage 4 on rank 0.
+  EXPECT_EQ((PipelineShape{4, 8, 2}).rank_of_stage(4), 0);
+}
+
+// With equal costs the only idle time is the ramp: p - 1 forwards before the last rank's first
+// stage starts, and as long after the first rank's last input gradient; the formula gives it
+// exactly, and it is below ZB-H1's and interleaved 1F1B's. Each rank holds at most 2p
+// (stage, micro-batch) activations of stages half the size of 1F1B's: 1F1B's first rank's peak.
+// Every m from 1 builds and runs (fewer micro-batches than ranks, too).
+TEST(PipelineScheduleTest, ZeroBubbleVIdlesOnlyOnItsRampAtOneForwardOneBackwardsMemory) {
+  for (int p : {1, 2, 3, 4}) {
+    for (int m = 1; m <= 12; ++m) {
+      SCOPED_TRACE("p=" + std::to_string(p) + " m=" + std::to_string(m));
+      const PipelineSchedule schedule = zero_bubble_v_schedule({p, m, 2});
+      ASSERT_NO_THROW(validate_schedule(schedule));
+      const PipelineSimulation simulation = simulate_schedule(schedule);
+      for (const RankSimulation& rank : simulation.ranks) {
+        EXPECT_LE(rank.peak_held_micro_batches, 2 * p);
+        if (m >= 2 * p - 1) {
+          EXPECT_EQ(rank.idle, p - 1);
+        }
+      }
+      if (m < 2 * p - 1) continue;
+      EXPECT_DOUBLE_EQ(simulation.mean_idle_share(), idle_share_formula(schedule, {}).value);
+      if (p == 1 || m % p != 0) continue;
+      EXPECT_LT(simulation.mean_idle_share(),
+                simulate_schedule(zero_bubble_schedule({p, m})).mean_idle_share());
+      EXPECT_LT(simulation.mean_idle_share(),
+                simulate_schedule(interleaved_schedule({p, m, 2})).mean_idle_share());
+    }
+  }
+  // Where the input gradient costs more than the forward, the ramp is p - 1 of them.
+  PipelineCosts costs;
+  costs.backward_input = 2;
+  const PipelineSchedule schedule = zero_bubble_v_schedule({4, 12, 2});
+  EXPECT_DOUBLE_EQ(simulate_schedule(schedule, costs).mean_idle_share(),
+                   idle_share_formula(schedule, costs).value);
 }
 
 TEST(PipelineScheduleTest, ZeroBubbleSplitsEveryBackward) {
@@ -385,7 +447,11 @@ TEST(PipelineScheduleTest, InvalidCombinationsGiveOneLineErrorsNamingTheNumbers)
       {"looped_bfs",
        {2, 4, 1},
        "unknown pipeline schedule 'looped_bfs' (known: gpipe, 1f1b, interleaved_1f1b, "
-       "zero_bubble)"},
+       "zero_bubble, zero_bubble_v)"},
+      {"zero_bubble_v",
+       {2, 4, 1},
+       "zero_bubble_v schedule: takes two stages per rank (v = 2), got p = 2, m = 4, v = 1 (V "
+       "placement)"},
   };
   for (const auto& c : cases) {
     SCOPED_TRACE(c.name);

@@ -18,7 +18,8 @@ TEST(ScheduleFile, EveryBuiltScheduleRoundTrips) {
   const std::vector<std::pair<std::string, PipelineShape>> built = {{"gpipe", {2, 4, 1}},
                                                                     {"1f1b", {4, 8, 1}},
                                                                     {"interleaved_1f1b", {2, 4, 2}},
-                                                                    {"zero_bubble", {4, 8, 1}}};
+                                                                    {"zero_bubble", {4, 8, 1}},
+                                                                    {"zero_bubble_v", {4, 8, 2}}};
   for (const auto& [name, shape] : built) {
     const PipelineSchedule schedule = build_pipeline_schedule(name, shape);
     const PipelineSchedule read = parse_schedule_csv(format_schedule_csv(schedule), "written");
@@ -26,6 +27,8 @@ TEST(ScheduleFile, EveryBuiltScheduleRoundTrips) {
     EXPECT_EQ(read.shape.ranks, shape.ranks) << name;
     EXPECT_EQ(read.shape.micro_batches, shape.micro_batches) << name;
     EXPECT_EQ(read.shape.virtual_stages, shape.virtual_stages) << name;
+    // The placement follows from which rank lists which stage.
+    EXPECT_EQ(read.shape.placement, schedule.shape.placement) << name;
   }
 }
 

@@ -21,8 +21,8 @@ import statistics
 import subprocess
 import sys
 
-SCHEDULES = ["gpipe", "1f1b", "interleaved_1f1b", "zero_bubble"]
-VIRTUAL_STAGES = {"interleaved_1f1b": 2}
+SCHEDULES = ["gpipe", "1f1b", "interleaved_1f1b", "zero_bubble", "zero_bubble_v"]
+VIRTUAL_STAGES = {"interleaved_1f1b": 2, "zero_bubble_v": 2}
 MICRO_BATCHES = 8
 PP = 2
 COMPUTE = {"Forward": "F", "Backward": "B", "BackwardInput": "I", "BackwardWeight": "W"}

@@ -4,8 +4,9 @@
 #   single    one process, batch 16                                     (trainyard run)
 #   ddp       2 ranks, batch 8 each                                     (trainyard launch -n 2)
 #   pipeline  2 ranks, parallel.pp = 2, batch 16 in 8 micro-batches, one run per schedule: gpipe,
-#             1f1b, interleaved_1f1b (2 stages per rank), zero_bubble (trainyard compare
-#             --nproc 2, whose report draws their simulated and measured schedules)
+#             1f1b, interleaved_1f1b (2 stages per rank), zero_bubble, zero_bubble_v (2 stages
+#             per rank) (trainyard compare --nproc 2, whose report draws their simulated and
+#             measured schedules)
 # Each pipeline run records its timeline (strategy.record_step) at the last step of the first
 # logging interval, which the throughput leaves out with the warm-up. The table (see
 # tools/bench/pipeline_bench.py): samples/s, each run's samples/s over ddp's and over single's
@@ -54,9 +55,9 @@ rm -rf "$out"/{single,ddp,compare,recipes} "$out"/{single,ddp,compare}.log \
   "$out"/{schedules,report}.png "$out/schedules.html"
 mkdir -p "$out/recipes"
 # The compare variants: the shipped recipe cut in 2 stages, the whole batch on both.
-for schedule in gpipe 1f1b interleaved_1f1b zero_bubble; do
+for schedule in gpipe 1f1b interleaved_1f1b zero_bubble zero_bubble_v; do
   virtual_stages=1
-  [ "$schedule" = interleaved_1f1b ] && virtual_stages=2
+  case "$schedule" in interleaved_1f1b | zero_bubble_v) virtual_stages=2 ;; esac
   cat >"$out/recipes/$schedule.toml" <<TOML
 extends = "$here/recipes/gpt_text.toml"
 [parallel]
@@ -84,7 +85,7 @@ run single run recipes/gpt_text.toml --set loader.batch_size="$global_batch"
 run ddp launch -n 2 recipes/gpt_text.toml --set loader.batch_size="$((global_batch / 2))" \
   --set strategy.plugin=ddp
 # compare exits 1 only when every variant failed; its table says which failed and why.
-(cd "$here" && "$trainyard" compare "$out"/recipes/{gpipe,1f1b,interleaved_1f1b,zero_bubble}.toml \
+(cd "$here" && "$trainyard" compare "$out"/recipes/{gpipe,1f1b,interleaved_1f1b,zero_bubble,zero_bubble_v}.toml \
   --nproc 2 --steps "$steps" "${common[@]}" --output "$out/compare" >"$out/compare.log" 2>&1) ||
   { tail -20 "$out/compare.log" >&2; exit 1; }
 

@@ -1,7 +1,8 @@
 // Pipeline parallelism: the model's blocks are cut into stages of consecutive blocks, each rank of
 // the mesh's pp dimension holds one stage (or v of them, interleaved), and every batch is split
 // into micro-batches that flow through the stages in the order a schedule lists (gpipe, 1f1b,
-// interleaved_1f1b, zero_bubble; pipeline_schedule.hpp). Activations and their gradients travel
+// interleaved_1f1b, zero_bubble, zero_bubble_v; pipeline_schedule.hpp; zero_bubble_v places
+// its two stages per rank in a V, the schedule's shape says where each stage lives). Activations and their gradients travel
 // over the pipeline group's point-to-point operations (stage_channel.hpp). The loss lives on the
 // last stage. Gradients are averaged over the mesh's data-parallel group by the SDK's
 // GradientReducer, once per step, and the gradients of tied parameters (a shared embedding and
@@ -534,9 +535,9 @@ void register_components(Registry& registry) {
   registry.add<Strategy>(
       "pipeline",
       {option("schedule", "1f1b",
-              "the order of forwards and backwards: gpipe, 1f1b, interleaved_1f1b or "
-              "zero_bubble")
-           .one_of({"gpipe", "1f1b", "interleaved_1f1b", "zero_bubble"}),
+              "the order of forwards and backwards: gpipe, 1f1b, interleaved_1f1b, zero_bubble "
+              "(ZB-H1) or zero_bubble_v (ZB-V: needs virtual_stages = 2)")
+           .one_of({"gpipe", "1f1b", "interleaved_1f1b", "zero_bubble", "zero_bubble_v"}),
        option("schedule_file", "",
               "a schedule written out, one line per pp rank of actions such as 0F1, 1SEND_B0 "
               "(torch.distributed.pipelining's spelling; `trainyard schedule NAME --as-file` "
@@ -545,7 +546,8 @@ void register_components(Registry& registry) {
               "micro-batches each batch is split into (0: as many as the pipeline has ranks)")
            .at_least(0),
        option("virtual_stages", 1,
-              "stages per rank (interleaved_1f1b), placed looped: stage s on pp rank s % pp")
+              "stages per rank (interleaved_1f1b: placed looped, stage s on pp rank s % pp; "
+              "zero_bubble_v: 2, placed in a V, pp rank r holding stages r and 2 pp - 1 - r)")
            .at_least(1),
        option("stages", std::vector<std::string>{},
               "each stage's blocks by name, comma-separated, e.g. [\"embed, layer0\", "

@@ -202,9 +202,101 @@ PipelineSchedule zero_bubble_schedule(const PipelineShape& shape) {
   return schedule;
 }
 
+namespace {
+
+// One rank's list for ZB-V: its two stages (down the ranks, then back up) counted separately, so
+// that each phase names only which stage computes; the construction runs as if there were at
+// least 2p - 1 micro-batches, so that every phase is whole, and writes none of the actions of
+// micro-batches past the step's.
+class VRankList {
+ public:
+  VRankList(const PipelineShape& shape, int rank, std::vector<PipelineAction>& out)
+      : writer_(shape, rank, out),
+        stages_{rank, shape.stages() - 1 - rank},
+        micro_batches_(shape.micro_batches) {}
+
+  void forward(int chunk) {
+    const int mb = counts_[chunk].forward++;
+    if (mb < micro_batches_) writer_.forward(stages_[chunk], mb);
+  }
+  void input_gradient(int chunk) {
+    const int mb = counts_[chunk].input++;
+    if (mb < micro_batches_) writer_.backward(Kind::kBackwardInput, stages_[chunk], mb);
+  }
+  void weight_gradient(int chunk) {
+    const int mb = counts_[chunk].weight++;
+    if (mb < micro_batches_) writer_.backward_weight(stages_[chunk], mb);
+  }
+  int forwards(int chunk) const { return counts_[chunk].forward; }
+  bool weights_pending(int chunk) const { return counts_[chunk].weight < counts_[chunk].input; }
+
+ private:
+  struct Counts {
+    int forward = 0;
+    int input = 0;
+    int weight = 0;
+  };
+  RankListWriter writer_;
+  int stages_[2];
+  Counts counts_[2];
+  int micro_batches_;
+};
+
+}  // namespace
+
+PipelineSchedule zero_bubble_v_schedule(const PipelineShape& requested) {
+  PipelineShape shape = requested;
+  shape.placement = StagePlacement::kV;
+  check_shape("zero_bubble_v", shape,
+              {.one_stage_per_rank = false, .micro_batches_at_least_ranks = false});
+  if (shape.virtual_stages != 2) {
+    throw Error("zero_bubble_v schedule: takes two stages per rank (v = 2), got " +
+                shape_numbers(shape));
+  }
+  PipelineSchedule schedule = empty_schedule("zero_bubble_v", shape);
+  const int p = shape.ranks;
+  const int planned = std::max(2 * p - 1, shape.micro_batches);
+  for (int rank = 0; rank < p; ++rank) {
+    VRankList list(shape, rank, schedule.rank_actions[static_cast<std::size_t>(rank)]);
+    // Warm-up: the down stage fills the ranks below; then the up stage's forwards start as the
+    // first micro-batches come back, and its first backwards follow at once.
+    for (int k = 0; k < 2 * (p - rank) - 1; ++k) list.forward(0);
+    for (int k = 0; k < rank; ++k) {
+      list.forward(1);
+      list.forward(0);
+    }
+    for (int k = 0; k < p - rank; ++k) {
+      list.forward(1);
+      list.input_gradient(1);
+      list.weight_gradient(1);
+    }
+    // Steady: each stage's forward, input gradient and weight gradient in turn.
+    while (list.forwards(1) < list.forwards(0) || list.forwards(0) < planned) {
+      if (list.forwards(0) < planned) list.forward(0);
+      list.input_gradient(0);
+      list.weight_gradient(0);
+      list.forward(1);
+      list.input_gradient(1);
+      list.weight_gradient(1);
+    }
+    // Cool-down: the input gradients the ranks below wait for first, the weight gradients last.
+    for (int k = 0; k < rank; ++k) {
+      list.input_gradient(0);
+      list.input_gradient(1);
+    }
+    for (int k = 0; k < p - rank; ++k) {
+      list.input_gradient(0);
+      list.weight_gradient(0);
+    }
+    while (list.weights_pending(1)) list.weight_gradient(1);
+    while (list.weights_pending(0)) list.weight_gradient(0);
+  }
+  return schedule;
+}
+
 const std::vector<std::string>& pipeline_schedule_names() {
   static const std::vector<std::string> kNames = {"gpipe", "1f1b", "interleaved_1f1b",
-                                                  "zero_bubble"};
+                                                  "zero_bubble", "zero_bubble_v"};
   return kNames;
 }
 
@@ -213,6 +305,7 @@ PipelineSchedule build_pipeline_schedule(std::string_view name, const PipelineSh
   if (name == "1f1b") return one_forward_one_backward_schedule(shape);
   if (name == "interleaved_1f1b") return interleaved_schedule(shape);
   if (name == "zero_bubble") return zero_bubble_schedule(shape);
+  if (name == "zero_bubble_v") return zero_bubble_v_schedule(shape);
   std::string known;
   for (const auto& each : pipeline_schedule_names()) known += (known.empty() ? "" : ", ") + each;
   throw Error("unknown pipeline schedule '" + std::string(name) + "' (known: " + known + ")");

@@ -153,6 +153,16 @@ IdleShareFormula idle_share_formula(const PipelineSchedule& schedule, const Pipe
     const double bubble = (p - 1) * std::max(0.0, f + i - w);
     return {"(p-1)(F+I-W)/(m(F+I+W)+(p-1)(F+I-W))", bubble / (m * (f + i + w) + bubble), false};
   }
+  if (schedule.name == "zero_bubble_v") {
+    // Each rank's stages cost F, I and W per micro-batch; what stays idle is the ramp: the last
+    // rank's first stage waits for p - 1 forwards, the first rank's last input gradients for p - 1
+    // more (the simulation gives exactly this where F >= I and I <= 2W, and more otherwise).
+    const double f = costs.forward;
+    const double i = costs.backward_input;
+    const double w = costs.backward_weight;
+    const double ramp = (p - 1) * std::max(f, i);
+    return {"(p-1)max(F,I)/(2m(F+I+W)+(p-1)max(F,I))", ramp / (2 * m * (f + i + w) + ramp), false};
+  }
   const auto& names = pipeline_schedule_names();
   if (std::find(names.begin(), names.end(), schedule.name) == names.end()) {
     // A schedule from a file has no formula of its own: 1F1B's is the yardstick.

@@ -3,6 +3,7 @@
 #include <cctype>
 #include <fstream>
 #include <iterator>
+#include <optional>
 #include <sstream>
 #include <string>
 #include <utility>
@@ -91,20 +92,33 @@ PipelineSchedule parse_schedule_csv(std::string_view text, const std::string& na
   if (ranks == 0) throw Error(name + ": no rank's actions (one line per rank)");
   if (stages % ranks != 0) {
     throw Error(name + ": " + std::to_string(stages) + " stages over " + std::to_string(ranks) +
-                " ranks; each rank must hold as many stages (stage s on rank s % ranks)");
+                " ranks; each rank must hold as many stages");
   }
   schedule.shape = PipelineShape{ranks, micro_batches, stages / ranks};
-  for (int rank = 0; rank < ranks; ++rank) {
-    for (const PipelineAction& action : schedule.rank_actions[static_cast<std::size_t>(rank)]) {
-      if (schedule.shape.rank_of_stage(action.stage) != rank) {
-        throw Error(name + ": rank " + std::to_string(rank) + ", " + to_string(action) +
-                    ": stage " + std::to_string(action.stage) + " lives on rank " +
-                    std::to_string(schedule.shape.rank_of_stage(action.stage)) +
-                    " (stage s on rank s % " + std::to_string(ranks) + ")");
+  // The first action whose stage `shape` puts on another rank, if any.
+  auto misplaced =
+      [&](const PipelineShape& shape) -> std::optional<std::pair<int, PipelineAction>> {
+    for (int rank = 0; rank < ranks; ++rank) {
+      for (const PipelineAction& action : schedule.rank_actions[static_cast<std::size_t>(rank)]) {
+        if (shape.rank_of_stage(action.stage) != rank) return std::make_pair(rank, action);
       }
     }
+    return std::nullopt;
+  };
+  const auto looped = misplaced(schedule.shape);
+  if (!looped) return schedule;
+  PipelineShape v_shape = schedule.shape;
+  v_shape.placement = StagePlacement::kV;
+  if (!misplaced(v_shape)) {
+    schedule.shape = v_shape;
+    return schedule;
   }
-  return schedule;
+  const auto& [rank, action] = *looped;
+  throw Error(name + ": rank " + std::to_string(rank) + ", " + to_string(action) + ": stage " +
+              std::to_string(action.stage) + " lives on rank " +
+              std::to_string(schedule.shape.rank_of_stage(action.stage)) +
+              " (stage s on rank s % " + std::to_string(ranks) +
+              "), and the V placement does not hold the file's stages either");
 }
 
 PipelineSchedule read_schedule_file(const std::filesystem::path& file) {

@@ -15,7 +15,8 @@ using Kind = PipelineActionKind;
 // "p = 2, m = 4, v = 1": a shape in the literature's letters, for errors.
 inline std::string shape_numbers(const PipelineShape& shape) {
   return "p = " + std::to_string(shape.ranks) + ", m = " + std::to_string(shape.micro_batches) +
-         ", v = " + std::to_string(shape.virtual_stages);
+         ", v = " + std::to_string(shape.virtual_stages) +
+         (shape.placement == StagePlacement::kV ? " (V placement)" : "");
 }
 
 inline bool is_receive(Kind kind) {

@@ -38,14 +38,25 @@ struct PipelineAction {
 // "Forward(stage 1, micro-batch 3)".
 std::string to_string(const PipelineAction& action);
 
-// p ranks, each holding v stages (p * v in all), m micro-batches per step. Stage s lives on rank
-// s % p (looped placement, as Megatron-LM's and PyTorch's interleaved schedules place chunks).
+// Where a pipeline's stages live. Looped: stage s on rank s % p, as Megatron-LM's and PyTorch's
+// interleaved schedules place chunks. V: the stages go down the ranks and back up, so rank r holds
+// stages r and 2p - 1 - r (and the pattern repeats for more chunks); the first and the last
+// stage share rank 0, and the middle two rank p - 1, where they hand over without communication
+// (ZB-V's placement, Qi et al. 2024).
+enum class StagePlacement { kLooped, kV };
+
+// p ranks, each holding v stages (p * v in all), m micro-batches per step.
 struct PipelineShape {
   int ranks = 1;
   int micro_batches = 1;
   int virtual_stages = 1;
+  StagePlacement placement = StagePlacement::kLooped;
   int stages() const { return ranks * virtual_stages; }
-  int rank_of_stage(int stage) const { return stage % ranks; }
+  int rank_of_stage(int stage) const {
+    const int within = stage % ranks;
+    const bool coming_back = placement == StagePlacement::kV && (stage / ranks) % 2 == 1;
+    return coming_back ? ranks - 1 - within : within;
+  }
 };
 
 // Per rank, the actions it executes in order. Messages between two ranks travel in order, one
@@ -76,7 +87,18 @@ PipelineSchedule interleaved_schedule(const PipelineShape& shape);
 // that it fills the bubble; at most p micro-batches in flight per rank, as 1F1B's first rank.
 PipelineSchedule zero_bubble_schedule(const PipelineShape& shape);
 
-// The schedules by command-line name: "gpipe", "1f1b", "interleaved_1f1b", "zero_bubble".
+// ZB-V (Qi et al. 2024, "Pipeline Parallelism with Controllable Memory"; PyTorch's
+// ScheduleZBVZeroBubble): two stages per rank in the V placement, each backward split into I and
+// W. Rank r warms up with 2 (p - r) - 1 forwards of its first stage, then r forwards alternating
+// between its stages, then p - r rounds of its second stage's F, I, W; the steady phase runs each
+// stage's F, I and W in turn; the cool-down drains the input gradients first and the deferred
+// weight gradients last. With F = I = W its bubble vanishes, at 1F1B's peak activation memory:
+// rank 0 holds at most 2p half-model (stage, micro-batch) activations, p whole-model ones.
+// Needs v = 2 and m >= p; the shape's placement is set to V.
+PipelineSchedule zero_bubble_v_schedule(const PipelineShape& shape);
+
+// The schedules by command-line name: "gpipe", "1f1b", "interleaved_1f1b", "zero_bubble",
+// "zero_bubble_v".
 const std::vector<std::string>& pipeline_schedule_names();
 PipelineSchedule build_pipeline_schedule(std::string_view name, const PipelineShape& shape);
 
@@ -85,9 +107,10 @@ PipelineSchedule build_pipeline_schedule(std::string_view name, const PipelineSh
 // (a full backward), I (input gradient), W (weight gradient), SEND_F, RECV_F, SEND_B or RECV_B,
 // e.g. "0F1" or "1SEND_B0". parse_schedule_csv skips blank lines and lines starting with '#'. The
 // shape follows from the actions: ranks = lines, stages = the largest stage + 1 (a multiple of
-// the ranks; stage s lives on rank s % ranks), micro-batches = the largest + 1. It throws Error
-// naming the line and the entry that does not read, or a stage on the wrong rank; what the
-// actions do is validate_schedule's to check.
+// the ranks), micro-batches = the largest + 1, and the placement is the one every action's stage
+// agrees with (looped, else V). It throws Error naming the line and the entry that does not
+// read, or a stage on a rank neither placement puts it on; what the actions do is
+// validate_schedule's to check.
 PipelineSchedule parse_schedule_csv(std::string_view text, const std::string& name);
 // parse_schedule_csv of `file`'s text, named by its path; throws Error when it cannot be read.
 PipelineSchedule read_schedule_file(const std::filesystem::path& file);
