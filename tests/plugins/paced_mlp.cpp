@@ -53,14 +53,19 @@ class PacedMlp final : public SequentialClassifier {
     for (auto d : context.data.input_shape) features *= d;
     const std::int64_t hidden = options.get_int("hidden");
     const std::int64_t classes = context.data.num_classes;
-    add_block("layers", static_cast<double>((features + classes) * hidden), [&] {
-      torch::nn::Sequential layers;
-      layers->push_back(torch::nn::Flatten());
-      layers->push_back(torch::nn::Linear(features, hidden));
-      layers->push_back(torch::nn::ReLU());
-      layers->push_back(torch::nn::Linear(hidden, classes));
-      return layers;
-    });
+    const auto multiply_adds = static_cast<double>((features + classes) * hidden);
+    const auto reading_input = static_cast<double>(features * hidden);
+    add_block(
+        "layers", multiply_adds,
+        [&] {
+          torch::nn::Sequential layers;
+          layers->push_back(torch::nn::Flatten());
+          layers->push_back(torch::nn::Linear(features, hidden));
+          layers->push_back(torch::nn::ReLU());
+          layers->push_back(torch::nn::Linear(hidden, classes));
+          return layers;
+        },
+        reading_input);
     const double slowdown = options.get_float("slowdown");
     add_block("pace", 0, [&] { return Pace(slowdown); });
   }

@@ -8,6 +8,7 @@
 
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -51,19 +52,23 @@ class SequentialClassifier : public Model {
     selection_.require_last("eval_sums()");
     return classification_sums(output, batch);
   }
-  // 2 FLOPs per multiply-add, forward plus twice that for backward.
-  double flops_per_sample() const override { return 6.0 * multiply_adds_; }
+  // 2 FLOPs per multiply-add forward, and as many for the weight gradients and for the input
+  // gradients, except where a layer reads the batch itself: nothing asks for its input's gradient
+  // (PyTorch's FLOP counter counts the same).
+  double flops_per_sample() const override { return flops_; }
   bool builds_stages() const override { return true; }
   std::vector<std::string> block_names() override { return block_names_; }
 
  protected:
-  // Adds the next block in forward order; `multiply_adds` is its forward cost per sample.
-  // `make_module` returns a module holder whose forward maps a tensor to a tensor (a
-  // torch::nn::Sequential, or a module class of the model's own, such as a residual block,
-  // whose parameters are then named "<name>.<member>.weight"); it runs only when the build
-  // holds the block.
+  // Adds the next block in forward order; `multiply_adds` is its forward cost per sample, of
+  // which the first block's `reading_input` (all of them unless given) are in layers that read
+  // the batch and so compute no input gradient. `make_module` returns a module holder whose
+  // forward maps a tensor to a tensor (a torch::nn::Sequential, or a module class of the model's
+  // own, such as a residual block, whose parameters are then named "<name>.<member>.weight"); it
+  // runs only when the build holds the block.
   template <typename MakeModule>
-  void add_block(const std::string& name, double multiply_adds, const MakeModule& make_module) {
+  void add_block(const std::string& name, double multiply_adds, const MakeModule& make_module,
+                 std::optional<double> reading_input = std::nullopt) {
     const auto index = added_++;
     if (index >= static_cast<std::int64_t>(block_names_.size()) || block_names_[index] != name) {
       throw Error("model '" + root_->name() + "' adds block '" + name +
@@ -76,7 +81,8 @@ class SequentialClassifier : public Model {
     }();
     init_.initialize_defaults(*module, name);
     blocks_.push_back(module_block(*root_, name, std::move(module)));
-    multiply_adds_ += multiply_adds;
+    const double without_input_gradient = index == 0 ? reading_input.value_or(multiply_adds) : 0;
+    flops_ += 6.0 * multiply_adds - 2.0 * without_input_gradient;
   }
 
  private:
@@ -87,7 +93,7 @@ class SequentialClassifier : public Model {
   LossReduction reduction_;
   std::vector<Block> blocks_;
   std::int64_t added_ = 0;
-  double multiply_adds_ = 0;
+  double flops_ = 0;
 };
 
 }  // namespace trainyard
