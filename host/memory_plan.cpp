@@ -126,6 +126,7 @@ PlannedMemory plan_memory(const ModelFootprint& model, const PlanLayout& layout)
   const std::int64_t samples = layout.micro_batch;
   plan.activations = round_bytes(model.activations.at(samples));
   plan.gathered_forward = held.gathered_forward;
+  plan.forward_held = plan.activations + plan.gathered_forward;
   const std::int64_t batch = round_bytes(model.batch.at(samples));
   const std::int64_t kept = plan.parameters + plan.optimizer_state + plan.frozen;
   plan.step_start = kept + plan.gradients;
@@ -167,8 +168,13 @@ PlannedMemory plan_memory(const ModelFootprint& model, const PlanLayout& layout)
 namespace {
 
 struct StageFigures {
-  std::int64_t activations = 0;  // its blocks' kept bytes for one micro-batch
-  std::int64_t input = 0;        // the received input a later stage keeps for backward
+  std::int64_t activations = 0;   // its blocks' kept bytes for one micro-batch
+  std::int64_t input = 0;         // the received input a later stage keeps for backward
+  std::int64_t split_kept = 0;    // kept from a split backward's input half to its weight half
+  std::int64_t split_freed = 0;   // of `activations`, freed by a split backward's input half
+  std::int64_t communicated = 0;  // its input's bytes (0 for the first stage), handed or received
+
+  std::int64_t total() const { return activations + input + split_kept; }
 };
 
 // The cut the pipeline makes: the recipe's named stages, or balanced by the blocks' costs.
@@ -190,23 +196,52 @@ std::int64_t range_end(const BlockRange& range, const ModelFootprint& model) {
 
 // What `rank`'s schedule holds in flight when it holds the most: a forward keeps its stage's
 // activations, and the input it received, until the stage's backward (or, split, its weight
-// half) for that micro-batch.
-StageFigures most_in_flight(const PipelineSchedule& schedule, int rank,
-                            const std::vector<StageFigures>& stages) {
-  StageFigures held;
+// half) for that micro-batch; a split backward's input half keeps its branch gradients until
+// the weight half.
+struct InFlight {
   StageFigures most;
+  // The most the forwards since the rank's last backward action keep: what the allocator's
+  // forward generation measures (MemoryMeter).
+  std::int64_t forward_held = 0;
+};
+
+InFlight most_in_flight(const PipelineSchedule& schedule, int rank,
+                        const std::vector<StageFigures>& stages) {
+  StageFigures held;
+  InFlight result;
+  std::int64_t since_backward = 0;
   for (const PipelineAction& action : schedule.rank_actions[static_cast<std::size_t>(rank)]) {
     const StageFigures& stage = stages[static_cast<std::size_t>(action.stage)];
-    const int sign = action.kind == PipelineActionKind::kForward ? 1
-                     : action.kind == PipelineActionKind::kBackward ||
-                             action.kind == PipelineActionKind::kBackwardWeight
-                         ? -1
-                         : 0;
-    held.activations += sign * stage.activations;
-    held.input += sign * stage.input;
-    if (held.activations + held.input > most.activations + most.input) most = held;
+    if (action.kind == PipelineActionKind::kForward) {
+      since_backward += stage.activations;
+      result.forward_held = std::max(result.forward_held, since_backward);
+    } else if (is_compute(action.kind)) {
+      since_backward = 0;
+    }
+    switch (action.kind) {
+      case PipelineActionKind::kForward:
+        held.activations += stage.activations;
+        held.input += stage.input;
+        break;
+      case PipelineActionKind::kBackwardInput:
+        held.split_kept += stage.split_kept;
+        held.activations -= stage.split_freed;
+        break;
+      case PipelineActionKind::kBackwardWeight:
+        held.split_kept -= stage.split_kept;
+        held.activations -= stage.activations - stage.split_freed;
+        held.input -= stage.input;
+        break;
+      case PipelineActionKind::kBackward:
+        held.activations -= stage.activations;
+        held.input -= stage.input;
+        break;
+      default:
+        break;
+    }
+    if (held.total() > result.most.total()) result.most = held;
   }
-  return most;
+  return result;
 }
 
 // The schedule's makespan with each forward and backward costing the slowest stage's: the
@@ -243,41 +278,57 @@ std::vector<PlannedMemory> plan_pipeline(const ModelFootprint& model, const Plan
   const std::vector<BlockRange> cut = stage_cut(model, layout);
   const std::int64_t samples = layout.micro_batch;
   std::vector<StageFigures> stages(cut.size());
+  const PipelineShape& shape = layout.schedule.shape;
+  // A stage's input comes from another rank (a buffer received) or from this rank's previous
+  // stage (handed over: the same tensor, nothing more held).
+  const auto remote = [&](std::size_t s, std::size_t peer) {
+    return shape.rank_of_stage(static_cast<int>(s)) != shape.rank_of_stage(static_cast<int>(peer));
+  };
   for (std::size_t s = 0; s < cut.size(); ++s) {
     for (std::int64_t b = cut[s].begin; b < range_end(cut[s], model); ++b) {
-      stages[s].activations +=
-          round_bytes(model.blocks[static_cast<std::size_t>(b + 1)].activations.at(samples));
+      const BlockFootprint& block = model.blocks[static_cast<std::size_t>(b + 1)];
+      stages[s].activations += round_bytes(block.activations.at(samples));
+      // The first stage's input (the batch) takes no gradient: its input half has nothing to
+      // run, and its weight half is the whole backward.
+      if (cut[s].begin > 0) {
+        stages[s].split_kept += round_bytes(block.split_kept.at(samples));
+        stages[s].split_freed += round_bytes(block.split_freed.at(samples));
+      }
     }
-    if (cut[s].begin > 0) {
-      stages[s].input =
-          round_bytes(model.blocks[static_cast<std::size_t>(cut[s].begin)].output.at(samples));
-    }
+    stages[s].communicated =
+        cut[s].begin > 0
+            ? round_bytes(model.blocks[static_cast<std::size_t>(cut[s].begin)].output.at(samples))
+            : 0;
+    if (s > 0 && remote(s, s - 1)) stages[s].input = stages[s].communicated;
   }
   std::int64_t whole_activations = 0;
   for (const auto& stage : stages) whole_activations += stage.activations;
-  const PipelineShape& shape = layout.schedule.shape;
   const double compute_seconds = pipeline_compute_seconds(model, layout, cut);
   std::vector<PlannedMemory> plans;
   for (int rank = 0; rank < shape.ranks; ++rank) {
     std::int64_t owned = 0;
     std::int64_t rank_activations = 0;
-    std::set<std::size_t> shared;
     for (std::size_t s = 0; s < cut.size(); ++s) {
       if (shape.rank_of_stage(static_cast<int>(s)) != rank) continue;
       rank_activations += stages[s].activations;
+      // Each stage is built alone: two stages of one rank that use a tied parameter (ZB-V's
+      // first and last) hold a copy each.
+      std::set<std::size_t> shared;
       for (std::int64_t b = cut[s].begin; b < range_end(cut[s], model); ++b) {
         const BlockFootprint& block = model.blocks[static_cast<std::size_t>(b + 1)];
         owned += block.parameter_bytes;
         shared.insert(block.shared.begin(), block.shared.end());
       }
+      for (std::size_t index : shared) owned += model.shared_parameter_bytes[index];
     }
-    for (std::size_t index : shared) owned += model.shared_parameter_bytes[index];
     PlannedMemory plan;
     plan.parameters = plan.gradients = owned;
     plan.optimizer_state = round_bytes(model.optimizer_state_ratio * static_cast<double>(owned));
-    const StageFigures in_flight = most_in_flight(layout.schedule, rank, stages);
+    const InFlight flight = most_in_flight(layout.schedule, rank, stages);
+    const StageFigures& in_flight = flight.most;
     plan.activations = in_flight.activations;
     plan.received = in_flight.input;
+    plan.forward_held = flight.forward_held;
     plan.step_start = plan.parameters + plan.gradients + plan.optimizer_state;
     const std::int64_t batch = round_bytes(model.batch.at(layout.batch_samples));
     const bool fresh = !layout.replicated_stages;
@@ -294,9 +345,10 @@ std::vector<PlannedMemory> plan_pipeline(const ModelFootprint& model, const Plan
     const std::int64_t optimizer =
         plan.step_start + batch +
         round_bytes(model.optimizer_step_ratio * static_cast<double>(owned));
+    // A split backward's kept gradients are held in the backward phase, beside its transient.
     plan.phases = {{"h2d", plan.step_start + batch},
                    {"forward", forward},
-                   {"backward", forward + round_bytes(extra)},
+                   {"backward", forward + in_flight.split_kept + round_bytes(extra)},
                    {"optimizer", optimizer}};
     plan.peak =
         *std::max_element(plan.phases.begin(), plan.phases.end(),
@@ -308,8 +360,8 @@ std::vector<PlannedMemory> plan_pipeline(const ModelFootprint& model, const Plan
     std::int64_t handed = 0;
     for (std::size_t s = 0; s < cut.size(); ++s) {
       if (shape.rank_of_stage(static_cast<int>(s)) != rank) continue;
-      if (s > 0) handed += 2 * stages[s].input;
-      if (s + 1 < cut.size()) handed += 2 * stages[s + 1].input;
+      if (s > 0 && remote(s, s - 1)) handed += 2 * stages[s].communicated;
+      if (s + 1 < cut.size() && remote(s, s + 1)) handed += 2 * stages[s + 1].communicated;
     }
     plan.communication_bytes =
         handed * static_cast<std::int64_t>(shape.micro_batches) * layout.accumulation;

@@ -59,6 +59,10 @@ struct PlannedMemory {
   // Pipeline stages: the inputs received from the previous stage that the micro-batches in
   // flight keep (communication buffers, posted before they are needed).
   std::int64_t received = 0;
+  // What the forwards since the last backward allocate and keep, as run.track_memory measures
+  // it: the activations and gathered parameters, or for a pipeline rank the forwards its
+  // schedule runs in a row (fewer than it holds where older micro-batches wait for backward).
+  std::int64_t forward_held = 0;
   std::int64_t step_start = 0;    // live when a step starts
   std::vector<PhasePeak> phases;  // each phase's peak, in step order
   PhasePeak peak;                 // the highest of them

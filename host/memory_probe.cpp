@@ -17,6 +17,7 @@
 #include "trainyard/api/optimizer.hpp"
 #include "trainyard/api/precision.hpp"
 #include "trainyard/parallel/pipeline_stages.hpp"
+#include "trainyard/parallel/split_backward.hpp"
 #include "trainyard/runtime/allocation_tracker.hpp"
 #include "trainyard/runtime/default_plugins.hpp"
 #include "trainyard/runtime/engine.hpp"
@@ -41,6 +42,9 @@ struct ProbeStep {
   std::int64_t backward_fresh = 0;
   std::vector<std::int64_t> blocks;   // what each block's forward kept (the loss's with the last)
   std::vector<std::int64_t> outputs;  // the bytes of what each block hands to the next
+  // Each block's split backward: kept between its halves, and freed by its input half.
+  std::vector<std::int64_t> split_kept;
+  std::vector<std::int64_t> split_freed;
 };
 
 // The recipe as one process with micro-batches of `samples` read on the calling thread, and
@@ -151,6 +155,8 @@ class Probe {
     for (std::size_t b = 0; b < one.blocks.size(); ++b) {
       footprint.blocks[b + 1].activations = line(one.blocks[b], two.blocks[b]);
       footprint.blocks[b + 1].output = line(one.outputs[b], two.outputs[b]);
+      footprint.blocks[b + 1].split_kept = line(one.split_kept[b], two.split_kept[b]);
+      footprint.blocks[b + 1].split_freed = line(one.split_freed[b], two.split_freed[b]);
     }
     time_steps(footprint, small, large);
     return footprint;
@@ -246,6 +252,48 @@ class Probe {
     return loss;
   }
 
+  // Per block, what a split backward's input half keeps for its weight half (the gradients at
+  // the branch points) and what of the forward's activations it frees: each block run alone on
+  // the previous block's output, as a pipeline stage receives it (its floating tensors needing
+  // gradients), the last with the loss.
+  void measure_split_backward(std::int64_t samples, ProbeStep& step) {
+    const Batch batch = first_samples(batch_, samples);
+    AutocastGuard guard(at::kCPU, autocast_);
+    Activations x(model_->input(batch));
+    for (std::size_t b = 0; b < blocks_.size(); ++b) {
+      std::vector<at::Tensor> inputs;
+      for (auto& [name, tensor] : x.tensors) {
+        tensor = tensor.detach();
+        if (at::isFloatingType(tensor.scalar_type())) inputs.push_back(tensor.requires_grad_());
+      }
+      Activations output = blocks_[b].forward(x);
+      std::vector<at::Tensor> roots;
+      std::vector<at::Tensor> root_grads;
+      if (b + 1 == blocks_.size()) {
+        roots.push_back(model_->loss(output.hidden(), batch));
+      } else {
+        for (const auto& [name, tensor] : output.tensors) {
+          if (!tensor.requires_grad()) continue;
+          roots.push_back(tensor);
+          root_grads.push_back(at::ones_like(tensor));
+        }
+      }
+      std::vector<at::Tensor> parameters;
+      for (const auto& parameter : blocks_[b].module->parameters()) {
+        if (parameter.requires_grad()) parameters.push_back(parameter);
+      }
+      AllocationTracker tracker;
+      tracker.start_generation();
+      SplitBackward split;
+      split.input_half(roots, root_grads, inputs, parameters);  // the input gradients dropped
+      const std::int64_t kept = tracker.generation_bytes();
+      step.split_kept.push_back(kept);
+      step.split_freed.push_back(std::max<std::int64_t>(0, kept - tracker.current_bytes()));
+      split.weight_half();
+      x = std::move(output);
+    }
+  }
+
   // The optimizer step's transient peak above what it starts with.
   std::int64_t optimizer_step() {
     AllocationTracker tracker;
@@ -269,6 +317,7 @@ class Probe {
       loss.reset();
       (kept ? step.backward_kept : step.backward_fresh) = tracker.peak_bytes() - forward_end;
     }
+    measure_split_backward(samples, step);
     return step;
   }
 

@@ -2,8 +2,9 @@
 // The measured half of a plan: the recipe's model, optimizer and precision run on the host CPU at
 // the layout's micro-batch and at half of it, under the allocation tracker, and then timed. What
 // the step holds per sample and what it holds regardless (the parameters, their gradients, the
-// optimizer's state per parameter byte, each block's activations and hand-over, the transients
-// of backward and of the optimizer step) and how long its forward, backward and optimizer step
+// optimizer's state per parameter byte, each block's activations and hand-over and what a split
+// backward of it keeps and frees between its halves, the transients of backward and of the
+// optimizer step) and how long its forward, backward and optimizer step
 // take are what every layout's plan is composed from (memory_plan.hpp), so a third party's model
 // or optimizer is planned as a bundled one is, with no code of its own. It needs the model to
 // fit the host's memory for one micro-batch: LibTorch's C++ build lacks the meta-device kernels
@@ -34,6 +35,11 @@ struct BlockFootprint {
   std::vector<std::size_t> shared;   // the shared parameters it uses (ModelFootprint's indices)
   PerSample activations;             // what its forward keeps for backward (the root: none)
   PerSample output;                  // what it hands to the next block (a stage's send)
+  // A split backward's input half, with the block's input needing a gradient: what it keeps
+  // until the weight half (the gradients at its branch points), and how much of the forward's
+  // activations it frees (those only the input gradients needed).
+  PerSample split_kept;
+  PerSample split_freed;
   double cost = 0;  // what a pipeline balances stages by: its FLOPs, or its parameter count
   double forward_share = 0;  // of the whole forward's time
 };

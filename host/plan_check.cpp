@@ -52,7 +52,7 @@ std::vector<std::string> compare_plan(const PlannedMemory& plan, const MeasuredM
               pair(plan.gradients, measured.held.gradients) + ", optimizer state " +
               pair(plan.optimizer_state, measured.held.optimizer_state),
           "memory, planned / measured: kept by a forward " +
-              pair(plan.activations + plan.gathered_forward, measured.activations) +
+              pair(plan.forward_held, measured.activations) +
               ", at a step's start " + pair(plan.step_start, measured.step_start) + ", peak " +
               pair(plan.peak.bytes, measured.peak) + " in the " + plan.peak.phase + " / " +
               measured.peak_phase + " phase"};

@@ -41,7 +41,7 @@ nlohmann::json memory_json(const PlannedMemory& plan) {
           {"activations", plan.activations},
           {"gathered_forward", plan.gathered_forward},
           {"received", plan.received},
-          {"forward_held", plan.activations + plan.gathered_forward},
+          {"forward_held", plan.forward_held},
           {"step_start", plan.step_start},
           {"peak", plan.peak.bytes},
           {"peak_phase", plan.peak.phase},

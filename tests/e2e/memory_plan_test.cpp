@@ -29,7 +29,12 @@ TEST(MemoryPlan, FastCoreWithinTenPercentOfTheAllocator) {
             "fashion_mnist_cnn.toml",
             2,
             {"strategy.plugin=ddp", "parallel.dp_shard=2"}},
-           {"gpt pipeline 1f1b 2", "gpt_pipeline.toml", 2, {"strategy.schedule=\"1f1b\""}},
+           // Two stages per rank in a V: a split backward's kept gradients, a stage handed over
+           // on rank 1, and the tied embedding's two copies on rank 0.
+           {"gpt pipeline zero_bubble_v 2",
+            "gpt_pipeline.toml",
+            2,
+            {"strategy.schedule=\"zero_bubble_v\"", "strategy.virtual_stages=2"}},
        }) {
     expect_plan_matches_run(c);
   }
