@@ -47,15 +47,25 @@ std::optional<PlannedMemory> plan_this_rank(const std::filesystem::path& recipe,
 }
 
 std::vector<std::string> compare_plan(const PlannedMemory& plan, const MeasuredMemory& measured) {
-  return {"memory, planned / measured by the allocator: parameters " +
-              pair(plan.parameters, measured.held.parameters) + ", gradients " +
-              pair(plan.gradients, measured.held.gradients) + ", optimizer state " +
-              pair(plan.optimizer_state, measured.held.optimizer_state),
-          "memory, planned / measured: kept by a forward " +
-              pair(plan.forward_held, measured.activations) +
-              ", at a step's start " + pair(plan.step_start, measured.step_start) + ", peak " +
-              pair(plan.peak.bytes, measured.peak) + " in the " + plan.peak.phase + " / " +
-              measured.peak_phase + " phase"};
+  std::vector<std::string> lines = {
+      "memory, planned / measured by the allocator: parameters " +
+          pair(plan.parameters, measured.held.parameters) + ", gradients " +
+          pair(plan.gradients, measured.held.gradients) + ", optimizer state " +
+          pair(plan.optimizer_state, measured.held.optimizer_state),
+      "memory, planned / measured: kept by a forward " +
+          pair(plan.forward_held, measured.activations) + ", at a step's start " +
+          pair(plan.step_start, measured.step_start) + ", peak " +
+          pair(plan.peak.bytes, measured.peak) + " in the " + plan.peak.phase + " / " +
+          measured.peak_phase + " phase"};
+  if (measured.peak_reserved > 0) {
+    char share[16];
+    std::snprintf(share, sizeof share, "%.1f%%", 100.0 * measured.fragmentation);
+    lines.push_back("memory, the device's caching allocator: reserved at most " +
+                    format_mib(measured.peak_reserved) + ", of which " + share +
+                    " never handed out at once (fragmentation and cached blocks), above the "
+                    "peak the plan predicts for what is allocated");
+  }
+  return lines;
 }
 
 }  // namespace trainyard

@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "memory_plan_support.hpp"
+#include "metrics_file.hpp"
 #include "parity_runs.hpp"
 #include "test_support.hpp"
 
@@ -178,6 +179,32 @@ TEST(MemoryPlan, FitChoosesALayoutThatRunsUnderTheCap) {
   const CommandResult no_cap = run_host({"plan", gpt.string(), "--nproc", "2", "--fit"});
   EXPECT_NE(no_cap.exit_code, 0);
   EXPECT_NE(no_cap.err.find("--fit needs --memory GiB"), std::string::npos) << describe(no_cap);
+}
+
+// On a GPU the caching allocator's reserved bytes and fragmentation come beside the plan, in the
+// run's records and in its side-by-side lines.
+TEST(MemoryPlanCuda, AGpuRunReportsTheCachingAllocatorsReservedBytesAndFragmentation) {
+  TempDir dir;
+  const CommandResult run = run_host(
+      {"run", (source_dir() / "recipes" / "gpt_text.toml").string(), "--set", "run.device=cuda",
+       "--set", "run.track_memory=true", "--set", "run.max_steps=6", "--set", "run.log_every=3",
+       "--set", "run.eval=false", "--set", "run.output_dir=" + (dir / "run").string()},
+      {}, 300);
+  if (run.exit_code != 0 && run.err.find("which is not available") != std::string::npos) {
+    TRAINYARD_SKIP_WITHOUT_GPU() << "no CUDA device";
+  }
+  ASSERT_EQ(run.exit_code, 0) << describe(run);
+  EXPECT_NE((run.out + run.err).find("the device's caching allocator: reserved at most"),
+            std::string::npos)
+      << describe(run);
+  const auto records = of_phase(read_metrics(dir / "run" / "metrics.jsonl"), "train");
+  ASSERT_FALSE(records.empty());
+  const auto& last = records.back();
+  ASSERT_TRUE(last.has("memory_peak_reserved_bytes")) << "no reserved bytes recorded";
+  EXPECT_GE(last.at("memory_peak_reserved_bytes"), last.at("memory_peak_bytes"));
+  EXPECT_GE(last.at("memory_reserved_bytes"), last.at("memory_current_bytes"));
+  EXPECT_GE(last.at("memory_fragmentation"), 0.0);
+  EXPECT_LT(last.at("memory_fragmentation"), 1.0);
 }
 
 }  // namespace

@@ -78,9 +78,12 @@ class Cuda final : public DeviceBackend {
     auto stats = c10::cuda::CUDACachingAllocator::getDeviceStats(static_cast<c10::DeviceIndex>(index));
     using c10::CachingDeviceAllocator::StatType;
     const auto& allocated = stats.allocated_bytes[static_cast<std::size_t>(StatType::AGGREGATE)];
+    const auto& reserved = stats.reserved_bytes[static_cast<std::size_t>(StatType::AGGREGATE)];
     DeviceMemory memory;
     memory.current_bytes = allocated.current;
     memory.peak_bytes = allocated.peak;
+    memory.reserved_bytes = reserved.current;
+    memory.peak_reserved_bytes = reserved.peak;
     std::size_t free_bytes = 0, total_bytes = 0;
     c10::cuda::CUDAGuard guard(static_cast<c10::DeviceIndex>(index));
     if (cudaMemGetInfo(&free_bytes, &total_bytes) == cudaSuccess) {

@@ -49,6 +49,16 @@ MetricsReporter::MetricsReporter(const Recipe& recipe, const Registry& registry,
 
 namespace {
 
+// Of what a caching allocator reserved from the device at its peak, the share it never handed out
+// at once (its allocated peak below its reserved peak): blocks cached for sizes that did not
+// come again, or split so that no request fit them. 0 where nothing is cached.
+double fragmentation(const DeviceMemory& memory) {
+  if (memory.peak_reserved_bytes <= 0) return 0;
+  return std::clamp(1.0 - static_cast<double>(memory.peak_bytes) /
+                              static_cast<double>(memory.peak_reserved_bytes),
+                    0.0, 1.0);
+}
+
 // A TOML basic string.
 std::string toml_string(const std::string& text) {
   std::string out = "\"";
@@ -127,6 +137,12 @@ void MetricsReporter::append_memory_figures(
   const DeviceMemory memory = run_.placement.backend->memory(run_.placement.index);
   values.emplace_back("memory_current_bytes", static_cast<double>(memory.current_bytes));
   values.emplace_back("memory_peak_bytes", static_cast<double>(memory.peak_bytes));
+  if (memory.peak_reserved_bytes > 0) {
+    values.emplace_back("memory_reserved_bytes", static_cast<double>(memory.reserved_bytes));
+    values.emplace_back("memory_peak_reserved_bytes",
+                        static_cast<double>(memory.peak_reserved_bytes));
+    values.emplace_back("memory_fragmentation", fragmentation(memory));
+  }
   const HeldBytes held = run_.strategy->held_bytes();
   values.emplace_back("held_parameter_bytes", static_cast<double>(held.parameters));
   values.emplace_back("held_gradient_bytes", static_cast<double>(held.gradients));
@@ -239,6 +255,9 @@ RunSummary MetricsReporter::finish(RunSummary summary, std::int64_t epoch, doubl
     summary.memory = MeasuredMemory{steps.start_bytes, steps.activation_bytes, steps.peak_bytes,
                                     step_phase_name(steps.peak_phase),
                                     run_.strategy->held_bytes()};
+    const DeviceMemory device = run_.placement.backend->memory(run_.placement.index);
+    summary.memory->peak_reserved = device.peak_reserved_bytes;
+    summary.memory->fragmentation = fragmentation(device);
   }
   summary.eval = last_eval_;
   MetricRecord record;

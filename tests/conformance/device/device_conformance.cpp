@@ -103,6 +103,12 @@ TEST_P(DeviceConformance, MemoryStatistics) {
   EXPECT_GE(memory.peak_bytes, memory.current_bytes);
   EXPECT_GE(memory.total_bytes, 0);
   if (memory.total_bytes > 0) { EXPECT_LE(memory.current_bytes, memory.total_bytes); }
+  // A caching allocator holds at least what it handed out; one that caches nothing says 0.
+  EXPECT_GE(memory.reserved_bytes, 0);
+  if (memory.peak_reserved_bytes > 0) {
+    EXPECT_GE(memory.reserved_bytes, memory.current_bytes);
+    EXPECT_GE(memory.peak_reserved_bytes, memory.peak_bytes);
+  }
   EXPECT_EQ(held.sum().item<float>(), static_cast<float>(1 << 20));
 }
 

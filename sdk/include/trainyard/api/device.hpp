@@ -40,6 +40,10 @@ struct DeviceMemory {
   std::int64_t current_bytes = 0;  // held by the allocator now (process RSS on the host)
   std::int64_t peak_bytes = 0;
   std::int64_t total_bytes = 0;  // device capacity; 0 when unknown
+  // What a caching allocator holds from the device, handed out or not (at least current_bytes),
+  // now and at its peak since the last reset; 0 where the allocator caches nothing (the host).
+  std::int64_t reserved_bytes = 0;
+  std::int64_t peak_reserved_bytes = 0;
 };
 
 // How busy a device was. An empty field is one the backend does not report (no error: a figure

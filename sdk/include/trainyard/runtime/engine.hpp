@@ -42,6 +42,10 @@ struct MeasuredMemory {
   std::int64_t peak = 0;
   std::string peak_phase;
   HeldBytes held;  // the strategy's parameters, gradients and optimizer state at the end
+  // A caching allocator's (a GPU's; 0 on the host): the most it held from the device, and the
+  // share of that it never handed out at once, 1 - its allocated peak / its reserved peak.
+  std::int64_t peak_reserved = 0;
+  double fragmentation = 0;
 };
 
 struct RunSummary {
