@@ -158,11 +158,7 @@ TEST(TensorBoardSinkTest, KilledRunLeavesReadableEventFiles) {
 
 // The event files each rank of a two-rank run writes with these options.
 std::vector<fs::path> event_files_of_two_ranks(const TempDir& dir, bool all_ranks) {
-  static Registry* registry = [] {
-    auto* r = new Registry;
-    load_bundled_plugins(*r);
-    return r;
-  }();
+  Registry* registry = &bundled_registry();
   for (int rank = 0; rank < 2; ++rank) {
     auto table = std::make_shared<Table>();
     table->set("all_ranks", Value(all_ranks));

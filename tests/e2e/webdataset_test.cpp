@@ -43,15 +43,6 @@ std::string train_pattern(const fs::path& shards) {
   return (shards / "train-{000000..000003}.tar").string();
 }
 
-Registry& plugins() {
-  static Registry* registry = [] {
-    auto* r = new Registry;  // outlives every object its plugins make
-    load_bundled_plugins(*r);
-    return r;
-  }();
-  return *registry;
-}
-
 std::shared_ptr<const Table> table_of(const std::map<std::string, Value>& entries) {
   auto table = std::make_shared<Table>();
   for (const auto& [key, value] : entries) table->set(key, value);
@@ -61,7 +52,7 @@ std::shared_ptr<const Table> table_of(const std::map<std::string, Value>& entrie
 std::shared_ptr<Dataset> make_dataset(const std::map<std::string, Value>& options) {
   auto table = std::make_shared<Table>();
   for (const auto& [key, value] : options) table->set(key, value);
-  return plugins().create<Dataset>("webdataset", Config(table, "dataset"), BuildContext{});
+  return bundled_registry().create<Dataset>("webdataset", Config(table, "dataset"), BuildContext{});
 }
 
 std::shared_ptr<Dataset> train_dataset(const fs::path& shards, std::int64_t shuffle_buffer,

@@ -37,6 +37,15 @@ void load_bundled_plugins(Registry& registry) {
   loader.load_folder(plugin_folder());
 }
 
+Registry& bundled_registry() {
+  static Registry* registry = [] {
+    auto* instance = new Registry();
+    load_bundled_plugins(*instance);
+    return instance;
+  }();
+  return *registry;
+}
+
 CommandResult run_command(const std::vector<std::string>& argv, const fs::path& cwd, int timeout_s,
                           const std::vector<std::string>& env,
                           const std::function<bool()>& kill_when, int kill_signal) {

@@ -26,6 +26,9 @@ int free_loopback_port();
 
 // Loads every bundled plugin into `registry`.
 void load_bundled_plugins(Registry& registry);
+// Every bundled plugin, loaded once and kept for the whole process (never destroyed: it outlives
+// every object its plugins make).
+Registry& bundled_registry();
 
 struct CommandResult {
   int exit_code = -1;  // -1 when killed by a signal or timed out

@@ -41,22 +41,13 @@ with FlopCounterMode(display=False) as counter:
 print(counter.get_total_flops())
 )";
 
-Registry& plugins() {
-  static Registry* registry = [] {
-    auto* r = new Registry;
-    load_bundled_plugins(*r);
-    return r;
-  }();
-  return *registry;
-}
-
 double trainyard_flops(const std::string& plugin, const std::map<std::string, Value>& options) {
   auto table = std::make_shared<Table>();
   for (const auto& [key, value] : options) table->set(key, value);
   BuildContext context;
   context.data.input_shape = {1, 28, 28};
   context.data.num_classes = 10;
-  return plugins().create<Model>(plugin, Config(table, "model"), context)->flops_per_sample() *
+  return bundled_registry().create<Model>(plugin, Config(table, "model"), context)->flops_per_sample() *
          kBatch;
 }
 

@@ -25,17 +25,8 @@
 namespace trainyard::testing {
 namespace {
 
-Registry& plugins() {
-  static Registry* registry = [] {
-    auto* r = new Registry;
-    load_bundled_plugins(*r);
-    return r;
-  }();
-  return *registry;
-}
-
 std::shared_ptr<DeviceBackend> backend(const std::string& name) {
-  return plugins().create<DeviceBackend>(name, Config({}, "device"), BuildContext{});
+  return bundled_registry().create<DeviceBackend>(name, Config({}, "device"), BuildContext{});
 }
 
 bool has(const std::vector<c10::ScalarType>& dtypes, c10::ScalarType dtype) {

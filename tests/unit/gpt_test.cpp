@@ -17,15 +17,6 @@
 namespace trainyard::testing {
 namespace {
 
-Registry& plugins() {
-  static Registry* registry = [] {
-    auto* r = new Registry;
-    load_bundled_plugins(*r);
-    return r;
-  }();
-  return *registry;
-}
-
 BuildContext language_context(std::int64_t vocab, std::int64_t seq_len) {
   BuildContext context;
   context.data.input_shape = {seq_len};
@@ -38,7 +29,7 @@ std::shared_ptr<Model> make_gpt(const std::map<std::string, Value>& options,
                                 const BuildContext& context) {
   auto table = std::make_shared<Table>();
   for (const auto& [key, value] : options) table->set(key, value);
-  return plugins().create<Model>("gpt", Config(table, "model"), context);
+  return bundled_registry().create<Model>("gpt", Config(table, "model"), context);
 }
 
 const std::map<std::string, Value> kSmall = {

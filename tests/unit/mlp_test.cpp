@@ -21,15 +21,6 @@
 namespace trainyard::testing {
 namespace {
 
-Registry& plugins() {
-  static Registry* registry = [] {
-    auto* r = new Registry;
-    load_bundled_plugins(*r);
-    return r;
-  }();
-  return *registry;
-}
-
 std::shared_ptr<Model> make_mlp(const std::map<std::string, Value>& options) {
   auto table = std::make_shared<Table>();
   table->set("hidden", Value(Array{Value(16)}));
@@ -38,7 +29,7 @@ std::shared_ptr<Model> make_mlp(const std::map<std::string, Value>& options) {
   context.data.input_shape = {1, 28, 28};
   context.data.num_classes = 10;
   context.seed = 7;
-  return plugins().create<Model>("mlp", Config(table, "model"), context);
+  return bundled_registry().create<Model>("mlp", Config(table, "model"), context);
 }
 
 Batch image_batch(std::int64_t size) {

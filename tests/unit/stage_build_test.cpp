@@ -20,15 +20,6 @@
 namespace trainyard::testing {
 namespace {
 
-Registry& plugins() {
-  static Registry* registry = [] {
-    auto* r = new Registry;
-    load_bundled_plugins(*r);
-    return r;
-  }();
-  return *registry;
-}
-
 std::shared_ptr<Model> make(const std::string& plugin, const std::map<std::string, Value>& options,
                             BuildContext context, std::uint64_t seed,
                             std::optional<BlockRange> blocks = std::nullopt) {
@@ -36,7 +27,7 @@ std::shared_ptr<Model> make(const std::string& plugin, const std::map<std::strin
   for (const auto& [key, value] : options) table->set(key, value);
   context.seed = seed;
   context.blocks = blocks;
-  return plugins().create<Model>(plugin, Config(table, "model"), context);
+  return bundled_registry().create<Model>(plugin, Config(table, "model"), context);
 }
 
 BuildContext language_context() {

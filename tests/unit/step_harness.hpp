@@ -29,16 +29,6 @@
 
 namespace trainyard::testing {
 
-// Every bundled plugin, loaded once and kept for the whole process.
-inline Registry& bundled_registry() {
-  static Registry* registry = [] {
-    auto* instance = new Registry();
-    load_bundled_plugins(*instance);
-    return instance;
-  }();
-  return *registry;
-}
-
 inline Config options_section(const std::string& name, const std::string& toml) {
   return Config(parse_toml(toml, name), name);
 }

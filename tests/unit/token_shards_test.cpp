@@ -25,20 +25,11 @@ namespace {
 
 namespace fs = std::filesystem;
 
-Registry& plugins() {
-  static Registry* registry = [] {
-    auto* r = new Registry;  // outlives every object its plugins make
-    load_bundled_plugins(*r);
-    return r;
-  }();
-  return *registry;
-}
-
 std::shared_ptr<Dataset> make_dataset(const std::string& plugin,
                                       const std::map<std::string, Value>& options) {
   auto table = std::make_shared<Table>();
   for (const auto& [key, value] : options) table->set(key, value);
-  return plugins().create<Dataset>(plugin, Config(table, "dataset"), BuildContext{});
+  return bundled_registry().create<Dataset>(plugin, Config(table, "dataset"), BuildContext{});
 }
 
 // A shard holding 0, 1, ..., count - 1 (vocabulary `count`), so each window is recognisable by
