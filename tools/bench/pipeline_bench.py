@@ -89,6 +89,14 @@ def idle_shares(timeline):
     return [1 - sum(a["end_us"] - a["start_us"] for a in actions) / makespan for actions in compute]
 
 
+def backward_ms_per_micro_batch(timeline):
+    """A micro-batch's whole backward through every stage, in ms: the recorded step's B (or I and
+    W) durations over all ranks, divided by the micro-batches."""
+    total_us = sum(a["end_us"] - a["start_us"] for rank in timeline for a in rank["actions"]
+                   if a["kind"] in ("Backward", "BackwardInput", "BackwardWeight"))
+    return total_us / 1000 / timeline[0]["micro_batches"]
+
+
 def schedule_formula(trainyard, schedule):
     """The formula's name and value `trainyard schedule` prints for this shape (unit costs)."""
     command = [trainyard, "schedule", schedule, "--stages", str(PP), "--micro-batches",
@@ -279,6 +287,14 @@ def main():
             c = cells[name]
             line += f"   {c[0]:>7} {c[1]:>7} {c[2]:>8} {c[3]:>8}  {c[4]}"
         print(line)
+
+    if "1f1b" in timelines:
+        plain = backward_ms_per_micro_batch(timelines["1f1b"])
+        print("\nbackward of one micro-batch through the whole model (ms, the recorded step's B, or "
+              "I + W, over every rank, per micro-batch) and over 1f1b's:")
+        for schedule, timeline in timelines.items():
+            ms = backward_ms_per_micro_batch(timeline)
+            print(f"  {schedule:17} {ms:6.2f}  {ms / plain:5.2f}x")
 
     for schedule, timeline in timelines.items():
         print(f"\n{schedule}, measured step {timeline[0]['step']}: ms per compute action (F/B/I/W and "
