@@ -550,6 +550,20 @@ TEST(PipelineRun, InvalidCombinationsAreOneLineErrorsNamingTheNumbers) {
     EXPECT_NE(run.exit_code, 0) << describe(run);
     EXPECT_HAS(run.err, c.expected);
   }
+  // `validate` refuses a schedule its shape cannot take before any process starts.
+  const std::vector<Case> shapes = {
+      {pipeline_sets(2, {"interleaved_1f1b", 2}, 3),
+       "needs the micro-batches to be a multiple of the ranks"},
+      {pipeline_sets(2, {"zero_bubble_v", 1}, 4),
+       "zero_bubble_v schedule: takes two stages per rank"},
+  };
+  for (const Case& c : shapes) {
+    std::vector<std::string> args = {"validate", recipe.string()};
+    args.insert(args.end(), c.sets.begin(), c.sets.end());
+    auto validated = run_host(args, {}, 120);
+    EXPECT_EQ(validated.exit_code, 1) << describe(validated);
+    EXPECT_HAS(validated.err, c.expected);
+  }
 }
 
 }  // namespace

@@ -450,8 +450,7 @@ TEST(PipelineScheduleTest, InvalidCombinationsGiveOneLineErrorsNamingTheNumbers)
        "zero_bubble, zero_bubble_v)"},
       {"zero_bubble_v",
        {2, 4, 1},
-       "zero_bubble_v schedule: takes two stages per rank (v = 2), got p = 2, m = 4, v = 1 (V "
-       "placement)"},
+       "zero_bubble_v schedule: takes two stages per rank (v = 2), got p = 2, m = 4, v = 1"},
   };
   for (const auto& c : cases) {
     SCOPED_TRACE(c.name);

@@ -266,10 +266,14 @@ class Pipeline final : public Strategy {
     return build;
   }
 
-  // What setup refuses of a model, asked before any process starts: a model that cannot be cut
-  // into this mesh's stages, and frozen parameters where dp_sharding would shard them.
+  // What setup refuses, asked before any process starts: a schedule that cannot be built or
+  // read for this mesh's pipeline size, a model that cannot be cut into its stages, and frozen
+  // parameters where dp_sharding would shard them.
   void check_model(Model& model, const BuildContext& build) const override {
     const int ranks = build.mesh ? build.mesh->size(MeshGroup::kPipeline) : 1;
+    choose_schedule({options_.schedule, options_.schedule_file, ranks,
+                     static_cast<int>(options_.micro_batches),
+                     static_cast<int>(options_.virtual_stages)});
     const std::vector<std::string> names = cuttable_block_names(
         model, ranks, options_.virtual_stages, !options_.stages.empty());
     if (!options_.stages.empty()) {

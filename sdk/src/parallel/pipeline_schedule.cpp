@@ -251,7 +251,7 @@ PipelineSchedule zero_bubble_v_schedule(const PipelineShape& requested) {
               {.one_stage_per_rank = false, .micro_batches_at_least_ranks = false});
   if (shape.virtual_stages != 2) {
     throw Error("zero_bubble_v schedule: takes two stages per rank (v = 2), got " +
-                shape_numbers(shape));
+                shape_numbers(requested));
   }
   PipelineSchedule schedule = empty_schedule("zero_bubble_v", shape);
   const int p = shape.ranks;
