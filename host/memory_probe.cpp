@@ -1,6 +1,7 @@
 #include "memory_probe.hpp"
 
 #include <ATen/ATen.h>
+#include <torch/csrc/autograd/autograd.h>
 #include <torch/optim/optimizer.h>
 
 #include <algorithm>
@@ -45,6 +46,7 @@ struct ProbeStep {
   // Each block's split backward: kept between its halves, and freed by its input half.
   std::vector<std::int64_t> split_kept;
   std::vector<std::int64_t> split_freed;
+  std::vector<std::int64_t> backward_peaks;  // each block's plain backward's peak
 };
 
 // The recipe as one process with micro-batches of `samples` read on the calling thread, and
@@ -157,6 +159,7 @@ class Probe {
       footprint.blocks[b + 1].output = line(one.outputs[b], two.outputs[b]);
       footprint.blocks[b + 1].split_kept = line(one.split_kept[b], two.split_kept[b]);
       footprint.blocks[b + 1].split_freed = line(one.split_freed[b], two.split_freed[b]);
+      footprint.blocks[b + 1].backward_peak = line(one.backward_peaks[b], two.backward_peaks[b]);
     }
     time_steps(footprint, small, large);
     return footprint;
@@ -290,8 +293,31 @@ class Probe {
       step.split_kept.push_back(kept);
       step.split_freed.push_back(std::max<std::int64_t>(0, kept - tracker.current_bytes()));
       split.weight_half();
+      step.backward_peaks.push_back(plain_backward_peak(b, x, batch));
       x = std::move(output);
     }
+  }
+
+  // Block `b`'s plain backward on `input` (its floating tensors needing gradients): the peak above
+  // where it started, the gradient of its output included (the last block's loss takes none).
+  std::int64_t plain_backward_peak(std::size_t b, const Activations& input, const Batch& batch) {
+    Activations output = blocks_[b].forward(input);
+    std::vector<at::Tensor> roots;
+    std::vector<at::Tensor> root_grads;
+    std::int64_t arriving = 0;
+    if (b + 1 == blocks_.size()) {
+      roots.push_back(model_->loss(output.hidden(), batch));
+    } else {
+      for (const auto& [name, tensor] : output.tensors) {
+        if (!tensor.requires_grad()) continue;
+        roots.push_back(tensor);
+        root_grads.push_back(at::ones_like(tensor));
+        arriving += static_cast<std::int64_t>(tensor.nbytes());
+      }
+    }
+    AllocationTracker tracker;
+    torch::autograd::backward(roots, root_grads);
+    return tracker.peak_bytes() + arriving;
   }
 
   // The optimizer step's transient peak above what it starts with.

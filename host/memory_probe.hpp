@@ -40,6 +40,9 @@ struct BlockFootprint {
   // activations it frees (those only the input gradients needed).
   PerSample split_kept;
   PerSample split_freed;
+  // A plain backward of the block alone (gradients already made): its peak above where it
+  // started, with the gradient of its output that arrives (what the next block hands back).
+  PerSample backward_peak;
   double cost = 0;  // what a pipeline balances stages by: its FLOPs, or its parameter count
   double forward_share = 0;  // of the whole forward's time
 };
