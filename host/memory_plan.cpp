@@ -272,6 +272,24 @@ double pipeline_compute_seconds(const ModelFootprint& model, const PlanLayout& l
          static_cast<double>(layout.accumulation);
 }
 
+// A pipeline rank's backward transient: one block's backward at a time, its own peak (the
+// gradient arriving for its output included) less the activations the blocks after it in the
+// stage have already freed for that micro-batch; the most of any block of any of its stages.
+double backward_transient(const ModelFootprint& model, const std::vector<BlockRange>& cut,
+                          const PipelineShape& shape, int rank, std::int64_t samples) {
+  double transient = 0;
+  for (std::size_t s = 0; s < cut.size(); ++s) {
+    if (shape.rank_of_stage(static_cast<int>(s)) != rank) continue;
+    double freed = 0;
+    for (std::int64_t b = range_end(cut[s], model) - 1; b >= cut[s].begin; --b) {
+      const BlockFootprint& block = model.blocks[static_cast<std::size_t>(b + 1)];
+      transient = std::max(transient, block.backward_peak.at(samples) - freed);
+      freed += block.activations.at(samples);
+    }
+  }
+  return transient;
+}
+
 }  // namespace
 
 std::vector<PlannedMemory> plan_pipeline(const ModelFootprint& model, const PlanLayout& layout) {
@@ -337,20 +355,8 @@ std::vector<PlannedMemory> plan_pipeline(const ModelFootprint& model, const Plan
     // A stage's backward transient, as the whole model's (gradients kept) in proportion to its
     // activations; gradients set to none at the step's start are made by the first backward,
     // while the schedule holds the most in flight.
-    // A backward's transient: one block's backward at a time, its own peak (the gradient arriving
-    // for its output included) less the activations the blocks after it in the stage have
-    // already freed for that micro-batch; the most of any block of any of the rank's stages.
-    double transient = 0;
-    for (std::size_t s = 0; s < cut.size(); ++s) {
-      if (shape.rank_of_stage(static_cast<int>(s)) != rank) continue;
-      double freed = 0;
-      for (std::int64_t b = range_end(cut[s], model) - 1; b >= cut[s].begin; --b) {
-        const BlockFootprint& block = model.blocks[static_cast<std::size_t>(b + 1)];
-        transient = std::max(transient, block.backward_peak.at(samples) - freed);
-        freed += block.activations.at(samples);
-      }
-    }
-    const double extra = transient + (fresh ? static_cast<double>(owned) : 0.0);
+    const double extra = backward_transient(model, cut, shape, rank, samples) +
+                         (fresh ? static_cast<double>(owned) : 0.0);
     const std::int64_t optimizer =
         plan.step_start + batch +
         round_bytes(model.optimizer_step_ratio * static_cast<double>(owned));
