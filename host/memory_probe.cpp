@@ -255,6 +255,26 @@ class Probe {
     return loss;
   }
 
+  // Where block `b`'s backward starts on its own: the loss for the last block, else each output
+  // that needs a gradient, with ones as the gradient arriving for it.
+  struct BackwardRoots {
+    std::vector<at::Tensor> roots;
+    std::vector<at::Tensor> grads;  // empty for the loss
+  };
+  BackwardRoots backward_roots(std::size_t b, const Activations& output, const Batch& batch) {
+    BackwardRoots out;
+    if (b + 1 == blocks_.size()) {
+      out.roots.push_back(model_->loss(output.hidden(), batch));
+      return out;
+    }
+    for (const auto& [name, tensor] : output.tensors) {
+      if (!tensor.requires_grad()) continue;
+      out.roots.push_back(tensor);
+      out.grads.push_back(at::ones_like(tensor));
+    }
+    return out;
+  }
+
   // Per block, what a split backward's input half keeps for its weight half (the gradients at
   // the branch points) and what of the forward's activations it frees: each block run alone on
   // the previous block's output, as a pipeline stage receives it (its floating tensors needing
@@ -270,17 +290,7 @@ class Probe {
         if (at::isFloatingType(tensor.scalar_type())) inputs.push_back(tensor.requires_grad_());
       }
       Activations output = blocks_[b].forward(x);
-      std::vector<at::Tensor> roots;
-      std::vector<at::Tensor> root_grads;
-      if (b + 1 == blocks_.size()) {
-        roots.push_back(model_->loss(output.hidden(), batch));
-      } else {
-        for (const auto& [name, tensor] : output.tensors) {
-          if (!tensor.requires_grad()) continue;
-          roots.push_back(tensor);
-          root_grads.push_back(at::ones_like(tensor));
-        }
-      }
+      const BackwardRoots roots = backward_roots(b, output, batch);
       std::vector<at::Tensor> parameters;
       for (const auto& parameter : blocks_[b].module->parameters()) {
         if (parameter.requires_grad()) parameters.push_back(parameter);
@@ -288,7 +298,7 @@ class Probe {
       AllocationTracker tracker;
       tracker.start_generation();
       SplitBackward split;
-      split.input_half(roots, root_grads, inputs, parameters);  // the input gradients dropped
+      split.input_half(roots.roots, roots.grads, inputs, parameters);  // input gradients dropped
       const std::int64_t kept = tracker.generation_bytes();
       step.split_kept.push_back(kept);
       step.split_freed.push_back(std::max<std::int64_t>(0, kept - tracker.current_bytes()));
@@ -301,22 +311,12 @@ class Probe {
   // Block `b`'s plain backward on `input` (its floating tensors needing gradients): the peak above
   // where it started, the gradient of its output included (the last block's loss takes none).
   std::int64_t plain_backward_peak(std::size_t b, const Activations& input, const Batch& batch) {
-    Activations output = blocks_[b].forward(input);
-    std::vector<at::Tensor> roots;
-    std::vector<at::Tensor> root_grads;
+    const Activations output = blocks_[b].forward(input);
+    const BackwardRoots roots = backward_roots(b, output, batch);
     std::int64_t arriving = 0;
-    if (b + 1 == blocks_.size()) {
-      roots.push_back(model_->loss(output.hidden(), batch));
-    } else {
-      for (const auto& [name, tensor] : output.tensors) {
-        if (!tensor.requires_grad()) continue;
-        roots.push_back(tensor);
-        root_grads.push_back(at::ones_like(tensor));
-        arriving += static_cast<std::int64_t>(tensor.nbytes());
-      }
-    }
+    for (const auto& grad : roots.grads) arriving += static_cast<std::int64_t>(grad.nbytes());
     AllocationTracker tracker;
-    torch::autograd::backward(roots, root_grads);
+    torch::autograd::backward(roots.roots, roots.grads);
     return tracker.peak_bytes() + arriving;
   }
 
