@@ -52,11 +52,9 @@ PlanLayout layout_of(const Recipe& resolved, int nproc, std::string& described) 
   const Config strategy = resolved.section("strategy");
   PlanLayout layout;
   layout.strategy = strategy.get_string("plugin");
-  if (mesh.size(MeshAxis::kTensor) > 1) {
-    throw Error("plan: tensor-parallel layouts are not planned yet (tp " +
-                std::to_string(mesh.size(MeshAxis::kTensor)) +
-                "); plan covers data-parallel and pipeline layouts");
-  }
+  // A tensor-parallel rank holds its pieces of the split layers: the probe builds the model as
+  // such a rank, and the strategy holds those pieces as it holds a whole model.
+  layout.tp = mesh.size(MeshAxis::kTensor);
   // How the strategy holds the model, from the options it declares: units sharded as its
   // `sharding` says, or a replica whose optimizer state `zero1` may shard; the default strategy
   // holds the whole model in one process.
@@ -68,6 +66,8 @@ PlanLayout layout_of(const Recipe& resolved, int nproc, std::string& described) 
   const auto threads = resolved.section("run").get_int("threads");
   const auto cores = static_cast<int>(std::max<std::size_t>(1, allowed_cpus().size()));
   layout.threads = threads > 0 ? static_cast<int>(threads) : std::max(1, cores / nproc);
+  layout.core_sharing =
+      std::max(1.0, static_cast<double>(nproc * layout.threads) / static_cast<double>(cores));
   if (name == default_plugins::kStrategy) {
     layout.holding = ModelHolding::kWhole;
     if (nproc != 1) {
@@ -108,14 +108,15 @@ PlanLayout layout_of(const Recipe& resolved, int nproc, std::string& described) 
 
 const ModelFootprint& ProbeCache::probe(const std::filesystem::path& recipe,
                                         const std::vector<std::string>& overrides,
-                                        std::int64_t micro_batch, int threads,
+                                        std::int64_t micro_batch, int threads, int tp,
                                         const std::string& checkpointing,
                                         const Registry& registry) {
-  const auto key = std::make_tuple(micro_batch, threads, checkpointing);
+  const auto key = std::make_tuple(micro_batch, threads, tp, checkpointing);
   auto found = probes_.find(key);
   if (found == probes_.end()) {
-    found =
-        probes_.emplace(key, probe_model(recipe, overrides, micro_batch, threads, registry)).first;
+    found = probes_
+                .emplace(key, probe_model(recipe, overrides, micro_batch, threads, tp, registry))
+                .first;
   }
   return found->second;
 }
@@ -135,7 +136,7 @@ LayoutPlan plan_layout(const std::filesystem::path& recipe,
   ProbeCache own;
   const ModelFootprint& footprint =
       (cache ? *cache : own)
-          .probe(recipe, overrides, plan.layout.micro_batch, plan.layout.threads,
+          .probe(recipe, overrides, plan.layout.micro_batch, plan.layout.threads, plan.layout.tp,
                  resolved.section("run").get_string("activation_checkpointing"), registry);
   if (plan.layout.holding == ModelHolding::kStages) {
     plan.pipeline_ranks = plan_pipeline(footprint, plan.layout);

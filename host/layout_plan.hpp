@@ -30,11 +30,11 @@ class ProbeCache {
  public:
   const ModelFootprint& probe(const std::filesystem::path& recipe,
                               const std::vector<std::string>& overrides, std::int64_t micro_batch,
-                              int threads, const std::string& checkpointing,
+                              int threads, int tp, const std::string& checkpointing,
                               const Registry& registry);
 
  private:
-  std::map<std::tuple<std::int64_t, int, std::string>, ModelFootprint> probes_;
+  std::map<std::tuple<std::int64_t, int, int, std::string>, ModelFootprint> probes_;
 };
 
 // `settings` (section.key=value) followed by `more`, which win where they name the same key.

@@ -102,7 +102,14 @@ Holdings hold(const ModelFootprint& model, const PlanLayout& layout) {
       for (std::size_t i = 1; i < model.blocks.size(); ++i) {
         if (!model.blocks[i].recomputed) held.gathered_forward += model.blocks[i].parameter_bytes;
       }
-      held.gathered_backward = whole + 2 * largest_units(model, 1);
+      // A recomputed block's unit is gathered again for its backward (with the next one
+      // prefetched), beside the units its forward left gathered.
+      bool recomputing = false;
+      for (std::size_t i = 1; i < model.blocks.size(); ++i)
+        recomputing = recomputing || model.blocks[i].recomputed;
+      held.gathered_backward = held.gathered_forward +
+                               (recomputing ? largest_units(model, layout.prefetch ? 2 : 1) : 0) +
+                               2 * largest_units(model, 1);
     } else {
       // Replicated units: gradients are set to none when a step starts and made by the backward
       // as one process makes them, each unit's all-reduced from a flat copy.
@@ -137,8 +144,10 @@ PlannedMemory plan_memory(const ModelFootprint& model, const PlanLayout& layout)
     const std::int64_t in_step =
         (fresh ? kept : plan.step_start) + (later ? held.accumulated_whole : 0);
     const std::int64_t forward = in_step + batch + held.gathered_forward + plan.activations;
+    const std::int64_t forward_peak =
+        forward + round_bytes(model.forward_transient.at(samples));
     const double extra = fresh ? model.backward_fresh.at(samples) : model.backward_kept.at(samples);
-    return std::pair{forward,
+    return std::pair{forward_peak,
                      forward - held.gathered_forward + held.gathered_backward + round_bytes(extra)};
   };
   auto [forward, backward] = forward_backward(false);
@@ -155,9 +164,10 @@ PlannedMemory plan_memory(const ModelFootprint& model, const PlanLayout& layout)
                  {"forward", forward},
                  {"backward", backward},
                  {"optimizer", optimizer}};
-  plan.compute_seconds = static_cast<double>(layout.accumulation) *
+  plan.compute_seconds = layout.core_sharing * static_cast<double>(layout.accumulation) *
                          (model.forward_seconds.at(samples) + model.backward_seconds.at(samples));
-  plan.optimizer_seconds = model.optimizer_seconds_per_byte * static_cast<double>(held.stepped);
+  plan.optimizer_seconds =
+      layout.core_sharing * model.optimizer_seconds_per_byte * static_cast<double>(held.stepped);
   plan.communication_bytes = data_parallel_traffic(model, layout);
   plan.peak =
       *std::max_element(plan.phases.begin(), plan.phases.end(),
@@ -203,6 +213,10 @@ struct InFlight {
   // The most the forwards since the rank's last backward action keep: what the allocator's
   // forward generation measures (MemoryMeter).
   std::int64_t forward_held = 0;
+  // The most held at the end of a forward before the rank's first backward (gradients set to
+  // none at a step's start are not made yet), and after it.
+  std::int64_t forward_before_gradients = 0;
+  std::int64_t forward_after_gradients = 0;
 };
 
 InFlight most_in_flight(const PipelineSchedule& schedule, int rank,
@@ -210,10 +224,12 @@ InFlight most_in_flight(const PipelineSchedule& schedule, int rank,
   StageFigures held;
   InFlight result;
   std::int64_t since_backward = 0;
+  bool gradients_made = false;
   for (const PipelineAction& action : schedule.rank_actions[static_cast<std::size_t>(rank)]) {
     const StageFigures& stage = stages[static_cast<std::size_t>(action.stage)];
     if (action.kind == PipelineActionKind::kForward) {
-      since_backward += stage.activations;
+      // The input it received was allocated after the last backward too.
+      since_backward += stage.activations + stage.input;
       result.forward_held = std::max(result.forward_held, since_backward);
     } else if (is_compute(action.kind)) {
       since_backward = 0;
@@ -239,6 +255,13 @@ InFlight most_in_flight(const PipelineSchedule& schedule, int rank,
       default:
         break;
     }
+    if (action.kind == PipelineActionKind::kForward) {
+      std::int64_t& most =
+          gradients_made ? result.forward_after_gradients : result.forward_before_gradients;
+      most = std::max(most, held.total());
+    }
+    gradients_made = gradients_made || action.kind == PipelineActionKind::kBackward ||
+                     action.kind == PipelineActionKind::kBackwardWeight;
     if (held.total() > result.most.total()) result.most = held;
   }
   return result;
@@ -288,6 +311,21 @@ double backward_transient(const ModelFootprint& model, const std::vector<BlockRa
     }
   }
   return transient;
+}
+
+// A pipeline rank's forward transient: the most any block of its stages holds within its
+// forward above what it keeps (the last stage's loss included).
+std::int64_t forward_transient(const ModelFootprint& model, const std::vector<BlockRange>& cut,
+                               const PipelineShape& shape, int rank, std::int64_t samples) {
+  double transient = 0;
+  for (std::size_t s = 0; s < cut.size(); ++s) {
+    if (shape.rank_of_stage(static_cast<int>(s)) != rank) continue;
+    for (std::int64_t b = cut[s].begin; b < range_end(cut[s], model); ++b) {
+      transient = std::max(
+          transient, model.blocks[static_cast<std::size_t>(b + 1)].forward_transient.at(samples));
+    }
+  }
+  return round_bytes(transient);
 }
 
 }  // namespace
@@ -352,6 +390,11 @@ std::vector<PlannedMemory> plan_pipeline(const ModelFootprint& model, const Plan
     const bool fresh = !layout.replicated_stages;
     const std::int64_t in_step = fresh ? plan.step_start - plan.gradients : plan.step_start;
     const std::int64_t forward = in_step + batch + plan.activations + plan.received;
+    // A forward after the rank's first backward finds that backward's gradients made.
+    const std::int64_t forward_peak =
+        batch + forward_transient(model, cut, shape, rank, samples) +
+        std::max(in_step + flight.forward_before_gradients,
+                 plan.step_start + flight.forward_after_gradients);
     // A stage's backward transient, as the whole model's (gradients kept) in proportion to its
     // activations; gradients set to none at the step's start are made by the first backward,
     // while the schedule holds the most in flight.
@@ -362,14 +405,15 @@ std::vector<PlannedMemory> plan_pipeline(const ModelFootprint& model, const Plan
         round_bytes(model.optimizer_step_ratio * static_cast<double>(owned));
     // A split backward's kept gradients are held in the backward phase, beside its transient.
     plan.phases = {{"h2d", plan.step_start + batch},
-                   {"forward", forward},
+                   {"forward", forward_peak},
                    {"backward", forward + in_flight.split_kept + round_bytes(extra)},
                    {"optimizer", optimizer}};
     plan.peak =
         *std::max_element(plan.phases.begin(), plan.phases.end(),
                           [](const PhasePeak& a, const PhasePeak& b) { return a.bytes < b.bytes; });
-    plan.compute_seconds = compute_seconds;
-    plan.optimizer_seconds = model.optimizer_seconds_per_byte * static_cast<double>(owned);
+    plan.compute_seconds = layout.core_sharing * compute_seconds;
+    plan.optimizer_seconds =
+        layout.core_sharing * model.optimizer_seconds_per_byte * static_cast<double>(owned);
     // Each micro-batch's input received and its gradient sent back, on every stage but the
     // first, and its output sent and the output's gradient received on every stage but the last.
     std::int64_t handed = 0;

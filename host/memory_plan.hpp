@@ -33,6 +33,10 @@ struct PlanLayout {
   std::int64_t micro_batch = 1;   // samples per micro-batch on the rank
   std::int64_t accumulation = 1;  // micro-batches per optimizer step
   int threads = 1;                // intra-op threads per rank
+  int tp = 1;                     // tensor-parallel ranks each split layer is divided over
+  // The ranks' threads per core where they outnumber the cores (at least 1): the probe timed
+  // one rank alone, and ranks sharing cores compute that much slower.
+  double core_sharing = 1;
   // Stages: the schedule each pipeline rank runs, the recipe's named cut (empty: balanced by the
   // blocks' costs), the batch the step splits into micro-batches, and whether the stages are
   // replicated over data-parallel ranks (gradients kept in flat buckets).
@@ -67,14 +71,16 @@ struct PlannedMemory {
   std::vector<PhasePeak> phases;  // each phase's peak, in step order
   PhasePeak peak;                 // the highest of them
   // The step's time on the host CPU: the probe's timed forwards and backwards of the rank's
-  // micro-batches (through the schedule, for a pipeline rank) and its optimizer step.
-  // Communication is not counted yet.
+  // micro-batches (through the schedule, for a pipeline rank) and its optimizer step, slowed by
+  // the ranks' sharing of cores (PlanLayout::core_sharing). Communication is not counted yet.
   double compute_seconds = 0;
   double optimizer_seconds = 0;
   // Bytes a step's collectives and sends move per rank (ring algorithms: an all-reduce moves
   // 2 (n-1)/n of its buffer, an all-gather or reduce-scatter (n-1)/n).
   std::int64_t communication_bytes = 0;
   double step_seconds() const { return compute_seconds + optimizer_seconds; }
+  // The parameters as a run counts what it holds: trainable and frozen (buffers included).
+  std::int64_t held_parameters() const { return parameters + frozen; }
 };
 
 // A rank of a data-parallel layout (every rank alike).

@@ -10,6 +10,7 @@
 #include <memory>
 #include <set>
 
+#include "lone_tensor_parallel_rank.hpp"
 #include "trainyard/api/activation_checkpoint.hpp"
 #include "trainyard/api/build_context.hpp"
 #include "trainyard/api/dataset.hpp"
@@ -39,10 +40,12 @@ struct PerSampleSeconds {
 struct ProbeStep {
   std::int64_t batch = 0;
   std::int64_t activations = 0;
+  std::int64_t forward_transient = 0;
   std::int64_t backward_kept = 0;
   std::int64_t backward_fresh = 0;
   std::vector<std::int64_t> blocks;   // what each block's forward kept (the loss's with the last)
   std::vector<std::int64_t> outputs;  // the bytes of what each block hands to the next
+  std::vector<std::int64_t> block_transients;  // each block's forward peak above its end
   // Each block's split backward: kept between its halves, and freed by its input half.
   std::vector<std::int64_t> split_kept;
   std::vector<std::int64_t> split_freed;
@@ -95,8 +98,10 @@ std::int64_t bytes_of(const std::vector<at::Tensor>& tensors) {
 
 class Probe {
  public:
-  Probe(const Recipe& resolved, const Registry& registry, Batch batch) : batch_(std::move(batch)) {
+  Probe(const Recipe& resolved, int tp, const Registry& registry, Batch batch)
+      : batch_(std::move(batch)) {
     BuildContext build;
+    build.mesh = lone_tensor_parallel_rank(tp);
     build.seed = static_cast<std::uint64_t>(resolved.section("run").get_int("seed"));
     build.recipe_dir = resolved.path.parent_path();
     const Config dataset = resolved.section("dataset");
@@ -152,11 +157,14 @@ class Probe {
     };
     footprint.batch = line(one.batch, two.batch);
     footprint.activations = line(one.activations, two.activations);
+    footprint.forward_transient = line(one.forward_transient, two.forward_transient);
     footprint.backward_kept = line(one.backward_kept, two.backward_kept);
     footprint.backward_fresh = line(one.backward_fresh, two.backward_fresh);
     for (std::size_t b = 0; b < one.blocks.size(); ++b) {
       footprint.blocks[b + 1].activations = line(one.blocks[b], two.blocks[b]);
       footprint.blocks[b + 1].output = line(one.outputs[b], two.outputs[b]);
+      footprint.blocks[b + 1].forward_transient =
+          line(one.block_transients[b], two.block_transients[b]);
       footprint.blocks[b + 1].split_kept = line(one.split_kept[b], two.split_kept[b]);
       footprint.blocks[b + 1].split_freed = line(one.split_freed[b], two.split_freed[b]);
       footprint.blocks[b + 1].backward_peak = line(one.backward_peaks[b], two.backward_peaks[b]);
@@ -180,7 +188,7 @@ class Probe {
       std::vector<double> backwards;
       for (int repetition = 0; repetition < kTimedRepetitions + 2; ++repetition) {
         const auto start = Clock::now();
-        at::Tensor loss = forward(batch, nullptr, nullptr, nullptr,
+        at::Tensor loss = forward(batch, nullptr, nullptr,
                                   repetition > 1 && samples == large ? &block_seconds : nullptr);
         const auto forwarded = Clock::now();
         loss.backward();
@@ -220,20 +228,36 @@ class Probe {
   }
 
  private:
-  // The loss of `batch`; with `tracker`, what each block's forward kept goes to `per_block` (the
-  // input's with the first block, the loss's with the last).
-  at::Tensor forward(const Batch& batch, const AllocationTracker* tracker = nullptr,
-                     std::vector<std::int64_t>* per_block = nullptr,
-                     std::vector<std::int64_t>* outputs = nullptr,
+  // What a measured forward saw, block by block (the loss with the last block).
+  struct ForwardRecord {
+    std::vector<std::int64_t> kept;        // what each block's forward kept (the input's with the
+                                           // first)
+    std::vector<std::int64_t> outputs;     // the bytes of what each block hands to the next
+    std::vector<std::int64_t> transients;  // each block's peak above its end
+    std::int64_t peak = 0;                 // the whole forward's, as the tracker counts
+  };
+
+  // The loss of `batch`; with `tracker` and `record`, what each block's forward kept, handed on
+  // and held within it.
+  at::Tensor forward(const Batch& batch, AllocationTracker* tracker = nullptr,
+                     ForwardRecord* record = nullptr,
                      std::vector<double>* block_seconds = nullptr) {
     AutocastGuard guard(at::kCPU, autocast_);
     std::int64_t before = tracker ? tracker->current_bytes() : 0;
-    const auto kept_since = [&] {
+    // What the forward kept since the last call, and its peak above where it ends.
+    const auto measure = [&] {
       const std::int64_t now = tracker->current_bytes();
       const std::int64_t kept = now - before;
       before = now;
-      return kept;
+      record->peak = std::max(record->peak, tracker->peak_bytes());
+      const std::int64_t transient = tracker->peak_bytes() - now;
+      tracker->reset_peak();
+      return std::pair{kept, transient};
     };
+    if (record) {
+      record->peak = tracker->peak_bytes();
+      tracker->reset_peak();
+    }
     Activations x(model_->input(batch));
     for (std::size_t b = 0; b < blocks_.size(); ++b) {
       const auto started = std::chrono::steady_clock::now();
@@ -242,16 +266,23 @@ class Probe {
         (*block_seconds)[b] +=
             std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
       }
-      if (per_block) per_block->push_back(kept_since());
-      if (outputs) {
-        std::int64_t bytes = 0;
-        for (const auto& [name, tensor] : x.tensors)
-          bytes += static_cast<std::int64_t>(tensor.nbytes());
-        outputs->push_back(bytes);
-      }
+      if (!record) continue;
+      const auto [kept, transient] = measure();
+      record->kept.push_back(kept);
+      record->transients.push_back(transient);
+      std::int64_t bytes = 0;
+      for (const auto& [name, tensor] : x.tensors) bytes += static_cast<std::int64_t>(tensor.nbytes());
+      record->outputs.push_back(bytes);
     }
     at::Tensor loss = model_->loss(x.hidden(), batch);
-    if (per_block && !per_block->empty()) per_block->back() += kept_since();
+    // What the loss does not keep of the last block's output (logits whose loss keeps its own
+    // log-probabilities) is freed here, as a pipeline's last stage frees it.
+    x = Activations();
+    if (record && !record->kept.empty()) {
+      const auto [kept, transient] = measure();
+      record->kept.back() += kept;
+      record->transients.back() = std::max(record->transients.back(), transient);
+    }
     return loss;
   }
 
@@ -334,10 +365,16 @@ class Probe {
       AllocationTracker tracker;
       const Batch batch = first_samples(batch_, samples);
       step.batch = tracker.current_bytes();
-      at::Tensor loss =
-          forward(batch, &tracker, kept ? &step.blocks : nullptr, kept ? &step.outputs : nullptr);
+      ForwardRecord record;
+      at::Tensor loss = forward(batch, &tracker, &record);
       const std::int64_t forward_end = tracker.current_bytes();
       step.activations = forward_end - step.batch;
+      if (kept) {
+        step.blocks = std::move(record.kept);
+        step.outputs = std::move(record.outputs);
+        step.block_transients = std::move(record.transients);
+        step.forward_transient = record.peak - forward_end;
+      }
       tracker.reset_peak();
       loss.backward();
       loss.reset();
@@ -424,7 +461,7 @@ class Probe {
 
 ModelFootprint probe_model(const std::filesystem::path& recipe,
                            const std::vector<std::string>& overrides, std::int64_t micro_batch,
-                           int threads, const Registry& registry) {
+                           int threads, int tp, const Registry& registry) {
   // Two sizes give the per-sample line; the micro-batch itself is one of them, so the layout's
   // own figures are measured, not extrapolated (kernels choose their algorithms by size).
   const std::int64_t large = std::max<std::int64_t>(2, micro_batch);
@@ -440,7 +477,7 @@ ModelFootprint probe_model(const std::filesystem::path& recipe,
     batch = engine.next_micro_batches().front();
   }
   at::manual_seed(static_cast<std::uint64_t>(resolved.section("run").get_int("seed")));
-  Probe probe(resolved, registry, std::move(batch));
+  Probe probe(resolved, tp, registry, std::move(batch));
   return probe.measure(small);
 }
 

@@ -35,6 +35,7 @@ struct BlockFootprint {
   std::vector<std::size_t> shared;   // the shared parameters it uses (ModelFootprint's indices)
   PerSample activations;             // what its forward keeps for backward (the root: none)
   PerSample output;                  // what it hands to the next block (a stage's send)
+  PerSample forward_transient;       // its forward's peak above its end (the last: the loss's)
   // A split backward's input half, with the block's input needing a gradient: what it keeps
   // until the weight half (the gradients at its branch points), and how much of the forward's
   // activations it frees (those only the input gradients needed).
@@ -60,6 +61,9 @@ struct ModelFootprint {
   double optimizer_step_ratio = 0;
   PerSample batch;        // the micro-batch itself
   PerSample activations;  // held from the end of the forward (loss included) for backward
+  // The forward's peak above its end: what a layer or the loss allocates and frees within it
+  // (a vocabulary-parallel loss's temporaries, a collective's buffers).
+  PerSample forward_transient;
   // The backward's peak above the forward's end: with the gradients already made (accumulated in
   // place, as flat buckets do), and with the backward making them (gradients set to none).
   PerSample backward_kept;
@@ -73,11 +77,12 @@ struct ModelFootprint {
 
 // Runs the probe (see the top of the file) on the recipe at `recipe` with `overrides`
 // (section.key=value) for micro-batches of `micro_batch` samples, timed on `threads` intra-op
-// threads (what each rank of the layout gets). Its strategy and [parallel]
-// sizes are ignored (the probe is one process); its precision (autocast) and
-// run.activation_checkpointing are applied.
+// threads (what each rank of the layout gets), with the model built as a rank of a
+// tensor-parallel group of `tp` builds it (lone_tensor_parallel_rank.hpp): every figure is then
+// that rank's. Its strategy and [parallel] sizes are otherwise ignored (the probe is one
+// process); its precision (autocast) and run.activation_checkpointing are applied.
 ModelFootprint probe_model(const std::filesystem::path& recipe,
                            const std::vector<std::string>& overrides, std::int64_t micro_batch,
-                           int threads, const Registry& registry);
+                           int threads, int tp, const Registry& registry);
 
 }  // namespace trainyard

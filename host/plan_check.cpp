@@ -49,7 +49,7 @@ std::optional<PlannedMemory> plan_this_rank(const std::filesystem::path& recipe,
 std::vector<std::string> compare_plan(const PlannedMemory& plan, const MeasuredMemory& measured) {
   std::vector<std::string> lines = {
       "memory, planned / measured by the allocator: parameters " +
-          pair(plan.parameters, measured.held.parameters) + ", gradients " +
+          pair(plan.held_parameters(), measured.held.parameters) + ", gradients " +
           pair(plan.gradients, measured.held.gradients) + ", optimizer state " +
           pair(plan.optimizer_state, measured.held.optimizer_state),
       "memory, planned / measured: kept by a forward " +

@@ -38,6 +38,7 @@ nlohmann::json memory_json(const PlannedMemory& plan) {
           {"gradients", plan.gradients},
           {"optimizer_state", plan.optimizer_state},
           {"frozen", plan.frozen},
+          {"held_parameters", plan.held_parameters()},
           {"activations", plan.activations},
           {"gathered_forward", plan.gathered_forward},
           {"received", plan.received},

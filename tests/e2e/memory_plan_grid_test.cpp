@@ -1,6 +1,7 @@
 // `trainyard plan` against the allocator (memory_plan_support.hpp) on single, ddp and fsdp in each
-// sharding mode, for three bundled recipes with and without activation checkpointing, and the gpt
-// pipeline under every schedule: the whole grid, by label.
+// sharding mode, for three bundled recipes with and without activation checkpointing, the gpt
+// pipeline under every schedule, and tensor-parallel, hybrid and 3D layouts of the gpt and the
+// llama: the whole grid, by label.
 
 #include <gtest/gtest.h>
 
@@ -57,6 +58,53 @@ TEST(MemoryPlanGrid, EveryDataParallelLayoutWithinTenPercentOfTheAllocator) {
   }
   cases.push_back(
       {"gpt pipeline 1f1b 4 micro-batches", "gpt_pipeline.toml", 2, {"strategy.micro_batches=4"}});
+  for (const PlanCase& c : cases) expect_plan_matches_run(c);
+}
+
+// Tensor-parallel pieces held as each strategy holds a model (a replica, zero1's sharded state,
+// fsdp's units in each sharding mode, pipeline stages), hybrid sharding, and the three
+// dimensions at once, for the gpt and the llama (with LoRA adapters on a frozen model too).
+TEST(MemoryPlanGrid, TensorParallelHybridAndThreeDimensionalLayoutsWithinTenPercent) {
+  std::vector<PlanCase> cases;
+  const std::vector<std::string> tp2 = {"parallel.tp=2"};
+  for (const std::string recipe : {"gpt_text.toml", "llama_text.toml"}) {
+    for (const std::string checkpointing : {"none", "all"}) {
+      const std::string name = recipe + " " + checkpointing;
+      const std::vector<std::string> base = {"run.activation_checkpointing=\"" + checkpointing +
+                                             "\""};
+      cases.push_back({name + " single", recipe, 1, base});
+      cases.push_back({name + " tp 2", recipe, 2,
+                       with(base, {"strategy.plugin=ddp", "parallel.tp=2", "parallel.dp_shard=1"})});
+      cases.push_back({name + " ddp 2 x tp 2", recipe, 4,
+                       with(base, {"strategy.plugin=ddp", "parallel.tp=2", "parallel.dp_shard=2"})});
+      cases.push_back({name + " zero1 2 x tp 2", recipe, 4,
+                       with(base, {"strategy.plugin=ddp", "parallel.tp=2", "parallel.dp_shard=2",
+                                   "strategy.zero1=true"})});
+      for (const std::string sharding : {"full", "grad_op", "none"}) {
+        cases.push_back({name + " fsdp " + sharding + " 2 x tp 2", recipe, 4,
+                         with(base, with(kFsdp, {"parallel.tp=2", "strategy.sharding=" + sharding}))});
+        cases.push_back({name + " hsdp " + sharding + " 2 x 2", recipe, 4,
+                         with(base, with(kFsdp, {"parallel.dp_replicate=2",
+                                                 "strategy.sharding=" + sharding}))});
+      }
+      cases.push_back({name + " pipeline 2 x tp 2", recipe, 4,
+                       with(base, {"strategy.plugin=pipeline", "parallel.pp=2", "parallel.tp=2",
+                                   "parallel.dp_shard=1", "strategy.micro_batches=4"})});
+    }
+  }
+  cases.push_back({"gpt 3d: pipeline 2 x dp 2 x tp 2", "gpt_3d.toml", 8, {}});
+  cases.push_back({"llama 3d: pipeline 2 x dp 2 x tp 2",
+                   "llama_text.toml",
+                   8,
+                   {"strategy.plugin=pipeline", "parallel.pp=2", "parallel.tp=2",
+                    "parallel.dp_shard=2", "strategy.micro_batches=4", "loader.batch_size=8"}});
+  for (const std::string layout : {"single", "fsdp", "tp"}) {
+    std::vector<std::string> sets;
+    if (layout == "fsdp") sets = kFsdp;
+    if (layout == "tp") sets = {"strategy.plugin=ddp", "parallel.tp=2", "parallel.dp_shard=1"};
+    cases.push_back({"llama lora " + layout, "llama_finetune.toml", layout == "single" ? 1 : 2,
+                     sets});
+  }
   for (const PlanCase& c : cases) expect_plan_matches_run(c);
 }
 

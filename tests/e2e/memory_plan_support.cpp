@@ -77,7 +77,7 @@ void expect_plan_matches_run(const PlanCase& c) {
                       (static_cast<std::size_t>(c.ranks) / plan.at("pipeline_ranks").size()))
             : plan;
     const std::vector<std::pair<std::string, std::string>> figures = {
-        {"parameters", "held_parameter_bytes"},      {"gradients", "held_gradient_bytes"},
+        {"held_parameters", "held_parameter_bytes"},      {"gradients", "held_gradient_bytes"},
         {"optimizer_state", "held_optimizer_bytes"}, {"forward_held", "memory_activation_bytes"},
         {"step_start", "memory_step_start_bytes"},   {"peak", "memory_step_peak_bytes"}};
     for (const auto& [planned_key, measured_key] : figures) {
@@ -87,9 +87,17 @@ void expect_plan_matches_run(const PlanCase& c) {
       EXPECT_LE(std::abs(predicted - expected), kPlanTolerance * expected)
           << planned_key << ": planned " << predicted << " bytes, measured " << expected;
     }
+    // The plan's bytes in the phase the run peaked in are that peak: where two phases' peaks
+    // are within a few percent of each other, either may be the run's highest.
     const auto phase = static_cast<std::size_t>(measured.at("memory_step_peak_phase"));
     ASSERT_LT(phase, kPhases.size());
-    EXPECT_EQ(planned.at("peak_phase").get<std::string>(), kPhases[phase]);
+    ASSERT_TRUE(planned.at("phases").contains(kPhases[phase])) << kPhases[phase];
+    const double peak = measured.at("memory_step_peak_bytes");
+    const double in_phase = planned.at("phases").at(kPhases[phase]).get<double>();
+    EXPECT_LE(std::abs(in_phase - peak), kPlanTolerance * peak)
+        << "the run peaked in the " << kPhases[phase] << " phase at " << peak
+        << " bytes; the plan has " << in_phase << " there (its peak is in the "
+        << planned.at("peak_phase").get<std::string>() << " phase)";
   }
 }
 

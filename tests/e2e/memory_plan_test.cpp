@@ -32,6 +32,8 @@ TEST(MemoryPlan, FastCoreWithinTenPercentOfTheAllocator) {
             {"strategy.plugin=ddp", "parallel.dp_shard=2"}},
            // Two stages per rank in a V: a split backward's kept gradients, a stage handed over
            // on rank 1, and the tied embedding's two copies on rank 0.
+           // Each rank's tensor-parallel pieces, sharded over dp_shard.
+           {"gpt fsdp 2 x tp 2", "gpt_text.toml", 4, with(kFsdp, {"parallel.tp=2"})},
            {"gpt pipeline zero_bubble_v 2",
             "gpt_pipeline.toml",
             2,
@@ -44,10 +46,16 @@ TEST(MemoryPlan, FastCoreWithinTenPercentOfTheAllocator) {
 TEST(MemoryPlan, RefusesWhatItCannotPlanInOneLine) {
   const fs::path gpt = source_dir() / "recipes" / "gpt_text.toml";
   const CommandResult pipeline =
-      run_host({"plan", (source_dir() / "recipes" / "gpt_3d.toml").string()});
+      run_host({"plan", (source_dir() / "recipes" / "gpt_3d.toml").string(), "--nproc", "8",
+                "--set", "strategy.dp_sharding=\"full\""});
   EXPECT_NE(pipeline.exit_code, 0);
-  EXPECT_NE(pipeline.err.find("tensor-parallel layouts are not planned yet"), std::string::npos)
-      << describe(pipeline);
+  EXPECT_NE(pipeline.err.find("are not planned yet"), std::string::npos) << describe(pipeline);
+  EXPECT_EQ(pipeline.err.find('\n'), pipeline.err.size() - 1) << describe(pipeline);
+  const CommandResult heads =
+      run_host({"plan", gpt.string(), "--nproc", "3", "--set", "strategy.plugin=ddp", "--set",
+                "parallel.tp=3", "--set", "parallel.dp_shard=1"});
+  EXPECT_NE(heads.exit_code, 0);
+  EXPECT_NE(heads.err.find("does not divide by tp (3)"), std::string::npos) << describe(heads);
   const CommandResult no_ranks = run_host({"plan", gpt.string(), "--nproc", "0"});
   EXPECT_NE(no_ranks.exit_code, 0);
   EXPECT_NE(no_ranks.err.find("--nproc must be at least 1"), std::string::npos)

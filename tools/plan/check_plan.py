@@ -48,7 +48,7 @@ def measured(recipe, nproc, settings, steps, output):
 def figures(record):
     values = record.get("values", record)
     return {
-        "parameters": values["held_parameter_bytes"],
+        "held_parameters": values["held_parameter_bytes"],
         "gradients": values["held_gradient_bytes"],
         "optimizer_state": values["held_optimizer_bytes"],
         "forward_held": values["memory_activation_bytes"],
@@ -77,7 +77,7 @@ def main():
         # Pipeline stages are the mesh's outermost axis: pp rank = rank // (ranks per stage).
         expected = stages[rank // (len(ranks) // len(stages))] if stages else plan
         cells = []
-        for key in ["parameters", "gradients", "optimizer_state", "forward_held", "step_start", "peak"]:
+        for key in ["held_parameters", "gradients", "optimizer_state", "forward_held", "step_start", "peak"]:
             ratio = expected[key] / got[key] if got[key] else (1.0 if expected[key] == 0 else float("inf"))
             worst = max(worst, abs(ratio - 1.0))
             cells.append(f"{key} {expected[key] / 2**20:.2f}/{got[key] / 2**20:.2f} MiB ({ratio:.3f})")
