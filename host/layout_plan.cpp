@@ -1,8 +1,12 @@
 #include "layout_plan.hpp"
 
 #include <algorithm>
+#include <iostream>
 
+#include "link_probe.hpp"
 #include "memory_probe.hpp"
+#include "trainyard/api/build_context.hpp"
+#include "trainyard/api/device.hpp"
 #include "trainyard/api/error.hpp"
 #include "trainyard/api/registry.hpp"
 #include "trainyard/parallel/mesh_layout.hpp"
@@ -15,13 +19,12 @@ namespace trainyard {
 namespace {
 
 // A pipeline's layout: the schedule its ranks run (from its file, or built by name), the
-// micro-batches the batch splits into, the recipe's named cut, and whether the stages are
-// replicated over data-parallel ranks.
+// micro-batches the batch splits into, the recipe's named cut, and how the stages are held over
+// data-parallel ranks.
 void plan_stages(const Config& strategy, const MeshLayout& mesh, PlanLayout& layout) {
-  if (strategy.get_string("dp_sharding") != "none") {
-    throw Error("plan: pipeline stages sharded over data-parallel ranks (dp_sharding = \"" +
-                strategy.get_string("dp_sharding") + "\") are not planned yet");
-  }
+  // Stages replicated over the data-parallel ranks, or sharded over dp_shard as fsdp's units.
+  layout.sharding = strategy.has("dp_sharding") ? strategy.get_string("dp_sharding") : "none";
+  layout.shard_ranks = mesh.size(MeshAxis::kDataShard);
   const int ranks = mesh.size(MeshAxis::kPipeline);
   std::int64_t micro_batches = strategy.get_int("micro_batches");
   if (micro_batches == 0) micro_batches = ranks;
@@ -41,9 +44,20 @@ void plan_stages(const Config& strategy, const MeshLayout& mesh, PlanLayout& lay
   layout.replicated_stages = mesh.size(MeshGroup::kData) > 1;
 }
 
+// The communicator the recipe's ranks would connect with: its [comm] plugin, or the host CPU's
+// default (the planner times the layout on this machine's CPU).
+std::string communicator_plugin(const Recipe& resolved, const Registry& registry) {
+  const Config comm = resolved.section("comm");
+  if (comm.has("plugin")) return comm.get_string("plugin");
+  return registry
+      .create<DeviceBackend>(default_plugins::kDevice, Config({}, "device"), BuildContext{})
+      ->default_comm();
+}
+
 // The layout of the recipe's [strategy] and [parallel] on `nproc` processes (0: the product of
 // the [parallel] sizes), as a rank of it holds the model.
-PlanLayout layout_of(const Recipe& resolved, int nproc, std::string& described) {
+PlanLayout layout_of(const Recipe& resolved, int nproc, const Registry& registry,
+                     std::string& described) {
   const MeshRequest request = mesh_request(resolved.section("parallel"));
   if (nproc <= 0) {
     nproc = request.pp * request.dp_replicate * std::max(request.dp_shard, 1) * request.tp;
@@ -55,6 +69,8 @@ PlanLayout layout_of(const Recipe& resolved, int nproc, std::string& described) 
   // A tensor-parallel rank holds its pieces of the split layers: the probe builds the model as
   // such a rank, and the strategy holds those pieces as it holds a whole model.
   layout.tp = mesh.size(MeshAxis::kTensor);
+  layout.ranks = nproc;
+  if (nproc > 1) layout.comm_plugin = communicator_plugin(resolved, registry);
   // How the strategy holds the model, from the options it declares: units sharded as its
   // `sharding` says, or a replica whose optimizer state `zero1` may shard; the default strategy
   // holds the whole model in one process.
@@ -99,6 +115,9 @@ PlanLayout layout_of(const Recipe& resolved, int nproc, std::string& described) 
   }
   described = name +
               (layout.holding == ModelHolding::kShardedUnits ? " (" + layout.sharding + ")" : "") +
+              (layout.holding == ModelHolding::kStages && layout.sharding != "none"
+                   ? " (stages sharded: " + layout.sharding + ")"
+                   : "") +
               (layout.zero1 ? " (zero1)" : "") + " on " + mesh.describe() + ", micro-batch " +
               std::to_string(layout.micro_batch);
   return layout;
@@ -114,8 +133,7 @@ const ModelFootprint& ProbeCache::probe(const std::filesystem::path& recipe,
   const auto key = std::make_tuple(micro_batch, threads, tp, checkpointing);
   auto found = probes_.find(key);
   if (found == probes_.end()) {
-    found = probes_
-                .emplace(key, probe_model(recipe, overrides, micro_batch, threads, tp, registry))
+    found = probes_.emplace(key, probe_model(recipe, overrides, micro_batch, threads, tp, registry))
                 .first;
   }
   return found->second;
@@ -132,7 +150,7 @@ LayoutPlan plan_layout(const std::filesystem::path& recipe,
                        const Registry& registry, ProbeCache* cache) {
   const Recipe resolved = resolve_recipe(load_recipe(recipe, overrides), registry);
   LayoutPlan plan;
-  plan.layout = layout_of(resolved, nproc, plan.described);
+  plan.layout = layout_of(resolved, nproc, registry, plan.described);
   ProbeCache own;
   const ModelFootprint& footprint =
       (cache ? *cache : own)
@@ -147,6 +165,25 @@ LayoutPlan plan_layout(const std::filesystem::path& recipe,
     plan.memory = plan_memory(footprint, plan.layout);
   }
   return plan;
+}
+
+void time_communication(LayoutPlan& plan, const Registry& registry) {
+  if (plan.layout.ranks < 2 || plan.layout.comm_plugin.empty()) return;
+  // The link is measured with no more ranks than cores (threads that outnumber the cores time
+  // the scheduler, not the communicator); ranks that share cores then wait for them in their
+  // collectives as in their compute.
+  const auto cores = static_cast<int>(std::max<std::size_t>(2, allowed_cpus().size()));
+  const LinkCost link = cached_or_measured_link(
+      registry, plan.layout.comm_plugin, std::min(plan.layout.ranks, cores), link_cache_folder(),
+      [](const std::string& line) { std::cerr << line << "\n"; });
+  const auto timed = [&](PlannedMemory& memory) {
+    memory.communication_seconds =
+        plan.layout.core_sharing *
+        link.seconds(memory.communication_calls, static_cast<double>(memory.communication_bytes));
+  };
+  timed(plan.memory);
+  for (auto& rank : plan.pipeline_ranks) timed(rank);
+  plan.link = link;
 }
 
 }  // namespace trainyard

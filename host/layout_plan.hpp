@@ -10,6 +10,7 @@
 #include <tuple>
 #include <vector>
 
+#include "link_probe.hpp"
 #include "memory_plan.hpp"
 
 namespace trainyard {
@@ -21,6 +22,7 @@ struct LayoutPlan {
   std::string described;  // "fsdp (full) on pp 1 x ... , micro-batch 16"
   PlannedMemory memory;   // every rank's, or the pipeline rank's with the highest peak
   std::vector<PlannedMemory> pipeline_ranks;  // each pipeline rank's, in order (stages)
+  LinkCost link;  // what the communication time was reckoned with (time_communication)
 };
 
 // Probes of one recipe kept by what they depend on beyond the recipe's model, optimizer and
@@ -48,5 +50,10 @@ std::vector<std::string> with_settings(std::vector<std::string> settings,
 LayoutPlan plan_layout(const std::filesystem::path& recipe,
                        const std::vector<std::string>& overrides, int nproc,
                        const Registry& registry, ProbeCache* cache = nullptr);
+
+// Adds each rank's communication time to `plan`: its collectives and sends over the link of the
+// layout's ranks on this machine (link_probe.hpp: cached, or measured now, about a second). Not
+// for a rank of a running job (plan_this_rank), whose peers are computing.
+void time_communication(LayoutPlan& plan, const Registry& registry);
 
 }  // namespace trainyard

@@ -24,14 +24,32 @@ struct StrategyLayout {
   int micro_batches = 1;  // a pipeline's per step: the batch must divide by it
 };
 
+// The meshes a data-parallel strategy runs on `nproc` ranks: every rank data-parallel, tensor
+// parallelism of 2 under the rest, and (`hybrid`, for sharded units) replicas of shards of 2.
+std::vector<StrategyLayout> data_parallel_meshes(int nproc, bool hybrid) {
+  const auto sizes = [](int replicate, int shard, int tp) {
+    return std::vector<std::string>{"parallel.pp=1", "parallel.tp=" + std::to_string(tp),
+                                    "parallel.dp_replicate=" + std::to_string(replicate),
+                                    "parallel.dp_shard=" + std::to_string(shard)};
+  };
+  std::vector<StrategyLayout> out = {{sizes(1, nproc, 1), nproc, 1}};
+  if (nproc % 2 == 0) out.push_back({sizes(1, nproc / 2, 2), nproc / 2, 1});
+  if (hybrid && nproc >= 4 && nproc % 2 == 0) out.push_back({sizes(2, nproc / 2, 1), nproc, 1});
+  return out;
+}
+
 // Each loaded strategy's layouts on `nproc` ranks, by what its options say about how it holds
 // the model: sharded units in each sharding mode that shards, a replica with or without its
-// optimizer state sharded, or pipeline stages under 1F1B; the default strategy on one rank.
+// optimizer state sharded (each on the meshes above), or pipeline stages under 1F1B and zero
+// bubble; the default strategy on one rank.
 std::vector<StrategyLayout> strategy_layouts(const Registry& registry, int nproc) {
   const std::string ranks = std::to_string(nproc);
-  const std::vector<std::string> data_parallel = {
-      "parallel.pp=1", "parallel.tp=1", "parallel.dp_replicate=1", "parallel.dp_shard=" + ranks};
   std::vector<StrategyLayout> out;
+  const auto on_meshes = [&](const std::vector<std::string>& sets, bool hybrid) {
+    for (const StrategyLayout& mesh : data_parallel_meshes(nproc, hybrid)) {
+      out.push_back({with_settings(sets, mesh.sets), mesh.data_ranks, 1});
+    }
+  };
   for (const auto& info : registry.list("strategy")) {
     std::set<std::string> options;
     for (const auto& option : info.options) options.insert(option.name);
@@ -40,22 +58,21 @@ std::vector<StrategyLayout> strategy_layouts(const Registry& registry, int nproc
       if (nproc == 1) out.push_back({{plugin, "parallel.dp_shard=1"}, 1, 1});
     } else if (nproc > 1 && options.count("sharding") && options.count("prefetch")) {
       for (const char* mode : {"full", "grad_op"}) {
-        out.push_back({with_settings({plugin, std::string("strategy.sharding=\"") + mode + "\""},
-                                     data_parallel),
-                       nproc, 1});
+        on_meshes({plugin, std::string("strategy.sharding=\"") + mode + "\""}, true);
       }
     } else if (nproc > 1 && options.count("zero1")) {
       for (const char* zero1 : {"false", "true"}) {
-        out.push_back(
-            {with_settings({plugin, std::string("strategy.zero1=") + zero1}, data_parallel), nproc,
-             1});
+        on_meshes({plugin, std::string("strategy.zero1=") + zero1}, false);
       }
     } else if (nproc > 1 && options.count("schedule") && options.count("micro_batches")) {
-      out.push_back({{plugin, "strategy.schedule=\"1f1b\"",
-                      "strategy.micro_batches=" + std::to_string(2 * nproc), "parallel.pp=" + ranks,
-                      "parallel.dp_shard=1", "parallel.tp=1", "parallel.dp_replicate=1"},
-                     1,
-                     2 * nproc});
+      for (const char* schedule : {"1f1b", "zero_bubble"}) {
+        out.push_back(
+            {{plugin, std::string("strategy.schedule=\"") + schedule + "\"",
+              "strategy.micro_batches=" + std::to_string(2 * nproc), "parallel.pp=" + ranks,
+              "parallel.dp_shard=1", "parallel.tp=1", "parallel.dp_replicate=1"},
+             1,
+             2 * nproc});
+      }
     }
   }
   return out;
@@ -122,8 +139,9 @@ std::vector<LayoutCandidate> search_layouts(const std::filesystem::path& recipe,
   std::vector<LayoutCandidate> out;
   for (const auto& sets : candidates(registry, resolved, nproc)) {
     try {
-      const LayoutPlan plan =
+      LayoutPlan plan =
           plan_layout(recipe, with_settings(overrides, sets), nproc, registry, &cache);
+      time_communication(plan, registry);
       LayoutCandidate candidate;
       candidate.sets = sets;
       candidate.described = plan.described;

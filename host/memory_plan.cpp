@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <map>
 #include <set>
 #include <utility>
 
@@ -63,6 +64,27 @@ std::int64_t data_parallel_traffic(const ModelFootprint& model, const PlanLayout
   return round_bytes(moved);
 }
 
+// The collectives of that traffic: an all-reduce per gradient bucket (ddp's 25 MiB) and zero1's
+// gather, or per unit a gather for each micro-batch's forward (and backward, under full) and one
+// reduction, or a replicated unit's all-reduce.
+double data_parallel_calls(const ModelFootprint& model, const PlanLayout& layout) {
+  if (layout.holding == ModelHolding::kWhole || layout.shard_ranks <= 1) return 0;
+  const auto units = static_cast<double>(model.blocks.size());
+  if (layout.holding == ModelHolding::kShardedUnits) {
+    if (layout.sharding == "none") return units;
+    const double gathers = layout.sharding == "full" ? 2 : 1;
+    return units * (gathers * static_cast<double>(layout.accumulation) + 1);
+  }
+  constexpr double kBucketBytes = 25.0 * 1024 * 1024;
+  return std::ceil(static_cast<double>(model.parameter_bytes) / kBucketBytes) +
+         (layout.zero1 ? 1 : 0);
+}
+
+bool any_recomputed(const ModelFootprint& model) {
+  return std::any_of(model.blocks.begin(), model.blocks.end(),
+                     [](const BlockFootprint& block) { return block.recomputed; });
+}
+
 Holdings hold(const ModelFootprint& model, const PlanLayout& layout) {
   const std::int64_t whole = model.parameter_bytes;
   const auto state = [&](std::int64_t stepped) {
@@ -89,7 +111,11 @@ Holdings hold(const ModelFootprint& model, const PlanLayout& layout) {
     if (layout.accumulation > 1 && ranks > 1) held.accumulated_whole = whole;
     const std::int64_t root = model.blocks.empty() ? 0 : model.blocks.front().parameter_bytes;
     if (layout.sharding == "full") {
-      const std::int64_t running = largest_units(model, layout.prefetch ? 2 : 1);
+      // A recomputed block's forward in backward gathers its unit and prefetches the next
+      // one forward, while the backward has prefetched the one before it.
+      const bool recomputing = any_recomputed(model);
+      const std::int64_t running =
+          largest_units(model, layout.prefetch ? (recomputing ? 3 : 2) : 1);
       // The root stays gathered through the step; the last unit from its forward into its
       // backward, which comes next, unless the block is recomputed (gathered again then).
       const bool last_kept = model.blocks.size() > 1 && !model.blocks.back().recomputed;
@@ -104,9 +130,7 @@ Holdings hold(const ModelFootprint& model, const PlanLayout& layout) {
       }
       // A recomputed block's unit is gathered again for its backward (with the next one
       // prefetched), beside the units its forward left gathered.
-      bool recomputing = false;
-      for (std::size_t i = 1; i < model.blocks.size(); ++i)
-        recomputing = recomputing || model.blocks[i].recomputed;
+      const bool recomputing = any_recomputed(model);
       held.gathered_backward = held.gathered_forward +
                                (recomputing ? largest_units(model, layout.prefetch ? 2 : 1) : 0) +
                                2 * largest_units(model, 1);
@@ -144,8 +168,7 @@ PlannedMemory plan_memory(const ModelFootprint& model, const PlanLayout& layout)
     const std::int64_t in_step =
         (fresh ? kept : plan.step_start) + (later ? held.accumulated_whole : 0);
     const std::int64_t forward = in_step + batch + held.gathered_forward + plan.activations;
-    const std::int64_t forward_peak =
-        forward + round_bytes(model.forward_transient.at(samples));
+    const std::int64_t forward_peak = forward + round_bytes(model.forward_transient.at(samples));
     const double extra = fresh ? model.backward_fresh.at(samples) : model.backward_kept.at(samples);
     return std::pair{forward_peak,
                      forward - held.gathered_forward + held.gathered_backward + round_bytes(extra)};
@@ -168,7 +191,11 @@ PlannedMemory plan_memory(const ModelFootprint& model, const PlanLayout& layout)
                          (model.forward_seconds.at(samples) + model.backward_seconds.at(samples));
   plan.optimizer_seconds =
       layout.core_sharing * model.optimizer_seconds_per_byte * static_cast<double>(held.stepped);
-  plan.communication_bytes = data_parallel_traffic(model, layout);
+  plan.communication_bytes =
+      data_parallel_traffic(model, layout) + round_bytes(static_cast<double>(layout.accumulation) *
+                                                         model.tensor_parallel_bytes.at(samples));
+  plan.communication_calls = data_parallel_calls(model, layout) +
+                             static_cast<double>(layout.accumulation) * model.tensor_parallel_calls;
   plan.peak =
       *std::max_element(plan.phases.begin(), plan.phases.end(),
                         [](const PhasePeak& a, const PhasePeak& b) { return a.bytes < b.bytes; });
@@ -198,6 +225,11 @@ std::vector<BlockRange> stage_cut(const ModelFootprint& model, const PlanLayout&
   const int stages = layout.schedule.shape.stages();
   return layout.stage_names.empty() ? balanced_stages(costs, stages)
                                     : named_stages(layout.stage_names, names, stages);
+}
+
+// Whether stages `s` and `peer` sit on different ranks (their hand-over is a transfer).
+bool on_other_ranks(const PipelineShape& shape, std::size_t s, std::size_t peer) {
+  return shape.rank_of_stage(static_cast<int>(s)) != shape.rank_of_stage(static_cast<int>(peer));
 }
 
 std::int64_t range_end(const BlockRange& range, const ModelFootprint& model) {
@@ -328,6 +360,159 @@ std::int64_t forward_transient(const ModelFootprint& model, const std::vector<Bl
   return round_bytes(transient);
 }
 
+// What `rank` of a pipeline holds of the model, as a footprint of its own: its stages' blocks
+// in order, each stage with its own copy of a tied parameter, which belongs to the one block of
+// the stage that uses it (its unit) or, used by several, to the root (as ShardedUnits cuts a
+// stage built alone).
+ModelFootprint rank_footprint(const ModelFootprint& model, const std::vector<BlockRange>& cut,
+                              const PipelineShape& shape, int rank) {
+  ModelFootprint own = model;
+  own.blocks = {model.blocks.front()};
+  own.blocks.front().parameter_bytes = 0;
+  for (std::size_t s = 0; s < cut.size(); ++s) {
+    if (shape.rank_of_stage(static_cast<int>(s)) != rank) continue;
+    std::map<std::size_t, std::vector<std::size_t>> users;  // shared index -> own.blocks'
+    for (std::int64_t b = cut[s].begin; b < range_end(cut[s], model); ++b) {
+      const BlockFootprint& block = model.blocks[static_cast<std::size_t>(b + 1)];
+      for (std::size_t index : block.shared) users[index].push_back(own.blocks.size());
+      own.blocks.push_back(block);
+    }
+    for (const auto& [index, blocks] : users) {
+      const std::size_t holder = blocks.size() == 1 ? blocks.front() : 0;
+      own.blocks[holder].parameter_bytes += model.shared_parameter_bytes[index];
+    }
+  }
+  own.parameter_bytes = 0;
+  for (const auto& block : own.blocks) own.parameter_bytes += block.parameter_bytes;
+  return own;
+}
+
+// How a pipeline rank holds its stages' parameters: replicated (gradients set to none when a
+// step starts, unless replicated over data-parallel ranks into flat buckets), or sharded over
+// the stage's data-parallel ranks as fsdp's units are (dp_sharding), whole gradients accumulated
+// locally from the step's first backward until its last.
+Holdings stage_holdings(const ModelFootprint& model, const std::vector<BlockRange>& cut,
+                        const PlanLayout& layout, int rank) {
+  const ModelFootprint own = rank_footprint(model, cut, layout.schedule.shape, rank);
+  if (layout.sharding == "none") {
+    Holdings held;
+    held.parameters = held.gradients = held.stepped = own.parameter_bytes;
+    held.gradients_freed_at_start = !layout.replicated_stages;
+    held.optimizer_state =
+        round_bytes(model.optimizer_state_ratio * static_cast<double>(own.parameter_bytes));
+    return held;
+  }
+  PlanLayout units = layout;
+  units.holding = ModelHolding::kShardedUnits;
+  units.accumulation = layout.accumulation * layout.schedule.shape.micro_batches;
+  Holdings held = hold(own, units);
+  // A unit's backward adds to the whole gradients accumulating in place (accumulated_whole),
+  // and only the step's last backward, with one micro-batch left in flight, copies them to be
+  // reduced: the peak holds the gathered units alone.
+  held.gathered_backward -= 2 * largest_units(own, 1);
+  return held;
+}
+
+// One pipeline rank's memory: what its stages hold (stage_holdings), the micro-batches its
+// schedule holds in flight at most, and each phase's peak.
+PlannedMemory plan_pipeline_rank(const ModelFootprint& model, const PlanLayout& layout,
+                                 const std::vector<BlockRange>& cut,
+                                 const std::vector<StageFigures>& stages, int rank) {
+  const PipelineShape& shape = layout.schedule.shape;
+  const std::int64_t samples = layout.micro_batch;
+  const Holdings held = stage_holdings(model, cut, layout, rank);
+  PlannedMemory plan;
+  plan.parameters = held.parameters;
+  plan.gradients = held.gradients;
+  plan.optimizer_state = held.optimizer_state;
+  const InFlight flight = most_in_flight(layout.schedule, rank, stages);
+  const StageFigures& in_flight = flight.most;
+  plan.activations = in_flight.activations;
+  plan.received = in_flight.input;
+  plan.gathered_forward = held.gathered_forward;
+  plan.forward_held = flight.forward_held + held.gathered_forward;
+  plan.step_start = plan.parameters + plan.gradients + plan.optimizer_state;
+  const std::int64_t batch = round_bytes(model.batch.at(layout.batch_samples));
+  const bool fresh = held.gradients_freed_at_start;
+  const std::int64_t in_step = fresh ? plan.step_start - plan.gradients : plan.step_start;
+  // From the rank's first backward on, its gradients are made (set to none at the start), or
+  // its sharded stages' whole gradients accumulate locally until the step's last backward.
+  const std::int64_t made = fresh ? plan.gradients : held.accumulated_whole;
+  const std::int64_t forward = in_step + made + batch + plan.activations + plan.received;
+  const std::int64_t forward_peak = batch + held.gathered_forward +
+                                    forward_transient(model, cut, shape, rank, samples) +
+                                    std::max(in_step + flight.forward_before_gradients,
+                                             in_step + made + flight.forward_after_gradients);
+  // The backward's transient: its blocks' own (backward_transient), with the whole parameters
+  // and unit gradients sharded stages gather for it; gradients made by the first backward are
+  // counted in `forward`, while the schedule holds the most in flight.
+  const double extra = backward_transient(model, cut, shape, rank, samples) +
+                       static_cast<double>(held.gathered_backward);
+  const std::int64_t optimizer =
+      plan.step_start + batch +
+      round_bytes(model.optimizer_step_ratio * static_cast<double>(held.stepped)) +
+      held.optimizer_buffers;
+  // A split backward's kept gradients are held in the backward phase, beside its transient.
+  const std::int64_t backward = forward + in_flight.split_kept + round_bytes(extra);
+  plan.phases = {{"h2d", plan.step_start + batch},
+                 {"forward", forward_peak},
+                 {"backward", backward},
+                 {"optimizer", optimizer}};
+  plan.peak =
+      *std::max_element(plan.phases.begin(), plan.phases.end(),
+                        [](const PhasePeak& a, const PhasePeak& b) { return a.bytes < b.bytes; });
+  plan.optimizer_seconds =
+      layout.core_sharing * model.optimizer_seconds_per_byte * static_cast<double>(held.stepped);
+  return plan;
+}
+
+// What a pipeline rank moves per step, and in how many calls: each micro-batch's input received
+// and its gradient sent back on every stage but the first, its output sent and the output's
+// gradient received on every stage but the last (between ranks); with tensor parallelism, each
+// micro-batch's collectives of the rank's blocks (their share of the model's forward time); and
+// the stages' data-parallel reduction (or, sharded, their gathers and reductions).
+void count_pipeline_traffic(const ModelFootprint& model, const PlanLayout& layout,
+                            const std::vector<BlockRange>& cut,
+                            const std::vector<StageFigures>& stages, int rank,
+                            PlannedMemory& plan) {
+  const PipelineShape& shape = layout.schedule.shape;
+  const auto remote = [&](std::size_t s, std::size_t peer) {
+    return on_other_ranks(shape, s, peer);
+  };
+  std::int64_t handed = 0;
+  double transfers = 0;
+  double share = 0;
+  for (std::size_t s = 0; s < cut.size(); ++s) {
+    if (shape.rank_of_stage(static_cast<int>(s)) != rank) continue;
+    if (s > 0 && remote(s, s - 1)) {
+      handed += 2 * stages[s].communicated;
+      transfers += 2;
+    }
+    if (s + 1 < cut.size() && remote(s, s + 1)) {
+      handed += 2 * stages[s + 1].communicated;
+      transfers += 2;
+    }
+    for (std::int64_t b = cut[s].begin; b < range_end(cut[s], model); ++b)
+      share += model.blocks[static_cast<std::size_t>(b + 1)].forward_share;
+  }
+  const auto micro_batches =
+      static_cast<double>(shape.micro_batches) * static_cast<double>(layout.accumulation);
+  PlanLayout data = layout;
+  data.holding =
+      layout.sharding == "none" ? ModelHolding::kReplicated : ModelHolding::kShardedUnits;
+  data.accumulation = static_cast<std::int64_t>(micro_batches);
+  if (!layout.replicated_stages && layout.sharding == "none") data.shard_ranks = 1;
+  const ModelFootprint own = rank_footprint(model, cut, shape, rank);
+  const double samples = static_cast<double>(layout.micro_batch);
+  plan.communication_bytes =
+      round_bytes(micro_batches *
+                  (static_cast<double>(handed) +
+                   share * model.tensor_parallel_bytes.at(static_cast<std::int64_t>(samples)))) +
+      data_parallel_traffic(own, data);
+  plan.communication_calls = micro_batches * (transfers + share * model.tensor_parallel_calls) +
+                             data_parallel_calls(own, data);
+}
+
 }  // namespace
 
 std::vector<PlannedMemory> plan_pipeline(const ModelFootprint& model, const PlanLayout& layout) {
@@ -338,7 +523,7 @@ std::vector<PlannedMemory> plan_pipeline(const ModelFootprint& model, const Plan
   // A stage's input comes from another rank (a buffer received) or from this rank's previous
   // stage (handed over: the same tensor, nothing more held).
   const auto remote = [&](std::size_t s, std::size_t peer) {
-    return shape.rank_of_stage(static_cast<int>(s)) != shape.rank_of_stage(static_cast<int>(peer));
+    return on_other_ranks(shape, s, peer);
   };
   for (std::size_t s = 0; s < cut.size(); ++s) {
     for (std::int64_t b = cut[s].begin; b < range_end(cut[s], model); ++b) {
@@ -357,73 +542,12 @@ std::vector<PlannedMemory> plan_pipeline(const ModelFootprint& model, const Plan
             : 0;
     if (s > 0 && remote(s, s - 1)) stages[s].input = stages[s].communicated;
   }
-  std::int64_t whole_activations = 0;
-  for (const auto& stage : stages) whole_activations += stage.activations;
   const double compute_seconds = pipeline_compute_seconds(model, layout, cut);
   std::vector<PlannedMemory> plans;
   for (int rank = 0; rank < shape.ranks; ++rank) {
-    std::int64_t owned = 0;
-    std::int64_t rank_activations = 0;
-    for (std::size_t s = 0; s < cut.size(); ++s) {
-      if (shape.rank_of_stage(static_cast<int>(s)) != rank) continue;
-      rank_activations += stages[s].activations;
-      // Each stage is built alone: two stages of one rank that use a tied parameter (ZB-V's
-      // first and last) hold a copy each.
-      std::set<std::size_t> shared;
-      for (std::int64_t b = cut[s].begin; b < range_end(cut[s], model); ++b) {
-        const BlockFootprint& block = model.blocks[static_cast<std::size_t>(b + 1)];
-        owned += block.parameter_bytes;
-        shared.insert(block.shared.begin(), block.shared.end());
-      }
-      for (std::size_t index : shared) owned += model.shared_parameter_bytes[index];
-    }
-    PlannedMemory plan;
-    plan.parameters = plan.gradients = owned;
-    plan.optimizer_state = round_bytes(model.optimizer_state_ratio * static_cast<double>(owned));
-    const InFlight flight = most_in_flight(layout.schedule, rank, stages);
-    const StageFigures& in_flight = flight.most;
-    plan.activations = in_flight.activations;
-    plan.received = in_flight.input;
-    plan.forward_held = flight.forward_held;
-    plan.step_start = plan.parameters + plan.gradients + plan.optimizer_state;
-    const std::int64_t batch = round_bytes(model.batch.at(layout.batch_samples));
-    const bool fresh = !layout.replicated_stages;
-    const std::int64_t in_step = fresh ? plan.step_start - plan.gradients : plan.step_start;
-    const std::int64_t forward = in_step + batch + plan.activations + plan.received;
-    // A forward after the rank's first backward finds that backward's gradients made.
-    const std::int64_t forward_peak =
-        batch + forward_transient(model, cut, shape, rank, samples) +
-        std::max(in_step + flight.forward_before_gradients,
-                 plan.step_start + flight.forward_after_gradients);
-    // A stage's backward transient, as the whole model's (gradients kept) in proportion to its
-    // activations; gradients set to none at the step's start are made by the first backward,
-    // while the schedule holds the most in flight.
-    const double extra = backward_transient(model, cut, shape, rank, samples) +
-                         (fresh ? static_cast<double>(owned) : 0.0);
-    const std::int64_t optimizer =
-        plan.step_start + batch +
-        round_bytes(model.optimizer_step_ratio * static_cast<double>(owned));
-    // A split backward's kept gradients are held in the backward phase, beside its transient.
-    plan.phases = {{"h2d", plan.step_start + batch},
-                   {"forward", forward_peak},
-                   {"backward", forward + in_flight.split_kept + round_bytes(extra)},
-                   {"optimizer", optimizer}};
-    plan.peak =
-        *std::max_element(plan.phases.begin(), plan.phases.end(),
-                          [](const PhasePeak& a, const PhasePeak& b) { return a.bytes < b.bytes; });
+    PlannedMemory plan = plan_pipeline_rank(model, layout, cut, stages, rank);
     plan.compute_seconds = layout.core_sharing * compute_seconds;
-    plan.optimizer_seconds =
-        layout.core_sharing * model.optimizer_seconds_per_byte * static_cast<double>(owned);
-    // Each micro-batch's input received and its gradient sent back, on every stage but the
-    // first, and its output sent and the output's gradient received on every stage but the last.
-    std::int64_t handed = 0;
-    for (std::size_t s = 0; s < cut.size(); ++s) {
-      if (shape.rank_of_stage(static_cast<int>(s)) != rank) continue;
-      if (s > 0 && remote(s, s - 1)) handed += 2 * stages[s].communicated;
-      if (s + 1 < cut.size() && remote(s, s + 1)) handed += 2 * stages[s + 1].communicated;
-    }
-    plan.communication_bytes =
-        handed * static_cast<std::int64_t>(shape.micro_batches) * layout.accumulation;
+    count_pipeline_traffic(model, layout, cut, stages, rank, plan);
     plans.push_back(plan);
   }
   return plans;

@@ -34,6 +34,8 @@ struct PlanLayout {
   std::int64_t accumulation = 1;  // micro-batches per optimizer step
   int threads = 1;                // intra-op threads per rank
   int tp = 1;                     // tensor-parallel ranks each split layer is divided over
+  int ranks = 1;                  // the layout's processes
+  std::string comm_plugin;        // the communicator its collectives run on (ranks > 1)
   // The ranks' threads per core where they outnumber the cores (at least 1): the probe timed
   // one rank alone, and ranks sharing cores compute that much slower.
   double core_sharing = 1;
@@ -72,13 +74,19 @@ struct PlannedMemory {
   PhasePeak peak;                 // the highest of them
   // The step's time on the host CPU: the probe's timed forwards and backwards of the rank's
   // micro-batches (through the schedule, for a pipeline rank) and its optimizer step, slowed by
-  // the ranks' sharing of cores (PlanLayout::core_sharing). Communication is not counted yet.
+  // the ranks' sharing of cores (PlanLayout::core_sharing).
   double compute_seconds = 0;
   double optimizer_seconds = 0;
   // Bytes a step's collectives and sends move per rank (ring algorithms: an all-reduce moves
-  // 2 (n-1)/n of its buffer, an all-gather or reduce-scatter (n-1)/n).
+  // 2 (n-1)/n of its buffer, an all-gather or reduce-scatter (n-1)/n), and how many calls.
   std::int64_t communication_bytes = 0;
-  double step_seconds() const { return compute_seconds + optimizer_seconds; }
+  double communication_calls = 0;
+  // Their time over the communicator's measured link (link_probe.hpp), none of it hidden behind
+  // compute: on the host CPU a collective's work takes the cores the compute needs.
+  double communication_seconds = 0;
+  double step_seconds() const {
+    return compute_seconds + optimizer_seconds + communication_seconds;
+  }
   // The parameters as a run counts what it holds: trainable and frozen (buffers included).
   std::int64_t held_parameters() const { return parameters + frozen; }
 };

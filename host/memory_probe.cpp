@@ -19,6 +19,7 @@
 #include "trainyard/api/optimizer.hpp"
 #include "trainyard/api/precision.hpp"
 #include "trainyard/parallel/pipeline_stages.hpp"
+#include "trainyard/parallel/process_mesh.hpp"
 #include "trainyard/parallel/split_backward.hpp"
 #include "trainyard/runtime/allocation_tracker.hpp"
 #include "trainyard/runtime/default_plugins.hpp"
@@ -102,6 +103,7 @@ class Probe {
       : batch_(std::move(batch)) {
     BuildContext build;
     build.mesh = lone_tensor_parallel_rank(tp);
+    mesh_ = build.mesh;
     build.seed = static_cast<std::uint64_t>(resolved.section("run").get_int("seed"));
     build.recipe_dir = resolved.path.parent_path();
     const Config dataset = resolved.section("dataset");
@@ -158,6 +160,9 @@ class Probe {
     footprint.batch = line(one.batch, two.batch);
     footprint.activations = line(one.activations, two.activations);
     footprint.forward_transient = line(one.forward_transient, two.forward_transient);
+    footprint.tensor_parallel_bytes =
+        line(tensor_parallel_bytes(small),
+             tensor_parallel_bytes(large, &footprint.tensor_parallel_calls));
     footprint.backward_kept = line(one.backward_kept, two.backward_kept);
     footprint.backward_fresh = line(one.backward_fresh, two.backward_fresh);
     for (std::size_t b = 0; b < one.blocks.size(); ++b) {
@@ -271,7 +276,8 @@ class Probe {
       record->kept.push_back(kept);
       record->transients.push_back(transient);
       std::int64_t bytes = 0;
-      for (const auto& [name, tensor] : x.tensors) bytes += static_cast<std::int64_t>(tensor.nbytes());
+      for (const auto& [name, tensor] : x.tensors)
+        bytes += static_cast<std::int64_t>(tensor.nbytes());
       record->outputs.push_back(bytes);
     }
     at::Tensor loss = model_->loss(x.hidden(), batch);
@@ -444,7 +450,31 @@ class Probe {
     return out;
   }
 
+  // The bytes a micro-batch's forward and backward move over the tp group (ring algorithms: an
+  // all-reduce moves 2 (n-1)/n of its tensor, an all-gather n-1 times this rank's part, a
+  // reduce-scatter (n-1)/n of the whole).
+  std::int64_t tensor_parallel_bytes(std::int64_t samples, double* calls = nullptr) {
+    const double n = static_cast<double>(mesh_->size(MeshGroup::kTensor));
+    if (n <= 1) return 0;
+    const Batch batch = first_samples(batch_, samples);
+    mesh_->collectives().take();
+    forward(batch).backward();
+    double moved = 0;
+    for (const auto& [key, count] : mesh_->collectives().take()) {
+      const std::string& operation = key.second;
+      const double factor = operation.starts_with("allreduce")    ? 2 * (n - 1) / n
+                            : operation.starts_with("_allgather") ? n - 1
+                            : operation.starts_with("allgather")  ? n - 1
+                            : operation.find("reduce_scatter") != std::string::npos ? (n - 1) / n
+                                                                                    : 1.0;
+      moved += factor * static_cast<double>(count.bytes);
+      if (calls) *calls += static_cast<double>(count.calls);
+    }
+    return static_cast<std::int64_t>(moved);
+  }
+
   Batch batch_;
+  std::shared_ptr<ProcessMesh> mesh_;
   std::optional<at::ScalarType> autocast_;
   std::shared_ptr<Model> model_;
   ActivationCheckpointing checkpointing_;

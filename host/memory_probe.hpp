@@ -73,6 +73,10 @@ struct ModelFootprint {
   PerSample forward_seconds;
   PerSample backward_seconds;
   double optimizer_seconds_per_byte = 0;
+  // Bytes a micro-batch's forward and backward move over the tensor-parallel group, per rank
+  // (none without one).
+  PerSample tensor_parallel_bytes;
+  double tensor_parallel_calls = 0;  // the collectives that takes
 };
 
 // Runs the probe (see the top of the file) on the recipe at `recipe` with `overrides`

@@ -14,6 +14,7 @@
 #include "trainyard/api/error.hpp"
 #include "trainyard/api/registry.hpp"
 #include "trainyard/runtime/byte_size.hpp"
+#include "trainyard/runtime/cpu_binding.hpp"
 #include "trainyard/runtime/plugin_loader.hpp"
 #include "trainyard/runtime/recipe.hpp"
 
@@ -50,6 +51,8 @@ nlohmann::json memory_json(const PlannedMemory& plan) {
           {"compute_seconds", plan.compute_seconds},
           {"optimizer_seconds", plan.optimizer_seconds},
           {"communication_bytes", plan.communication_bytes},
+          {"communication_calls", plan.communication_calls},
+          {"communication_seconds", plan.communication_seconds},
           {"phases", phases}};
 }
 
@@ -85,8 +88,10 @@ void print_plan(const PlannedMemory& plan, const std::string& layout, const std:
     std::cout << " " << phase.phase << " " << format_mib_column(phase.bytes);
   std::cout << "\n  step time         " << fixed_ms(plan.step_seconds()) << "  (compute "
             << fixed_ms(plan.compute_seconds) << ", optimizer " << fixed_ms(plan.optimizer_seconds)
-            << "; communication not counted)\n  communication     "
-            << format_mib_column(plan.communication_bytes) << "  (moved per rank per step)\n";
+            << ", communication " << fixed_ms(plan.communication_seconds)
+            << ")\n  communication     " << format_mib_column(plan.communication_bytes)
+            << "  (moved per rank per step, in " << static_cast<long long>(plan.communication_calls)
+            << " calls)\n";
 }
 
 // Under --memory: whether the plan's peak fits the cap, and if not the changes the planner
@@ -151,7 +156,8 @@ int command_plan(const std::vector<std::string>& args, Registry& registry) {
     return report_search(search_layouts(recipe_path, overrides, std::max(nproc, 1), cap, registry),
                          cap);
   }
-  const LayoutPlan plan = plan_layout(recipe_path, overrides, nproc, registry);
+  LayoutPlan plan = plan_layout(recipe_path, overrides, nproc, registry);
+  time_communication(plan, registry);
   if (json) {
     std::cout << plan_json(plan, std::max(nproc, 1)).dump(2) << "\n";
   } else if (plan.pipeline_ranks.empty()) {
@@ -161,6 +167,19 @@ int command_plan(const std::vector<std::string>& args, Registry& registry) {
       print_plan(plan.pipeline_ranks[rank], plan.described,
                  "pipeline rank " + std::to_string(rank) + " holds");
     }
+  }
+  if (!json && plan.link.seconds_per_byte > 0) {
+    char line[160];
+    std::snprintf(line, sizeof line,
+                  "communication timed over %s (a link of %d ranks): %.0f us a call, %.2f GB/s "
+                  "per rank",
+                  plan.layout.comm_plugin.c_str(),
+                  std::min(plan.layout.ranks,
+                           static_cast<int>(std::max<std::size_t>(2, allowed_cpus().size()))),
+                  plan.link.latency_seconds * 1e6, 1e-9 / plan.link.seconds_per_byte);
+    std::cout << line << " (" << (plan.link.cached ? "cached" : "measured now")
+              << (plan.link.cache_file.empty() ? "" : ", " + plan.link.cache_file.string())
+              << ")\n";
   }
   if (memory_gib > 0) return report_fit(plan, recipe_path, overrides, nproc, memory_gib, registry);
   return 0;

@@ -77,7 +77,7 @@ void expect_plan_matches_run(const PlanCase& c) {
                       (static_cast<std::size_t>(c.ranks) / plan.at("pipeline_ranks").size()))
             : plan;
     const std::vector<std::pair<std::string, std::string>> figures = {
-        {"held_parameters", "held_parameter_bytes"},      {"gradients", "held_gradient_bytes"},
+        {"held_parameters", "held_parameter_bytes"}, {"gradients", "held_gradient_bytes"},
         {"optimizer_state", "held_optimizer_bytes"}, {"forward_held", "memory_activation_bytes"},
         {"step_start", "memory_step_start_bytes"},   {"peak", "memory_step_peak_bytes"}};
     for (const auto& [planned_key, measured_key] : figures) {

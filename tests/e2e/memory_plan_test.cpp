@@ -34,6 +34,12 @@ TEST(MemoryPlan, FastCoreWithinTenPercentOfTheAllocator) {
            // on rank 1, and the tied embedding's two copies on rank 0.
            // Each rank's tensor-parallel pieces, sharded over dp_shard.
            {"gpt fsdp 2 x tp 2", "gpt_text.toml", 4, with(kFsdp, {"parallel.tp=2"})},
+           // Pipeline stages sharded over their data-parallel ranks, whole gradients
+           // accumulating locally across the micro-batches.
+           {"gpt pipeline 2 x fsdp 2",
+            "gpt_pipeline.toml",
+            4,
+            {"parallel.dp_shard=2", "strategy.dp_sharding=\"full\""}},
            {"gpt pipeline zero_bubble_v 2",
             "gpt_pipeline.toml",
             2,
@@ -45,17 +51,19 @@ TEST(MemoryPlan, FastCoreWithinTenPercentOfTheAllocator) {
 
 TEST(MemoryPlan, RefusesWhatItCannotPlanInOneLine) {
   const fs::path gpt = source_dir() / "recipes" / "gpt_text.toml";
-  const CommandResult pipeline =
-      run_host({"plan", (source_dir() / "recipes" / "gpt_3d.toml").string(), "--nproc", "8",
-                "--set", "strategy.dp_sharding=\"full\""});
-  EXPECT_NE(pipeline.exit_code, 0);
-  EXPECT_NE(pipeline.err.find("are not planned yet"), std::string::npos) << describe(pipeline);
-  EXPECT_EQ(pipeline.err.find('\n'), pipeline.err.size() - 1) << describe(pipeline);
+  // A tensor-parallel layout the model cannot split: the model's own refusal, in one line.
   const CommandResult heads =
       run_host({"plan", gpt.string(), "--nproc", "3", "--set", "strategy.plugin=ddp", "--set",
                 "parallel.tp=3", "--set", "parallel.dp_shard=1"});
   EXPECT_NE(heads.exit_code, 0);
   EXPECT_NE(heads.err.find("does not divide by tp (3)"), std::string::npos) << describe(heads);
+  EXPECT_EQ(heads.err.find('\n'), heads.err.size() - 1) << describe(heads);
+  const CommandResult world =
+      run_host({"plan", (source_dir() / "recipes" / "gpt_3d.toml").string(), "--nproc", "6"});
+  EXPECT_NE(world.exit_code, 0);
+  EXPECT_NE(world.err.find("needs a world size divisible by 4, but there are 6 ranks"),
+            std::string::npos)
+      << describe(world);
   const CommandResult no_ranks = run_host({"plan", gpt.string(), "--nproc", "0"});
   EXPECT_NE(no_ranks.exit_code, 0);
   EXPECT_NE(no_ranks.err.find("--nproc must be at least 1"), std::string::npos)

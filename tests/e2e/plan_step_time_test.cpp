@@ -1,8 +1,8 @@
 // `trainyard plan`'s step time against the run's: the probe's timed forwards, backwards and
-// optimizer step on the threads a rank gets, within a quarter of the median measured step for
-// one process and for ddp (whose all-reduces overlap the backward). Communication is not counted
-// yet, so layouts whose collectives sit on the critical path (fsdp's gathers, a pipeline's
-// sends) are not held to it. Timed: it runs with the machine to itself.
+// optimizer step on the threads a rank gets, and the layout's collectives and sends over the
+// communicator's measured link, within a quarter of the median measured step for one process,
+// ddp, fsdp (whose gathers sit on the critical path) and a 2-stage pipeline (its sends, through
+// the schedule). Timed: it runs with the machine to itself.
 
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
@@ -42,7 +42,12 @@ void expect_step_time_planned(const std::string& name, int ranks,
   }
   const CommandResult planned = run_host(plan_args);
   ASSERT_EQ(planned.exit_code, 0) << describe(planned);
-  const double plan_ms = nlohmann::json::parse(planned.out).at("step_seconds").get<double>() * 1e3;
+  const nlohmann::json plan = nlohmann::json::parse(planned.out);
+  const double plan_ms = plan.at("step_seconds").get<double>() * 1e3;
+  // Several ranks communicate: their collectives or sends are timed over the measured link.
+  if (ranks > 1) {
+    EXPECT_GT(plan.at("communication_seconds").get<double>(), 0) << planned.out;
+  }
   const CommandResult run = ranks == 1 ? run_one_process(recipe, dir / "run", run_args)
                                        : run_launched(ranks, recipe, dir / "run", run_args);
   ASSERT_EQ(run.exit_code, 0) << describe(run);
@@ -63,6 +68,13 @@ TEST(PlanStepTime, WithinAQuarterOfTheMeasuredStepForOneProcessAndDdp) {
   expect_step_time_planned("single", 1, {});
   expect_step_time_planned("single, recomputing", 1, {"run.activation_checkpointing=\"all\""});
   expect_step_time_planned("ddp 2", 2, {"strategy.plugin=ddp", "parallel.dp_shard=2"});
+}
+
+TEST(PlanStepTime, WithinAQuarterOfTheMeasuredStepWithCommunicationOnTheCriticalPath) {
+  expect_step_time_planned("fsdp full 2", 2, {"strategy.plugin=fsdp", "parallel.dp_shard=2"});
+  expect_step_time_planned("pipeline 2, 1f1b", 2,
+                           {"strategy.plugin=pipeline", "parallel.pp=2", "parallel.dp_shard=1",
+                            "strategy.micro_batches=8"});
 }
 
 }  // namespace

@@ -1,0 +1,40 @@
+#pragma once
+// What a collective costs on this machine, for the planner's step time: the communicator's fixed
+// time per collective and its seconds per byte each rank moves, measured once per host,
+// communicator plugin and rank count with that many ranks as threads of this process over the
+// loopback (ring all-reduces of a small and a large tensor), and cached in a small file that
+// later plans reuse.
+
+#include <filesystem>
+#include <functional>
+#include <string>
+
+namespace trainyard {
+
+class Registry;
+
+struct LinkCost {
+  double latency_seconds = 0;   // a collective that moves (almost) nothing
+  double seconds_per_byte = 0;  // per byte a rank moves (ring: 2 (n-1)/n of an all-reduce's)
+  bool cached = false;          // read from the cache rather than measured now
+  std::filesystem::path cache_file;
+
+  double seconds(double calls, double bytes) const {
+    return calls * latency_seconds + bytes * seconds_per_byte;
+  }
+};
+
+// Where link costs are cached: $TRAINYARD_CACHE/links, else ~/.cache/trainyard/links.
+std::filesystem::path link_cache_folder();
+
+// Measures the link of `ranks` ranks (at least 2) of communicator `plugin`, loaded in
+// `registry`. Throws Error when the ranks cannot connect.
+LinkCost measure_link(const Registry& registry, const std::string& plugin, int ranks);
+
+// The cached cost for (this host, plugin, ranks) in `folder`, or measured and cached (written
+// atomically; a folder that cannot be written only costs the cache, `warn` says so).
+LinkCost cached_or_measured_link(const Registry& registry, const std::string& plugin, int ranks,
+                                 const std::filesystem::path& folder,
+                                 const std::function<void(const std::string&)>& warn);
+
+}  // namespace trainyard
