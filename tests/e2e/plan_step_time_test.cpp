@@ -77,5 +77,43 @@ TEST(PlanStepTime, WithinAQuarterOfTheMeasuredStepWithCommunicationOnTheCritical
                             "strategy.micro_batches=8"});
 }
 
+// The link a plan times communication over is measured once per host, communicator and rank
+// count, then read from the cache (TRAINYARD_CACHE/links): a second plan says so and uses the
+// same figures.
+TEST(PlanStepTime, TheLinkIsMeasuredOnceThenReadFromTheCache) {
+  TempDir cache;
+  const std::vector<std::string> plan = {host_binary().string(),
+                                         "plan",
+                                         (source_dir() / "recipes" / "gpt_text.toml").string(),
+                                         "--nproc",
+                                         "2",
+                                         "--set",
+                                         "strategy.plugin=ddp",
+                                         "--set",
+                                         "parallel.dp_shard=2"};
+  const std::vector<std::string> env = {"TRAINYARD_CACHE=" + cache.path().string()};
+  const CommandResult first = run_command(plan, source_dir(), 600, env);
+  ASSERT_EQ(first.exit_code, 0) << describe(first);
+  EXPECT_NE(first.out.find("communication timed over gloo (a link of 2 ranks)"), std::string::npos)
+      << describe(first);
+  EXPECT_NE(first.out.find("measured now"), std::string::npos) << describe(first);
+  EXPECT_EQ(std::distance(fs::directory_iterator(cache.path() / "links"), fs::directory_iterator{}),
+            1);
+  const CommandResult second = run_command(plan, source_dir(), 600, env);
+  ASSERT_EQ(second.exit_code, 0) << describe(second);
+  EXPECT_NE(second.out.find("(cached, "), std::string::npos) << describe(second);
+  // The same link, so the same step time.
+  const auto step_line = [](const std::string& out) {
+    const auto at = out.find("step time");
+    return at == std::string::npos ? std::string() : out.substr(at, out.find('\n', at) - at);
+  };
+  EXPECT_FALSE(step_line(second.out).empty()) << describe(second);
+  const auto communication = [](const std::string& line) {
+    const auto at = line.find("communication");
+    return at == std::string::npos ? std::string() : line.substr(at);
+  };
+  EXPECT_EQ(communication(step_line(first.out)), communication(step_line(second.out)));
+}
+
 }  // namespace
 }  // namespace trainyard::testing
