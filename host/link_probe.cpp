@@ -9,6 +9,7 @@
 #include <fstream>
 #include <memory>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include "trainyard/api/build_context.hpp"
@@ -43,20 +44,25 @@ int free_port() {
   return socket.port;
 }
 
-// Rank `rank`'s median seconds of an all-reduce of `elements` float32 values, after a warm-up
-// (every rank runs the same sequence, so each call starts within one collective of the others).
-double timed_all_reduce(Communicator& communicator, std::int64_t elements) {
-  std::vector<double> seconds;
+// The median seconds of an all-reduce of `small` and of `large` float32 values, alternated so
+// that a busy moment slows both alike, after a warm-up (every rank runs the same sequence, so
+// each call starts within one collective of the others).
+std::pair<double, double> timed_all_reduces(Communicator& communicator, std::int64_t small,
+                                            std::int64_t large) {
+  std::vector<double> at_small;
+  std::vector<double> at_large;
   for (int repetition = 0; repetition < kWarmUp + kTimed; ++repetition) {
-    std::vector<at::Tensor> tensors{at::ones({elements})};
-    const auto start = std::chrono::steady_clock::now();
-    communicator.world()->allreduce(tensors)->wait();
-    if (repetition >= kWarmUp) {
-      seconds.push_back(
-          std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
+    for (const std::int64_t elements : {small, large}) {
+      std::vector<at::Tensor> tensors{at::ones({elements})};
+      const auto start = std::chrono::steady_clock::now();
+      communicator.world()->allreduce(tensors)->wait();
+      if (repetition < kWarmUp) continue;
+      (elements == small ? at_small : at_large)
+          .push_back(
+              std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
     }
   }
-  return median(seconds);
+  return {median(at_small), median(at_large)};
 }
 
 fs::path entry_file(const fs::path& folder, const std::string& plugin, int ranks) {
@@ -95,8 +101,8 @@ LinkCost measure_link(const Registry& registry, const std::string& plugin, int r
         meet.timeout = std::chrono::seconds(60);
         Communicator& communicator = *communicators[static_cast<std::size_t>(r)];
         communicator.connect(meet, c10::Device(c10::kCPU));
-        const double at_small = timed_all_reduce(communicator, kSmallElements);
-        const double at_large = timed_all_reduce(communicator, kLargeElements);
+        const auto [at_small, at_large] =
+            timed_all_reduces(communicator, kSmallElements, kLargeElements);
         if (r == 0) {
           small = at_small;
           large = at_large;
@@ -114,7 +120,12 @@ LinkCost measure_link(const Registry& registry, const std::string& plugin, int r
   const double share = 2.0 * (ranks - 1) / ranks;
   const double moved = share * 4.0 * static_cast<double>(kLargeElements - kSmallElements);
   LinkCost cost;
-  cost.seconds_per_byte = std::max(0.0, (large - small) / moved);
+  cost.ranks = ranks;
+  cost.seconds_per_byte = (large - small) / moved;
+  if (!(cost.seconds_per_byte > 0)) {
+    // Noise hid the difference: the large tensor's time alone bounds the cost per byte.
+    cost.seconds_per_byte = large / (share * 4.0 * static_cast<double>(kLargeElements));
+  }
   cost.latency_seconds =
       std::max(0.0, small - cost.seconds_per_byte * share * 4.0 * kSmallElements);
   return cost;
@@ -125,7 +136,9 @@ LinkCost cached_or_measured_link(const Registry& registry, const std::string& pl
                                  const std::function<void(const std::string&)>& warn) {
   const fs::path file = entry_file(folder, plugin, ranks);
   LinkCost cost;
-  if (std::ifstream in(file); in && in >> cost.latency_seconds >> cost.seconds_per_byte) {
+  if (std::ifstream in(file);
+      in && in >> cost.latency_seconds >> cost.seconds_per_byte && cost.seconds_per_byte > 0) {
+    cost.ranks = ranks;
     cost.cached = true;
     cost.cache_file = file;
     return cost;

@@ -16,6 +16,7 @@ class Registry;
 struct LinkCost {
   double latency_seconds = 0;   // a collective that moves (almost) nothing
   double seconds_per_byte = 0;  // per byte a rank moves (ring: 2 (n-1)/n of an all-reduce's)
+  int ranks = 0;                // measured with (0: no link, one process)
   bool cached = false;          // read from the cache rather than measured now
   std::filesystem::path cache_file;
 

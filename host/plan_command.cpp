@@ -14,7 +14,6 @@
 #include "trainyard/api/error.hpp"
 #include "trainyard/api/registry.hpp"
 #include "trainyard/runtime/byte_size.hpp"
-#include "trainyard/runtime/cpu_binding.hpp"
 #include "trainyard/runtime/plugin_loader.hpp"
 #include "trainyard/runtime/recipe.hpp"
 
@@ -168,15 +167,12 @@ int command_plan(const std::vector<std::string>& args, Registry& registry) {
                  "pipeline rank " + std::to_string(rank) + " holds");
     }
   }
-  if (!json && plan.link.seconds_per_byte > 0) {
+  if (!json && plan.link.ranks > 0) {
     char line[160];
     std::snprintf(line, sizeof line,
                   "communication timed over %s (a link of %d ranks): %.0f us a call, %.2f GB/s "
                   "per rank",
-                  plan.layout.comm_plugin.c_str(),
-                  std::min(plan.layout.ranks,
-                           static_cast<int>(std::max<std::size_t>(2, allowed_cpus().size()))),
-                  plan.link.latency_seconds * 1e6, 1e-9 / plan.link.seconds_per_byte);
+                  plan.layout.comm_plugin.c_str(), plan.link.ranks, plan.link.latency_seconds * 1e6, 1e-9 / plan.link.seconds_per_byte);
     std::cout << line << " (" << (plan.link.cached ? "cached" : "measured now")
               << (plan.link.cache_file.empty() ? "" : ", " + plan.link.cache_file.string())
               << ")\n";
