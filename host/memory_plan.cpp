@@ -476,19 +476,16 @@ void count_pipeline_traffic(const ModelFootprint& model, const PlanLayout& layou
                             const std::vector<StageFigures>& stages, int rank,
                             PlannedMemory& plan) {
   const PipelineShape& shape = layout.schedule.shape;
-  const auto remote = [&](std::size_t s, std::size_t peer) {
-    return on_other_ranks(shape, s, peer);
-  };
   std::int64_t handed = 0;
   double transfers = 0;
   double share = 0;
   for (std::size_t s = 0; s < cut.size(); ++s) {
     if (shape.rank_of_stage(static_cast<int>(s)) != rank) continue;
-    if (s > 0 && remote(s, s - 1)) {
+    if (s > 0 && on_other_ranks(shape, s, s - 1)) {
       handed += 2 * stages[s].communicated;
       transfers += 2;
     }
-    if (s + 1 < cut.size() && remote(s, s + 1)) {
+    if (s + 1 < cut.size() && on_other_ranks(shape, s, s + 1)) {
       handed += 2 * stages[s + 1].communicated;
       transfers += 2;
     }
@@ -522,9 +519,6 @@ std::vector<PlannedMemory> plan_pipeline(const ModelFootprint& model, const Plan
   const PipelineShape& shape = layout.schedule.shape;
   // A stage's input comes from another rank (a buffer received) or from this rank's previous
   // stage (handed over: the same tensor, nothing more held).
-  const auto remote = [&](std::size_t s, std::size_t peer) {
-    return on_other_ranks(shape, s, peer);
-  };
   for (std::size_t s = 0; s < cut.size(); ++s) {
     for (std::int64_t b = cut[s].begin; b < range_end(cut[s], model); ++b) {
       const BlockFootprint& block = model.blocks[static_cast<std::size_t>(b + 1)];
@@ -540,7 +534,7 @@ std::vector<PlannedMemory> plan_pipeline(const ModelFootprint& model, const Plan
         cut[s].begin > 0
             ? round_bytes(model.blocks[static_cast<std::size_t>(cut[s].begin)].output.at(samples))
             : 0;
-    if (s > 0 && remote(s, s - 1)) stages[s].input = stages[s].communicated;
+    if (s > 0 && on_other_ranks(shape, s, s - 1)) stages[s].input = stages[s].communicated;
   }
   const double compute_seconds = pipeline_compute_seconds(model, layout, cut);
   std::vector<PlannedMemory> plans;
