@@ -378,8 +378,13 @@ struct ShardedUnits::State {
     if (synchronise) {
       CollectiveWait wait;
       for (auto& unit : units) {
-        if (unit.reduce_work) unit.reduce_work->wait();
+        if (!unit.reduce_work) continue;
+        unit.reduce_work->wait();
         unit.reduce_work.reset();
+        // The communicator's worker may drop its reference to a reduce-scatter's input a moment
+        // after the wait returns; its memory is freed now, so that every step starts holding
+        // the same bytes. (An all-reduce's input is the gradient itself.)
+        if (options.sharding != UnitSharding::kNone) release_storage(unit.gradient_flat);
       }
       advance_replica_reductions(true);
       for (auto& unit : units) {
