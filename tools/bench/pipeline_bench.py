@@ -2,13 +2,16 @@
 
   pipeline_bench.py OUT TRAINYARD GLOBAL_BATCH
 
-OUT holds single/ (one process), ddp/ (2 ranks), compare/ (trainyard compare's variants, one
-pipeline run per schedule, its table.txt and report.html) and compare.log (what compare
-printed). Prints the table (samples/s, ratios to ddp and single, each pp rank's measured idle
-share next to the formula) and each schedule's measured step as text, renders compare's report
-and its pipeline schedules alone to PNGs with headless Chromium, and exits 1 naming what is
-missing or wrong: a run without metrics, a ratio that is not finite and positive, a pipeline run
-without its timeline, or a picture that was not made.
+OUT holds single/ (one process), compare/ (trainyard compare's variants on 2 processes: ddp
+and one pipeline run per schedule, each in run-1.. run-K when compare repeated them; its
+table.txt and report.html) and compare.log (what compare printed). Prints the table (samples/s
+as the median over a variant's runs and their spread, ratios to ddp and single, each pp rank's
+measured idle share, the median over the runs, next to the formula), the floors the schedules
+are held to, met or missed, and each schedule's measured step as text (its first run's, the one
+compare draws); renders compare's report and its pipeline schedules alone to PNGs with headless
+Chromium, and exits 1 naming what is missing or wrong: a run without metrics, a ratio that is
+not finite and positive, a pipeline run without its timeline, or a picture that was not made. A
+missed floor is reported, not an error: it measures the machine as much as the schedule.
 """
 
 import glob
@@ -60,6 +63,14 @@ def samples_per_s(run_dir, processes, global_batch):
         problem(f"{run_dir}: median step time {max(step_ms)} ms")
         return None
     return global_batch * 1000 / max(step_ms)
+
+
+def runs_of(folder):
+    """A compare variant's run folders: run-1.. run-K when compare repeated it, else itself."""
+    runs = glob.glob(os.path.join(folder, "run-*"))
+    if not runs:
+        return [folder]
+    return sorted(runs, key=lambda path: int(path.rsplit("-", 1)[1]))
 
 
 def read_timeline(run_dir):
@@ -211,6 +222,32 @@ def pictures(out, compare_dir):
     shutil.rmtree(profile, ignore_errors=True)
 
 
+def print_floors(rates, backward, idle, formulas):
+    """The floors the schedules are held to, each with its measured value, met or missed."""
+    lines = []
+
+    def floor(text, value, bound, met):
+        lines.append(f"  {text:50} {value:7.3f}  {bound:>11}  {'met' if met else 'MISSED'}")
+
+    for name, base, bound in (("zero_bubble", "1f1b", 1.03), ("1f1b", "ddp", 0.85),
+                              ("interleaved_1f1b", "1f1b", 1.0)):
+        if name in rates and base in rates:
+            ratio = rates[name] / rates[base]
+            floor(f"{name} samples/s over {base}'s", ratio, f">= {bound:.2f}", ratio >= bound)
+    if "zero_bubble" in backward and "1f1b" in backward:
+        ratio = backward["zero_bubble"] / backward["1f1b"]
+        floor("zero_bubble I + W over 1f1b's B, per micro-batch", ratio, "<= 1.10", ratio <= 1.1)
+    for schedule, shares in idle.items():
+        if formulas.get(schedule) is None:
+            continue
+        bound = 1.25 * formulas[schedule][2] + 0.02
+        for rank, share in enumerate(shares):
+            floor(f"{schedule} rank {rank} idle share", share, f"<= {bound:.3f}", share <= bound)
+    if lines:
+        print("\nfloors (idle: 1.25 x the formula + 2 points):")
+        print("\n".join(lines))
+
+
 def percent(share, relation="="):
     return ("<=" if relation == "at most" else "") + f"{100 * share:.1f}%"
 
@@ -230,35 +267,41 @@ def main():
             problem(f"{table}: {line.strip()}")
 
     rows = [("single", f"1 process x batch {global_batch}", os.path.join(out, "single")),
-            ("ddp", f"2 ranks x batch {global_batch // 2}", os.path.join(out, "ddp"))]
+            ("ddp", f"2 ranks x batch {global_batch // 2}", folders.get("ddp"))]
     for schedule in SCHEDULES:
         v = VIRTUAL_STAGES.get(schedule, 1)
         rows.append((schedule, f"pp 2, {MICRO_BATCHES} micro-batches" + (f", v {v}" if v > 1 else ""),
                      folders.get(schedule)))
-    rates = {}
+    rates, spreads = {}, {}
     for name, _, folder in rows:
         if folder is None:
             problem(f"{compare_dir}: no variant folder for {name} (see {out}/compare.log)")
-        elif (rate := samples_per_s(folder, 1 if name == "single" else 2, global_batch)) is not None:
-            rates[name] = rate
+            continue
+        processes = 1 if name == "single" else 2
+        runs = [samples_per_s(run, processes, global_batch) for run in runs_of(folder)]
+        if None not in runs:
+            rates[name] = statistics.median(runs)
+            spreads[name] = (max(runs) - min(runs)) / rates[name]
 
     printed = compare_idle_lines(os.path.join(out, "compare.log"))
-    timelines, cells = {}, {}
+    timelines, all_timelines, medians, formulas, cells = {}, {}, {}, {}, {}
     for schedule in SCHEDULES:
         folder = folders.get(schedule)
-        timeline = read_timeline(folder) if folder else None
-        if timeline is None or len(timeline) != PP:
+        runs = [read_timeline(run) for run in runs_of(folder)] if folder else [None]
+        if any(timeline is None or len(timeline) != PP for timeline in runs):
             problem(f"{folder or schedule}: no measured timeline of {PP} pp ranks")
             continue
-        timelines[schedule] = timeline
-        shares = idle_shares(timeline)
-        # compare reads the same files through read_measured_timeline: both must agree.
+        timelines[schedule], all_timelines[schedule] = runs[0], runs
+        # compare reads the first run's files through read_measured_timeline: both must agree.
         ranks = printed.get(schedule, {})
-        for rank, share in enumerate(shares):
+        for rank, share in enumerate(idle_shares(runs[0])):
             if rank not in ranks or abs(ranks[rank][0] - share) > 0.0006:
                 problem(f"{schedule}: rank {rank}'s idle share is {percent(share)} here, but compare "
                         f"printed {percent(ranks[rank][0]) if rank in ranks else 'none'}")
+        shares = [statistics.median(column) for column in zip(*map(idle_shares, runs))]
+        medians[schedule] = shares
         formula = schedule_formula(trainyard, schedule)
+        formulas[schedule] = formula
         cells[schedule] = [percent(s) for s in shares] + [
             percent(formula[2], formula[1]) if formula else "?",
             percent(ranks[0][2], ranks[0][1]) if 0 in ranks else "?",
@@ -266,12 +309,15 @@ def main():
 
     print(f"pipeline benchmark: gpt_text (4 layers, d_model 128, seq 128), global batch {global_batch}, "
           "1 thread per process, gloo")
+    repeats = max(len(runs_of(folder)) for _, _, folder in rows if folder) if rows else 1
     print("samples/s: global batch / the slowest rank's median step time over the logging intervals "
-          "after the first; vs ddp, vs single: samples/s over theirs (above 1: faster)")
+          f"after the first, the median over {repeats} interleaved run(s) of each compare variant "
+          "(single: one run); spread: (highest - lowest) / median; vs ddp, vs single: samples/s "
+          "over theirs (above 1: faster)")
     print("idle r0, r1: each pp rank's share of the recorded step's compute makespan spent not "
-          "computing; formula: as `trainyard schedule` prints it (unit costs); at costs: the same "
-          "formula at the step's mean measured F, B, I, W (compare's)")
-    print(f"{'run':17} {'shape':30} {'samples/s':>9} {'vs ddp':>7} {'vs single':>9}   "
+          "computing, the median over the runs; formula: as `trainyard schedule` prints it (unit "
+          "costs); at costs: the same formula at the first run's mean measured F, B, I, W (compare's)")
+    print(f"{'run':17} {'shape':30} {'samples/s':>9} {'spread':>6} {'vs ddp':>7} {'vs single':>9}   "
           f"{'idle r0':>7} {'idle r1':>7} {'formula':>8} {'at costs':>8}  formula")
     for name, shape, _ in rows:
         line = f"{name:17} {shape:30} "
@@ -282,19 +328,21 @@ def main():
         for base, ratio in zip(("ddp", "single"), ratios):
             if not (math.isfinite(ratio) and ratio > 0):
                 problem(f"{name}: the ratio to {base} is {ratio}")
-        line += f"{rates[name]:9.1f} {ratios[0]:7.2f} {ratios[1]:9.2f}"
+        line += f"{rates[name]:9.1f} {percent(spreads[name]):>6} {ratios[0]:7.2f} {ratios[1]:9.2f}"
         if name in cells:
             c = cells[name]
             line += f"   {c[0]:>7} {c[1]:>7} {c[2]:>8} {c[3]:>8}  {c[4]}"
         print(line)
 
-    if "1f1b" in timelines:
-        plain = backward_ms_per_micro_batch(timelines["1f1b"])
+    backward = {schedule: statistics.median(map(backward_ms_per_micro_batch, runs))
+                for schedule, runs in all_timelines.items()}
+    if "1f1b" in backward:
         print("\nbackward of one micro-batch through the whole model (ms, the recorded step's B, or "
-              "I + W, over every rank, per micro-batch) and over 1f1b's:")
-        for schedule, timeline in timelines.items():
-            ms = backward_ms_per_micro_batch(timeline)
-            print(f"  {schedule:17} {ms:6.2f}  {ms / plain:5.2f}x")
+              "I + W, over every rank, per micro-batch, the median over the runs) and over 1f1b's:")
+        for schedule, ms in backward.items():
+            print(f"  {schedule:17} {ms:6.2f}  {ms / backward['1f1b']:5.2f}x")
+
+    print_floors(rates, backward, medians, formulas)
 
     for schedule, timeline in timelines.items():
         print(f"\n{schedule}, measured step {timeline[0]['step']}: ms per compute action (F/B/I/W and "

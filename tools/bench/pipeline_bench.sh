@@ -1,26 +1,31 @@
 #!/usr/bin/env bash
 # Pipeline parallelism on the gpt_text recipe (4 layers, d_model 128, seq 128) with 2 stages on
 # this machine, one thread per process, a global batch of 16, in one run:
-#   single    one process, batch 16                                     (trainyard run)
-#   ddp       2 ranks, batch 8 each                                     (trainyard launch -n 2)
-#   pipeline  2 ranks, parallel.pp = 2, batch 16 in 8 micro-batches, one run per schedule: gpipe,
-#             1f1b, interleaved_1f1b (2 stages per rank), zero_bubble, zero_bubble_v (2 stages
-#             per rank) (trainyard compare --nproc 2, whose report draws their simulated and
-#             measured schedules)
+#   single    one process, batch 16, once: a reference          (trainyard run)
+#   compare   on 2 processes, every variant REPEATS times, interleaved (trainyard compare
+#             --nproc 2 --repeat, whose report draws the pipelines' simulated and measured
+#             schedules and gives each variant's verdict against 1f1b, the first):
+#     1f1b, gpipe, interleaved_1f1b (2 stages per rank), zero_bubble, zero_bubble_v (2 stages
+#             per rank): parallel.pp = 2, batch 16 in 8 micro-batches;
+#     ddp     2 ranks, batch 8 each.
 # Each pipeline run records its timeline (strategy.record_step) at the last step of the first
 # logging interval, which the throughput leaves out with the warm-up. The table (see
-# tools/bench/pipeline_bench.py): samples/s, each run's samples/s over ddp's and over single's
-# (above 1: faster), and for each pipeline run the measured idle share of each pp rank next to
-# the formula `trainyard schedule` prints for its shape; then each schedule's measured step as
-# text; then where the PNGs of compare's report are.
+# tools/bench/pipeline_bench.py): samples/s as the median over the repeats and their spread,
+# each variant's samples/s over ddp's and over single's (above 1: faster), and for each pipeline
+# run each pp rank's measured idle share (median over the repeats) next to the formula
+# `trainyard schedule` prints for its shape; then the floors the schedules are held to, each
+# met or missed; then each schedule's measured step as text; then where the PNGs of compare's
+# report are.
 #
 #   tools/bench/pipeline_bench.sh [--smoke]
-# STEPS (default 40; --smoke: 6) steps a run, logged every max(2, STEPS/8) steps; RECORD_STEP
-# (default: that interval) the step whose timeline is recorded. OUT (default runs/bench/pipeline)
-# receives single/, ddp/, compare/ (its report.html), each one's log, schedules.png and
-# report.png, replacing an earlier run's. SKIP_BUILD=1 uses the binaries as built (the test
-# suite's smoke run). Exits 1 when a run fails or the table or pictures are incomplete, 77 when
-# the corpus or Chromium is missing (tools/setup installs both).
+# STEPS (default 40; --smoke: 6) steps a run, logged every max(2, STEPS/8) steps; REPEATS
+# (default 3; --smoke: 1) runs of every compare variant; RECORD_STEP (default: that interval)
+# the step whose timeline is recorded. OUT (default runs/bench/pipeline) receives single/,
+# compare/ (its report.html and a folder per variant, with run-1.. run-K under it when
+# REPEATS > 1), each one's log, schedules.png and report.png, replacing an earlier run's.
+# SKIP_BUILD=1 uses the binaries as built (the test suite's smoke run). Exits 1 when a run fails
+# or the table or pictures are incomplete, 77 when the corpus or Chromium is missing
+# (tools/setup installs both).
 set -euo pipefail
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
 build_dir="${TRAINYARD_BUILD_DIR:-build}"
@@ -29,8 +34,10 @@ case "$build_dir" in
   *) build="$here/$build_dir" ;;
 esac
 steps="${STEPS:-40}"
+repeats="${REPEATS:-3}"
 if [ "${1:-}" = "--smoke" ]; then
   steps="${STEPS:-6}"
+  repeats="${REPEATS:-1}"
 elif [ $# -gt 0 ]; then
   echo "usage: tools/bench/pipeline_bench.sh [--smoke]" >&2
   exit 2
@@ -70,11 +77,19 @@ virtual_stages = $virtual_stages
 record_step = $record_step
 TOML
 done
+# Data parallelism on the same 2 processes: half the global batch on each.
+cat >"$out/recipes/ddp.toml" <<TOML
+extends = "$here/recipes/gpt_text.toml"
+[loader]
+batch_size = $((global_batch / 2))
+[strategy]
+plugin = "ddp"
+TOML
 
 common=(--set run.threads=1 --set run.max_steps="$steps" --set run.log_every="$log_every"
         --set run.eval=false)
 echo "pipeline_bench: $steps steps a run, logged every $log_every, timelines of step" \
-  "$record_step, into $out" >&2
+  "$record_step, $repeats run(s) of every compare variant, into $out" >&2
 run() {
   local name="$1"
   shift
@@ -82,11 +97,11 @@ run() {
     >"$out/$name.log" 2>&1) || { tail -20 "$out/$name.log" >&2; exit 1; }
 }
 run single run recipes/gpt_text.toml --set loader.batch_size="$global_batch"
-run ddp launch -n 2 recipes/gpt_text.toml --set loader.batch_size="$((global_batch / 2))" \
-  --set strategy.plugin=ddp
-# compare exits 1 only when every variant failed; its table says which failed and why.
-(cd "$here" && "$trainyard" compare "$out"/recipes/{gpipe,1f1b,interleaved_1f1b,zero_bubble,zero_bubble_v}.toml \
-  --nproc 2 --steps "$steps" "${common[@]}" --output "$out/compare" >"$out/compare.log" 2>&1) ||
-  { tail -20 "$out/compare.log" >&2; exit 1; }
+# compare exits 1 only when every variant failed; its table says which failed and why. 1f1b
+# comes first: compare's verdicts are against it.
+(cd "$here" && "$trainyard" compare \
+  "$out"/recipes/{1f1b,ddp,gpipe,interleaved_1f1b,zero_bubble,zero_bubble_v}.toml \
+  --nproc 2 --steps "$steps" --repeat "$repeats" "${common[@]}" --output "$out/compare" \
+  >"$out/compare.log" 2>&1) || { tail -20 "$out/compare.log" >&2; exit 1; }
 
 "$here/.venv/bin/python" "$here/tools/bench/pipeline_bench.py" "$out" "$trainyard" "$global_batch"

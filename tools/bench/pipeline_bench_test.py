@@ -38,8 +38,8 @@ def rewrite(pattern, old, new, count=1):
 # (what is broken, how, what the report must say); the first keeps the copy whole.
 CASES = [
     ("nothing", None, [r"pictures: .*schedules\.png"]),
-    ("a rank's metrics", remove("ddp/metrics.rank1.jsonl"),
-     [r"ddp/metrics\.rank1\.jsonl: no metrics", r"ddp +2 ranks x batch 8 +FAILED"]),
+    ("a rank's metrics", remove("compare/*-ddp/metrics.rank1.jsonl"),
+     [r"-ddp/metrics\.rank1\.jsonl: no metrics", r"ddp +2 ranks x batch 8 +FAILED"]),
     ("a step time of 0",
      rewrite("single/metrics.jsonl", r'"step_time_ms":[0-9.e+-]+', '"step_time_ms":0', count=0),
      [r"single: median step time 0(\.0)? ms", r"gpipe: the ratio to single is nan"]),
