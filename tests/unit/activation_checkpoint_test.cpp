@@ -4,9 +4,14 @@
 
 #include <ATen/ATen.h>
 #include <ATen/core/grad_mode.h>
+#include <c10/core/CPUAllocator.h>
 #include <torch/cuda.h>
 #include <torch/nn/modules/linear.h>
 
+#include <unistd.h>
+
+#include <cstring>
+#include <fstream>
 #include <thread>
 
 #include "step_harness.hpp"
@@ -405,6 +410,37 @@ TEST(AllocationTracker, ALimitRefusesAllocationsPastItAsADeviceRunsOut) {
     EXPECT_EQ(tracker.current_bytes(), 900 * 4);
   }
   EXPECT_EQ(tracker.current_bytes(), 900 * 4);
+}
+
+// Resident memory of this process, from /proc/self/statm.
+std::int64_t resident_bytes() {
+  std::ifstream statm("/proc/self/statm");
+  std::int64_t pages = 0;
+  std::int64_t resident = 0;
+  statm >> pages >> resident;
+  return resident * ::sysconf(_SC_PAGESIZE);
+}
+
+// LibTorch's raw_allocate / raw_deallocate (kernels' scratch space) go through the allocator
+// in front once a tracker was made: what is made outside every tracker is freed when handed
+// back, and what a tracker counted is charged back to it.
+TEST(AllocationTracker, RawAllocationsAreFreedWhenHandedBackWithOrWithoutATracker) {
+  { AllocationTracker installs_the_tracking_allocator; }
+  c10::Allocator* allocator = c10::GetCPUAllocator();
+  constexpr std::size_t kBytes = 32 << 20;
+  const std::int64_t before = resident_bytes();
+  for (int i = 0; i < 32; ++i) {
+    void* scratch = allocator->raw_allocate(kBytes);
+    std::memset(scratch, 1, kBytes);  // resident, as a kernel's scratch space is
+    allocator->raw_deallocate(scratch);
+  }
+  // A gibibyte written: what stays resident is at most a few of the blocks.
+  EXPECT_LT(resident_bytes() - before, std::int64_t{256} << 20);
+  AllocationTracker tracker;
+  void* counted = allocator->raw_allocate(1000);
+  EXPECT_EQ(tracker.current_bytes(), 1000);
+  allocator->raw_deallocate(counted);
+  EXPECT_EQ(tracker.current_bytes(), 0);
 }
 
 struct Footprint {

@@ -98,7 +98,9 @@ std::shared_ptr<AllocationTracker::Counters> current_counters() {
 // any tracker pass through untouched.
 class TrackingCpuAllocator final : public c10::Allocator {
  public:
-  explicit TrackingCpuAllocator(c10::Allocator* inner) : inner_(inner) {}
+  explicit TrackingCpuAllocator(c10::Allocator* inner) : inner_(inner) {
+    untracked_deleter() = inner->raw_deleter();
+  }
 
   c10::DataPtr allocate(std::size_t bytes) override {
     auto counters = current_counters();
@@ -142,6 +144,11 @@ class TrackingCpuAllocator final : public c10::Allocator {
     static std::mutex mutex;
     return mutex;
   }
+  // The inner allocator's raw deleter, set once when this allocator is installed.
+  static c10::DeleterFnPtr& untracked_deleter() {
+    static c10::DeleterFnPtr deleter = nullptr;
+    return deleter;
+  }
   static std::unordered_map<void*, Live>& live() {
     static auto* map = new std::unordered_map<void*, Live>();  // outlives static destruction
     return *map;
@@ -152,7 +159,12 @@ class TrackingCpuAllocator final : public c10::Allocator {
     {
       std::lock_guard<std::mutex> lock(live_mutex());
       auto found = live().find(pointer);
-      if (found == live().end()) return;
+      if (found == live().end()) {
+        // Made outside any tracker and handed back through raw_deallocate, which asks this
+        // allocator for its deleter: the inner allocator's frees it.
+        if (untracked_deleter() != nullptr) untracked_deleter()(pointer);
+        return;
+      }
       entry = std::move(found->second);
       live().erase(found);
     }
