@@ -169,17 +169,18 @@ LayoutPlan plan_layout(const std::filesystem::path& recipe,
 
 void time_communication(LayoutPlan& plan, const Registry& registry) {
   if (plan.layout.ranks < 2 || plan.layout.comm_plugin.empty()) return;
-  // The link is measured with no more ranks than cores (threads that outnumber the cores time
-  // the scheduler, not the communicator); ranks that share cores then wait for them in their
-  // collectives as in their compute.
+  // The link is measured with no more ranks than cores (ranks that outnumber the cores time the
+  // scheduler, not the communicator). Ranks that share cores then wait for them to copy and sum
+  // the bytes, as in their compute; a call's fixed cost is not slowed, as a rank waiting in a
+  // collective leaves its core to the others.
   const auto cores = static_cast<int>(std::max<std::size_t>(2, allowed_cpus().size()));
   const LinkCost link = cached_or_measured_link(
       registry, plan.layout.comm_plugin, std::min(plan.layout.ranks, cores), link_cache_folder(),
       [](const std::string& line) { std::cerr << line << "\n"; });
   const auto timed = [&](PlannedMemory& memory) {
     memory.communication_seconds =
-        plan.layout.core_sharing *
-        link.seconds(memory.communication_calls, static_cast<double>(memory.communication_bytes));
+        link.seconds(memory.communication_calls - memory.posted_transfers,
+                     plan.layout.core_sharing * static_cast<double>(memory.communication_bytes));
   };
   timed(plan.memory);
   for (auto& rank : plan.pipeline_ranks) timed(rank);

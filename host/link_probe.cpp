@@ -1,35 +1,43 @@
 #include "link_probe.hpp"
 
 #include <ATen/ATen.h>
+#include <ATen/Parallel.h>
+#include <fcntl.h>
+#include <spawn.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
+#include <boost/program_options.hpp>
+#include <cerrno>
 #include <chrono>
-#include <cstdlib>
-#include <exception>
+#include <cstring>
 #include <fstream>
-#include <memory>
-#include <thread>
 #include <utility>
 #include <vector>
 
+#include "cli.hpp"
 #include "trainyard/api/build_context.hpp"
 #include "trainyard/api/communicator.hpp"
 #include "trainyard/api/error.hpp"
 #include "trainyard/api/registry.hpp"
 #include "trainyard/parallel/distributed.hpp"
-#include "trainyard/runtime/median.hpp"
 #include "trainyard/runtime/peak_flops.hpp"
+#include "trainyard/runtime/plugin_loader.hpp"
+
+extern char** environ;
 
 namespace trainyard {
 
 namespace fs = std::filesystem;
+namespace po = boost::program_options;
 
 namespace {
 
 constexpr std::int64_t kSmallElements = 256;        // 1 KiB of float32
 constexpr std::int64_t kLargeElements = 1LL << 20;  // 4 MiB of float32
 constexpr int kWarmUp = 5;
-constexpr int kTimed = 31;
+constexpr int kTimed = 60;
 
 std::string host_name() {
   char name[256] = {};
@@ -44,16 +52,31 @@ int free_port() {
   return socket.port;
 }
 
-// The median seconds of an all-reduce of `small` and of `large` float32 values, alternated so
+// The mean of the middle 90% of `seconds`: a step pays for every collective, and on a loaded
+// loopback a call takes one of two times several-fold apart, of which a median picks one.
+double trimmed_mean(std::vector<double> seconds) {
+  std::sort(seconds.begin(), seconds.end());
+  const std::size_t cut = seconds.size() / 20;
+  double sum = 0;
+  for (std::size_t i = cut; i < seconds.size() - cut; ++i) sum += seconds[i];
+  return sum / static_cast<double>(seconds.size() - 2 * cut);
+}
+
+// The seconds of an all-reduce of `small` and of `large` float32 values, alternated so
 // that a busy moment slows both alike, after a warm-up (every rank runs the same sequence, so
-// each call starts within one collective of the others).
+// each call starts within one collective of the others). A step's collectives follow compute,
+// which leaves the caches holding its data and the peers' communication threads asleep: each
+// call here follows about a millisecond of matrix products too.
 std::pair<double, double> timed_all_reduces(Communicator& communicator, std::int64_t small,
                                             std::int64_t large) {
   std::vector<double> at_small;
   std::vector<double> at_large;
+  const at::Tensor operand = at::ones({256, 256});
   for (int repetition = 0; repetition < kWarmUp + kTimed; ++repetition) {
     for (const std::int64_t elements : {small, large}) {
       std::vector<at::Tensor> tensors{at::ones({elements})};
+      for (int product = 0; product < 4; ++product)
+        tensors.front().add_(at::mm(operand, operand).sum());
       const auto start = std::chrono::steady_clock::now();
       communicator.world()->allreduce(tensors)->wait();
       if (repetition < kWarmUp) continue;
@@ -62,11 +85,44 @@ std::pair<double, double> timed_all_reduces(Communicator& communicator, std::int
               std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
     }
   }
-  return {median(at_small), median(at_large)};
+  return {trimmed_mean(at_small), trimmed_mean(at_large)};
 }
 
 fs::path entry_file(const fs::path& folder, const std::string& plugin, int ranks) {
-  return folder / (host_name() + "-" + plugin + "-" + std::to_string(ranks) + ".txt");
+  return folder / (host_name() + "-" + plugin + "-" + std::to_string(ranks) + "-processes.txt");
+}
+
+// Starts this binary as rank `rank` of the probe, its output streams into `log`.
+pid_t start_probe_rank(const std::vector<std::string>& args, const fs::path& log) {
+  std::vector<std::string> argv = {"trainyard", "link-probe"};
+  argv.insert(argv.end(), args.begin(), args.end());
+  std::vector<char*> c_argv;
+  for (auto& arg : argv) c_argv.push_back(arg.data());
+  c_argv.push_back(nullptr);
+  posix_spawn_file_actions_t actions;
+  posix_spawn_file_actions_init(&actions);
+  posix_spawn_file_actions_addopen(&actions, STDIN_FILENO, "/dev/null", O_RDONLY, 0);
+  posix_spawn_file_actions_addopen(&actions, STDOUT_FILENO, log.c_str(),
+                                   O_WRONLY | O_CREAT | O_TRUNC, 0644);
+  posix_spawn_file_actions_adddup2(&actions, STDOUT_FILENO, STDERR_FILENO);
+  fs::path self = executable_path();
+  if (self.empty()) self = "/proc/self/exe";
+  pid_t pid = 0;
+  const int failed = ::posix_spawn(&pid, self.c_str(), &actions, nullptr, c_argv.data(), environ);
+  posix_spawn_file_actions_destroy(&actions);
+  if (failed != 0) {
+    throw Error("plan: cannot start the link probe (" + self.string() +
+                "): " + std::strerror(failed));
+  }
+  return pid;
+}
+
+// The first line a failed probe rank wrote, for the error that reports it.
+std::string first_line_of(const fs::path& log) {
+  std::ifstream in(log);
+  std::string line;
+  std::getline(in, line);
+  return line.empty() ? "no output" : line;
 }
 
 }  // namespace
@@ -78,43 +134,44 @@ fs::path link_cache_folder() {
 
 LinkCost measure_link(const Registry& registry, const std::string& plugin, int ranks) {
   if (ranks < 2) throw Error("a link needs at least 2 ranks, not " + std::to_string(ranks));
-  // LibTorch's intra-op workers spin for a while after the last parallel region (a probe's
-  // compute): let them settle so that they do not take the cores the ranks' threads need.
-  std::this_thread::sleep_for(std::chrono::milliseconds(300));
-  const int port = free_port();
-  std::vector<std::shared_ptr<Communicator>> communicators;
+  // Each rank is a process of its own, as in a run: threads of one process share its memory and
+  // scheduling, and measured collectives several times faster than processes' on the loopback.
+  const ComponentInfo& info = registry.info("comm", plugin);
+  const fs::path folder =
+      fs::temp_directory_path() / ("trainyard-link-" + std::to_string(::getpid()));
+  fs::create_directories(folder);
+  const fs::path result = folder / "rank0.txt";
+  const std::string port = std::to_string(free_port());
+  std::vector<pid_t> children;
   for (int r = 0; r < ranks; ++r) {
-    communicators.push_back(
-        registry.create<Communicator>(plugin, Config({}, "comm"), BuildContext{}));
+    std::vector<std::string> args = {
+        "--plugin", plugin, "--ranks", std::to_string(ranks), "--rank", std::to_string(r),
+        "--port",   port,   "--out",   result.string()};
+    // The communicator's own library, alone: the probe needs nothing else.
+    if (!info.library_path.empty()) {
+      args.insert(args.end(), {"--no-default-plugins", "--plugin-path", info.library_path});
+    }
+    children.push_back(start_probe_rank(args, folder / ("rank" + std::to_string(r) + ".log")));
   }
-  std::vector<std::exception_ptr> failures(static_cast<std::size_t>(ranks));
+  std::string failure;
+  for (std::size_t r = 0; r < children.size(); ++r) {
+    int status = 0;
+    while (::waitpid(children[r], &status, 0) < 0 && errno == EINTR) {
+    }
+    if (failure.empty() && !(WIFEXITED(status) && WEXITSTATUS(status) == 0)) {
+      failure = "rank " + std::to_string(r) + ": " +
+                first_line_of(folder / ("rank" + std::to_string(r) + ".log"));
+    }
+  }
   double small = 0;
   double large = 0;
-  std::vector<std::thread> threads;
-  for (int r = 0; r < ranks; ++r) {
-    threads.emplace_back([&, r] {
-      try {
-        Rendezvous meet;
-        meet.rank = meet.local_rank = r;
-        meet.world_size = meet.local_world_size = ranks;
-        meet.master_port = port;
-        meet.timeout = std::chrono::seconds(60);
-        Communicator& communicator = *communicators[static_cast<std::size_t>(r)];
-        communicator.connect(meet, c10::Device(c10::kCPU));
-        const auto [at_small, at_large] =
-            timed_all_reduces(communicator, kSmallElements, kLargeElements);
-        if (r == 0) {
-          small = at_small;
-          large = at_large;
-        }
-      } catch (...) {
-        failures[static_cast<std::size_t>(r)] = std::current_exception();
-      }
-    });
-  }
-  for (auto& thread : threads) thread.join();
-  for (const auto& failure : failures) {
-    if (failure) std::rethrow_exception(failure);
+  std::ifstream in(result);
+  const bool read = static_cast<bool>(in >> small >> large);
+  std::error_code ignored;
+  fs::remove_all(folder, ignored);
+  if (!failure.empty() || !read) {
+    throw Error("plan: the link probe over " + std::to_string(ranks) + " processes of '" + plugin +
+                "' failed (" + (failure.empty() ? "rank 0 wrote no timing" : failure) + ")");
   }
   // A ring all-reduce moves 2 (n-1)/n of its tensor per rank.
   const double share = 2.0 * (ranks - 1) / ranks;
@@ -160,6 +217,42 @@ LinkCost cached_or_measured_link(const Registry& registry, const std::string& pl
     cost.cache_file = file;
   }
   return cost;
+}
+
+int command_link_probe(const std::vector<std::string>& args, Registry& registry) {
+  std::string plugin;
+  int ranks = 0;
+  int rank = 0;
+  int port = 0;
+  std::string out;
+  CommonOptions common;
+  po::options_description options("link-probe options");
+  options.add_options()("plugin", po::value(&plugin)->required(), "communicator plugin")(
+      "ranks", po::value(&ranks)->required(), "ranks of the link")(
+      "rank", po::value(&rank)->required(), "this process's rank")(
+      "port", po::value(&port)->required(), "rank 0's store port")(
+      "out", po::value(&out)->required(), "where rank 0 writes its timings");
+  add_common(options, common);
+  if (!parse(args, options, {}, "usage: trainyard link-probe (started by plan)")) return 0;
+  PluginLoader loader(registry);
+  load_plugins(loader, common);
+  // One compute thread, as a run of as many ranks as cores gives each.
+  at::set_num_threads(1);
+  auto communicator = registry.create<Communicator>(plugin, Config({}, "comm"), BuildContext{});
+  Rendezvous meet;
+  meet.rank = meet.local_rank = rank;
+  meet.world_size = meet.local_world_size = ranks;
+  meet.master_port = port;
+  meet.timeout = std::chrono::seconds(60);
+  communicator->connect(meet, c10::Device(c10::kCPU));
+  const auto [small, large] = timed_all_reduces(*communicator, kSmallElements, kLargeElements);
+  if (rank == 0) {
+    std::ofstream file(out);
+    file.precision(17);
+    file << small << " " << large << "\n";
+    if (!file) throw Error("link-probe: cannot write " + out);
+  }
+  return 0;
 }
 
 }  // namespace trainyard

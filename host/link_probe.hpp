@@ -1,13 +1,14 @@
 #pragma once
 // What a collective costs on this machine, for the planner's step time: the communicator's fixed
 // time per collective and its seconds per byte each rank moves, measured once per host,
-// communicator plugin and rank count with that many ranks as threads of this process over the
-// loopback (ring all-reduces of a small and a large tensor), and cached in a small file that
-// later plans reuse.
+// communicator plugin and rank count with that many ranks as processes over the loopback (ring
+// all-reduces of a small and a large tensor, each after some compute, as in a step), and cached
+// in a small file that later plans reuse.
 
 #include <filesystem>
 #include <functional>
 #include <string>
+#include <vector>
 
 namespace trainyard {
 
@@ -29,7 +30,8 @@ struct LinkCost {
 std::filesystem::path link_cache_folder();
 
 // Measures the link of `ranks` ranks (at least 2) of communicator `plugin`, loaded in
-// `registry`. Throws Error when the ranks cannot connect.
+// `registry`: starts this binary's `link-probe` command once per rank. Throws Error when a rank
+// fails or the ranks cannot connect.
 LinkCost measure_link(const Registry& registry, const std::string& plugin, int ranks);
 
 // The cached cost for (this host, plugin, ranks) in `folder`, or measured and cached (written
@@ -37,5 +39,10 @@ LinkCost measure_link(const Registry& registry, const std::string& plugin, int r
 LinkCost cached_or_measured_link(const Registry& registry, const std::string& plugin, int ranks,
                                  const std::filesystem::path& folder,
                                  const std::function<void(const std::string&)>& warn);
+
+// One rank of measure_link's probe, in a process of its own (the `link-probe` command, which
+// only measure_link starts): connects, times the all-reduces, and rank 0 writes the two medians
+// to --out.
+int command_link_probe(const std::vector<std::string>& args, Registry& registry);
 
 }  // namespace trainyard

@@ -20,19 +20,20 @@
 #include "diagnose_command.hpp"
 #include "doctor.hpp"
 #include "launch.hpp"
+#include "link_probe.hpp"
 #include "memory_advice.hpp"
 #include "plan_check.hpp"
 #include "plan_command.hpp"
 #include "schedule_command.hpp"
 #include "trainyard/api/error.hpp"
 #include "trainyard/api/registry.hpp"
+#include "trainyard/api/version.hpp"
 #include "trainyard/runtime/crash_report.hpp"
 #include "trainyard/runtime/engine.hpp"
 #include "trainyard/runtime/memory_exhausted.hpp"
 #include "trainyard/runtime/model_check.hpp"
 #include "trainyard/runtime/plugin_loader.hpp"
 #include "trainyard/runtime/recipe.hpp"
-#include "trainyard/api/version.hpp"
 
 namespace po = boost::program_options;
 namespace fs = std::filesystem;
@@ -219,6 +220,7 @@ int dispatch(int argc, char** argv, Registry& registry) {
   if (command == "schedule") return command_schedule(args);
   if (command == "plan") return command_plan(args, registry);
   if (command == "diagnose") return command_diagnose(args);
+  if (command == "link-probe") return command_link_probe(args, registry);  // started by plan
   std::cerr << "trainyard: unknown command '" << command << "'\n" << kTopUsage;
   return kUsageError;
 }

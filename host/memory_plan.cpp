@@ -508,6 +508,7 @@ void count_pipeline_traffic(const ModelFootprint& model, const PlanLayout& layou
       data_parallel_traffic(own, data);
   plan.communication_calls = micro_batches * (transfers + share * model.tensor_parallel_calls) +
                              data_parallel_calls(own, data);
+  plan.posted_transfers = micro_batches * transfers;
 }
 
 }  // namespace

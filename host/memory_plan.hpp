@@ -81,8 +81,11 @@ struct PlannedMemory {
   // 2 (n-1)/n of its buffer, an all-gather or reduce-scatter (n-1)/n), and how many calls.
   std::int64_t communication_bytes = 0;
   double communication_calls = 0;
-  // Their time over the communicator's measured link (link_probe.hpp), none of it hidden behind
-  // compute: on the host CPU a collective's work takes the cores the compute needs.
+  // Of those calls, the pipeline's sends and receives: posted ahead of the compute that needs
+  // them, so that their fixed cost passes while the peers compute.
+  double posted_transfers = 0;
+  // Their time over the communicator's measured link (link_probe.hpp), none of the bytes' time
+  // hidden behind compute: on the host CPU a collective's work takes the cores the compute needs.
   double communication_seconds = 0;
   double step_seconds() const {
     return compute_seconds + optimizer_seconds + communication_seconds;

@@ -1,8 +1,9 @@
 // `trainyard plan`'s step time against the run's: the probe's timed forwards, backwards and
 // optimizer step on the threads a rank gets, and the layout's collectives and sends over the
 // communicator's measured link, within a quarter of the median measured step for one process,
-// ddp, fsdp (whose gathers sit on the critical path) and a 2-stage pipeline (its sends, through
-// the schedule). Timed: it runs with the machine to itself.
+// ddp, fsdp (whose gathers sit on the critical path), a 2-stage pipeline (its sends, through
+// the schedule) and tensor parallelism (its all-reduces inside every block). Timed: it runs with
+// the machine to itself.
 
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
@@ -75,6 +76,9 @@ TEST(PlanStepTime, WithinAQuarterOfTheMeasuredStepWithCommunicationOnTheCritical
   expect_step_time_planned("pipeline 2, 1f1b", 2,
                            {"strategy.plugin=pipeline", "parallel.pp=2", "parallel.dp_shard=1",
                             "strategy.micro_batches=8"});
+  // Two all-reduces a block in forward and in backward, each waited for where it is issued.
+  expect_step_time_planned("tp 2", 2,
+                           {"strategy.plugin=ddp", "parallel.tp=2", "parallel.dp_shard=1"});
 }
 
 // The link a plan times communication over is measured once per host, communicator and rank
