@@ -179,7 +179,7 @@ void time_communication(LayoutPlan& plan, const Registry& registry) {
       [](const std::string& line) { std::cerr << line << "\n"; });
   const auto timed = [&](PlannedMemory& memory) {
     memory.communication_seconds =
-        link.seconds(memory.communication_calls - memory.posted_transfers,
+        link.seconds(memory.communication_calls - memory.posted_calls,
                      plan.layout.core_sharing * static_cast<double>(memory.communication_bytes));
   };
   timed(plan.memory);

@@ -80,6 +80,19 @@ double data_parallel_calls(const ModelFootprint& model, const PlanLayout& layout
          (layout.zero1 ? 1 : 0);
 }
 
+// Of those, the ones issued before the compute that waits for them: with prefetch, each pass's
+// gathers but its first (the next unit's is issued as a unit computes), and the reductions but
+// the last (each is waited for only when the backward ends).
+double posted_data_parallel_calls(const ModelFootprint& model, const PlanLayout& layout) {
+  if (layout.holding != ModelHolding::kShardedUnits || layout.shard_ranks <= 1) return 0;
+  const auto units = static_cast<double>(model.blocks.size());
+  const double reductions = units - 1;
+  if (layout.sharding == "none" || !layout.prefetch) return reductions;
+  const double passes =
+      (layout.sharding == "full" ? 2 : 1) * static_cast<double>(layout.accumulation);
+  return passes * (units - 1) + reductions;
+}
+
 bool any_recomputed(const ModelFootprint& model) {
   return std::any_of(model.blocks.begin(), model.blocks.end(),
                      [](const BlockFootprint& block) { return block.recomputed; });
@@ -196,6 +209,7 @@ PlannedMemory plan_memory(const ModelFootprint& model, const PlanLayout& layout)
                                                          model.tensor_parallel_bytes.at(samples));
   plan.communication_calls = data_parallel_calls(model, layout) +
                              static_cast<double>(layout.accumulation) * model.tensor_parallel_calls;
+  plan.posted_calls = posted_data_parallel_calls(model, layout);
   plan.peak =
       *std::max_element(plan.phases.begin(), plan.phases.end(),
                         [](const PhasePeak& a, const PhasePeak& b) { return a.bytes < b.bytes; });
@@ -508,7 +522,7 @@ void count_pipeline_traffic(const ModelFootprint& model, const PlanLayout& layou
       data_parallel_traffic(own, data);
   plan.communication_calls = micro_batches * (transfers + share * model.tensor_parallel_calls) +
                              data_parallel_calls(own, data);
-  plan.posted_transfers = micro_batches * transfers;
+  plan.posted_calls = micro_batches * transfers + posted_data_parallel_calls(own, data);
 }
 
 }  // namespace

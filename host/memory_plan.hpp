@@ -81,9 +81,10 @@ struct PlannedMemory {
   // 2 (n-1)/n of its buffer, an all-gather or reduce-scatter (n-1)/n), and how many calls.
   std::int64_t communication_bytes = 0;
   double communication_calls = 0;
-  // Of those calls, the pipeline's sends and receives: posted ahead of the compute that needs
-  // them, so that their fixed cost passes while the peers compute.
-  double posted_transfers = 0;
+  // Of those calls, the ones posted ahead of the compute that needs them, whose fixed cost
+  // passes while the ranks compute: a pipeline's sends and receives, and fsdp's prefetched
+  // gathers and its reductions but the last.
+  double posted_calls = 0;
   // Their time over the communicator's measured link (link_probe.hpp), none of the bytes' time
   // hidden behind compute: on the host CPU a collective's work takes the cores the compute needs.
   double communication_seconds = 0;
