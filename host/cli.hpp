@@ -1,6 +1,8 @@
 #pragma once
 // Command-line pieces every host command shares: plugin loading options and option parsing.
 
+#include <sys/types.h>
+
 #include <boost/program_options.hpp>
 
 #include <filesystem>
@@ -24,6 +26,12 @@ void add_common(boost::program_options::options_description& options, CommonOpti
 
 // This binary's own path (plugins and ranks are found relative to it).
 std::filesystem::path executable_path();
+
+// Starts this binary with `args` (after its name), stdin from /dev/null and both output streams
+// into `log`, and returns the child's pid without waiting. `who` names the command in the Error
+// thrown when it cannot start.
+pid_t start_this_binary(const std::vector<std::string>& args, const std::filesystem::path& log,
+                        const std::string& who);
 
 // Loads plugins from the explicit places only: the install's folder and TRAINYARD_PLUGIN_PATH
 // (unless disabled), --plugin-path, then the recipe's plugin_paths.

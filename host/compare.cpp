@@ -1,6 +1,5 @@
 #include "compare.hpp"
 
-#include <fcntl.h>
 #include <sys/wait.h>
 #include <unistd.h>
 #include <boost/program_options.hpp>
@@ -108,38 +107,10 @@ struct ChildOutcome {
 // `timeout_s` seconds (0: no limit) it is stopped with SIGTERM, and SIGKILL if it lingers.
 ChildOutcome run_child(const std::vector<std::string>& args, const fs::path& log,
                        std::int64_t timeout_s) {
-  const int log_fd = ::open(log.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-  if (log_fd < 0)
-    throw Error("compare: cannot write " + log.string() + ": " + std::strerror(errno));
-  const int null_fd = ::open("/dev/null", O_RDONLY | O_CLOEXEC);
-  fs::path self = executable_path();
-  if (self.empty()) self = "/proc/self/exe";
-  std::vector<std::string> argv = {"trainyard"};
-  argv.insert(argv.end(), args.begin(), args.end());
-  std::vector<char*> c_argv;
-  for (auto& a : argv) c_argv.push_back(a.data());
-  c_argv.push_back(nullptr);
-
   const auto started = std::chrono::steady_clock::now();
   std::cout.flush();
   std::cerr.flush();
-  const pid_t pid = ::fork();
-  if (pid < 0) {
-    ::close(log_fd);
-    if (null_fd >= 0) ::close(null_fd);
-    throw Error(std::string("compare: fork failed: ") + std::strerror(errno));
-  }
-  if (pid == 0) {
-    if (null_fd >= 0) ::dup2(null_fd, STDIN_FILENO);
-    ::dup2(log_fd, STDOUT_FILENO);
-    ::dup2(log_fd, STDERR_FILENO);
-    ::execv(self.c_str(), c_argv.data());
-    std::fprintf(stderr, "trainyard: error: compare: cannot run %s: %s\n", self.c_str(),
-                 std::strerror(errno));
-    std::_Exit(127);
-  }
-  ::close(log_fd);
-  if (null_fd >= 0) ::close(null_fd);
+  const pid_t pid = start_this_binary(args, log, "compare");
   ChildOutcome outcome;
   using Clock = std::chrono::steady_clock;
   std::optional<Clock::time_point> stop_at, kill_at;

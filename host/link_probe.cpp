@@ -2,8 +2,6 @@
 
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
-#include <fcntl.h>
-#include <spawn.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -11,7 +9,6 @@
 #include <boost/program_options.hpp>
 #include <cerrno>
 #include <chrono>
-#include <cstring>
 #include <fstream>
 #include <utility>
 #include <vector>
@@ -25,8 +22,6 @@
 #include "trainyard/runtime/peak_flops.hpp"
 #include "trainyard/runtime/plugin_loader.hpp"
 
-extern char** environ;
-
 namespace trainyard {
 
 namespace fs = std::filesystem;
@@ -38,12 +33,6 @@ constexpr std::int64_t kSmallElements = 256;        // 1 KiB of float32
 constexpr std::int64_t kLargeElements = 1LL << 20;  // 4 MiB of float32
 constexpr int kWarmUp = 5;
 constexpr int kTimed = 60;
-
-std::string host_name() {
-  char name[256] = {};
-  if (::gethostname(name, sizeof name - 1) != 0) return "unknown-host";
-  return name;
-}
 
 // A port nothing listens on now, for rank 0's store.
 int free_port() {
@@ -89,32 +78,8 @@ std::pair<double, double> timed_all_reduces(Communicator& communicator, std::int
 }
 
 fs::path entry_file(const fs::path& folder, const std::string& plugin, int ranks) {
-  return folder / (host_name() + "-" + plugin + "-" + std::to_string(ranks) + "-processes.txt");
-}
-
-// Starts this binary as rank `rank` of the probe, its output streams into `log`.
-pid_t start_probe_rank(const std::vector<std::string>& args, const fs::path& log) {
-  std::vector<std::string> argv = {"trainyard", "link-probe"};
-  argv.insert(argv.end(), args.begin(), args.end());
-  std::vector<char*> c_argv;
-  for (auto& arg : argv) c_argv.push_back(arg.data());
-  c_argv.push_back(nullptr);
-  posix_spawn_file_actions_t actions;
-  posix_spawn_file_actions_init(&actions);
-  posix_spawn_file_actions_addopen(&actions, STDIN_FILENO, "/dev/null", O_RDONLY, 0);
-  posix_spawn_file_actions_addopen(&actions, STDOUT_FILENO, log.c_str(),
-                                   O_WRONLY | O_CREAT | O_TRUNC, 0644);
-  posix_spawn_file_actions_adddup2(&actions, STDOUT_FILENO, STDERR_FILENO);
-  fs::path self = executable_path();
-  if (self.empty()) self = "/proc/self/exe";
-  pid_t pid = 0;
-  const int failed = ::posix_spawn(&pid, self.c_str(), &actions, nullptr, c_argv.data(), environ);
-  posix_spawn_file_actions_destroy(&actions);
-  if (failed != 0) {
-    throw Error("plan: cannot start the link probe (" + self.string() +
-                "): " + std::strerror(failed));
-  }
-  return pid;
+  return folder /
+         (cache_host_name() + "-" + plugin + "-" + std::to_string(ranks) + "-processes.txt");
 }
 
 // The first line a failed probe rank wrote, for the error that reports it.
@@ -151,7 +116,9 @@ LinkCost measure_link(const Registry& registry, const std::string& plugin, int r
     if (!info.library_path.empty()) {
       args.insert(args.end(), {"--no-default-plugins", "--plugin-path", info.library_path});
     }
-    children.push_back(start_probe_rank(args, folder / ("rank" + std::to_string(r) + ".log")));
+    args.insert(args.begin(), "link-probe");
+    children.push_back(start_this_binary(args, folder / ("rank" + std::to_string(r) + ".log"),
+                                         "plan: link probe"));
   }
   std::string failure;
   for (std::size_t r = 0; r < children.size(); ++r) {

@@ -41,8 +41,8 @@ LinkCost cached_or_measured_link(const Registry& registry, const std::string& pl
                                  const std::function<void(const std::string&)>& warn);
 
 // One rank of measure_link's probe, in a process of its own (the `link-probe` command, which
-// only measure_link starts): connects, times the all-reduces, and rank 0 writes the two medians
-// to --out.
+// only measure_link starts): connects, times the all-reduces, and rank 0 writes their two mean
+// times to --out.
 int command_link_probe(const std::vector<std::string>& args, Registry& registry);
 
 }  // namespace trainyard

@@ -309,7 +309,7 @@ def main():
 
     print(f"pipeline benchmark: gpt_text (4 layers, d_model 128, seq 128), global batch {global_batch}, "
           "1 thread per process, gloo")
-    repeats = max(len(runs_of(folder)) for _, _, folder in rows if folder) if rows else 1
+    repeats = max((len(runs_of(folder)) for _, _, folder in rows if folder), default=1)
     print("samples/s: global batch / the slowest rank's median step time over the logging intervals "
           f"after the first, the median over {repeats} interleaved run(s) of each compare variant "
           "(single: one run); spread: (highest - lowest) / median; vs ddp, vs single: samples/s "

@@ -28,12 +28,6 @@ constexpr const char* kCacheHeader = "trainyard peak flops 1";
 constexpr double kRepetitionMs = 50;
 constexpr int kTimedRepetitions = 7;
 
-std::string host_name() {
-  char name[256] = {};
-  if (::gethostname(name, sizeof name - 1) != 0) return "unknown-host";
-  return name;
-}
-
 std::string safe_for_file_name(const std::string& text) {
   std::string out;
   for (char c : text) {
@@ -128,7 +122,7 @@ const char* peak_source_name(PeakSource source) {
 PeakProbeKey PeakProbeKey::of(const DeviceBackend& backend, int device_index,
                               c10::ScalarType dtype) {
   PeakProbeKey key;
-  key.host = host_name();
+  key.host = cache_host_name();
   key.device = backend.device(device_index).str() + " " + backend.device_name(device_index);
   key.dtype = dtype_name(dtype);
   key.threads = at::get_num_threads();
@@ -138,6 +132,12 @@ PeakProbeKey PeakProbeKey::of(const DeviceBackend& backend, int device_index,
 fs::path PeakProbeKey::file_in(const fs::path& folder) const {
   return folder / (safe_for_file_name(host) + "__" + safe_for_file_name(device) + "__" + dtype +
                    "__" + std::to_string(threads) + "threads.txt");
+}
+
+std::string cache_host_name() {
+  char name[256] = {};
+  if (::gethostname(name, sizeof name - 1) != 0) return "unknown-host";
+  return name;
 }
 
 fs::path peak_cache_folder() {

@@ -37,6 +37,10 @@ struct PeakProbeKey {
   std::filesystem::path file_in(const std::filesystem::path& folder) const;
 };
 
+// This machine's host name, which the probes cached per machine are keyed by ("unknown-host"
+// when it cannot be read).
+std::string cache_host_name();
+
 // Where probes are cached: $TRAINYARD_CACHE/peak_flops, else ~/.cache/trainyard/peak_flops.
 std::filesystem::path peak_cache_folder();
 
