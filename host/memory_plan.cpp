@@ -45,6 +45,12 @@ std::int64_t largest_units(const ModelFootprint& model, std::size_t count) {
   return sum;
 }
 
+// A step's gather passes over the units: each micro-batch's forward, and again its backward
+// when full sharding frees the units between them.
+double gather_passes(const PlanLayout& layout) {
+  return (layout.sharding == "full" ? 2 : 1) * static_cast<double>(layout.accumulation);
+}
+
 // What a data-parallel step's collectives move per rank: gradients all-reduced (a replica, or
 // replicated units), or whole parameters gathered for each micro-batch's forward (and again for
 // its backward when the units are freed between them) and gradients reduce-scattered once; zero1
@@ -54,12 +60,10 @@ std::int64_t data_parallel_traffic(const ModelFootprint& model, const PlanLayout
   if (layout.holding == ModelHolding::kWhole || ranks <= 1) return 0;
   const double whole = static_cast<double>(model.parameter_bytes);
   const double share = (ranks - 1) / ranks;
-  const auto micro_batches = static_cast<double>(layout.accumulation);
   double moved = 2 * share * whole;  // an all-reduce of the gradients
   if (layout.holding == ModelHolding::kReplicated && layout.zero1) moved += share * whole;
   if (layout.holding == ModelHolding::kShardedUnits && layout.sharding != "none") {
-    const double gathers = layout.sharding == "full" ? 2 : 1;
-    moved = gathers * micro_batches * share * whole + share * whole;
+    moved = gather_passes(layout) * share * whole + share * whole;
   }
   return round_bytes(moved);
 }
@@ -72,8 +76,7 @@ double data_parallel_calls(const ModelFootprint& model, const PlanLayout& layout
   const auto units = static_cast<double>(model.blocks.size());
   if (layout.holding == ModelHolding::kShardedUnits) {
     if (layout.sharding == "none") return units;
-    const double gathers = layout.sharding == "full" ? 2 : 1;
-    return units * (gathers * static_cast<double>(layout.accumulation) + 1);
+    return units * (gather_passes(layout) + 1);
   }
   constexpr double kBucketBytes = 25.0 * 1024 * 1024;
   return std::ceil(static_cast<double>(model.parameter_bytes) / kBucketBytes) +
@@ -88,9 +91,7 @@ double posted_data_parallel_calls(const ModelFootprint& model, const PlanLayout&
   const auto units = static_cast<double>(model.blocks.size());
   const double reductions = units - 1;
   if (layout.sharding == "none" || !layout.prefetch) return reductions;
-  const double passes =
-      (layout.sharding == "full" ? 2 : 1) * static_cast<double>(layout.accumulation);
-  return passes * (units - 1) + reductions;
+  return gather_passes(layout) * (units - 1) + reductions;
 }
 
 bool any_recomputed(const ModelFootprint& model) {
