@@ -9,7 +9,11 @@
 #include <boost/program_options.hpp>
 #include <cerrno>
 #include <chrono>
+#include <csignal>
+#include <cstdlib>
+#include <cstring>
 #include <fstream>
+#include <thread>
 #include <utility>
 #include <vector>
 
@@ -90,6 +94,46 @@ std::string first_line_of(const fs::path& log) {
   return line.empty() ? "no output" : line;
 }
 
+// How a probe rank ended, when not with exit status 0: its log's first line, or its signal.
+std::string how_it_failed(int status, const fs::path& log) {
+  if (WIFSIGNALED(status)) {
+    return "killed by signal " + std::to_string(WTERMSIG(status)) + " (" +
+           ::strsignal(WTERMSIG(status)) + ")";
+  }
+  return first_line_of(log);
+}
+
+// Waits for every probe rank and returns how the first to fail failed ("rank 1: ..."), or ""
+// when all succeeded. The others cannot finish a collective without it, so once one fails the
+// rest are stopped rather than left to wait out the store's timeout.
+std::string first_failed_rank(const std::vector<pid_t>& children, const fs::path& folder) {
+  std::string failure;
+  std::vector<bool> done(children.size(), false);
+  std::size_t running = children.size();
+  while (running > 0) {
+    bool reaped = false;
+    for (std::size_t rank = 0; rank < children.size(); ++rank) {
+      if (done[rank]) continue;
+      int status = 0;
+      const pid_t result = ::waitpid(children[rank], &status, WNOHANG);
+      const bool lost = result < 0 && errno == ECHILD;  // reaped elsewhere: no status to read
+      if (result != children[rank] && !lost) continue;
+      done[rank] = reaped = true;
+      --running;
+      const bool succeeded = !lost && WIFEXITED(status) && WEXITSTATUS(status) == 0;
+      if (!failure.empty() || succeeded) continue;
+      failure = "rank " + std::to_string(rank) + ": " +
+                (lost ? std::string("its exit status was lost")
+                      : how_it_failed(status, folder / ("rank" + std::to_string(rank) + ".log")));
+      for (std::size_t other = 0; other < children.size(); ++other) {
+        if (!done[other]) ::kill(children[other], SIGKILL);
+      }
+    }
+    if (!reaped) std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+  return failure;
+}
+
 }  // namespace
 
 fs::path link_cache_folder() {
@@ -120,16 +164,7 @@ LinkCost measure_link(const Registry& registry, const std::string& plugin, int r
     children.push_back(start_this_binary(args, folder / ("rank" + std::to_string(r) + ".log"),
                                          "plan: link probe"));
   }
-  std::string failure;
-  for (std::size_t r = 0; r < children.size(); ++r) {
-    int status = 0;
-    while (::waitpid(children[r], &status, 0) < 0 && errno == EINTR) {
-    }
-    if (failure.empty() && !(WIFEXITED(status) && WEXITSTATUS(status) == 0)) {
-      failure = "rank " + std::to_string(r) + ": " +
-                first_line_of(folder / ("rank" + std::to_string(r) + ".log"));
-    }
-  }
+  const std::string failure = first_failed_rank(children, folder);
   double small = 0;
   double large = 0;
   std::ifstream in(result);
@@ -212,6 +247,11 @@ int command_link_probe(const std::vector<std::string>& args, Registry& registry)
   meet.master_port = port;
   meet.timeout = std::chrono::seconds(60);
   communicator->connect(meet, c10::Device(c10::kCPU));
+  // For the tests of plan's failure path: this rank dies once connected, as a crashed peer would.
+  if (const char* dying = std::getenv("TRAINYARD_TEST_LINK_PROBE_KILL_RANK");
+      dying != nullptr && std::to_string(rank) == dying) {
+    ::raise(SIGKILL);
+  }
   const auto [small, large] = timed_all_reduces(*communicator, kSmallElements, kLargeElements);
   if (rank == 0) {
     std::ofstream file(out);

@@ -9,6 +9,7 @@
 #include <nlohmann/json.hpp>
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <filesystem>
 #include <string>
@@ -81,20 +82,25 @@ TEST(PlanStepTime, WithinAQuarterOfTheMeasuredStepWithCommunicationOnTheCritical
                            {"strategy.plugin=ddp", "parallel.tp=2", "parallel.dp_shard=1"});
 }
 
+// `trainyard plan` of the gpt under ddp on 2 ranks: a plan that times a 2-rank link.
+std::vector<std::string> plan_gpt_ddp_on_two() {
+  return {host_binary().string(),
+          "plan",
+          (source_dir() / "recipes" / "gpt_text.toml").string(),
+          "--nproc",
+          "2",
+          "--set",
+          "strategy.plugin=ddp",
+          "--set",
+          "parallel.dp_shard=2"};
+}
+
 // The link a plan times communication over is measured once per host, communicator and rank
 // count, then read from the cache (TRAINYARD_CACHE/links): a second plan says so and uses the
 // same figures.
 TEST(PlanStepTime, TheLinkIsMeasuredOnceThenReadFromTheCache) {
   TempDir cache;
-  const std::vector<std::string> plan = {host_binary().string(),
-                                         "plan",
-                                         (source_dir() / "recipes" / "gpt_text.toml").string(),
-                                         "--nproc",
-                                         "2",
-                                         "--set",
-                                         "strategy.plugin=ddp",
-                                         "--set",
-                                         "parallel.dp_shard=2"};
+  const std::vector<std::string> plan = plan_gpt_ddp_on_two();
   const std::vector<std::string> env = {"TRAINYARD_CACHE=" + cache.path().string()};
   const CommandResult first = run_command(plan, source_dir(), 600, env);
   ASSERT_EQ(first.exit_code, 0) << describe(first);
@@ -117,6 +123,37 @@ TEST(PlanStepTime, TheLinkIsMeasuredOnceThenReadFromTheCache) {
     return at == std::string::npos ? std::string() : line.substr(at);
   };
   EXPECT_EQ(communication(step_line(first.out)), communication(step_line(second.out)));
+}
+
+// A link-probe rank that dies once connected, as a crashed peer would, stops `plan` with one
+// line naming it; the other rank, which cannot finish a collective without it, is stopped
+// rather than left to wait out the store's timeout, and nothing is cached.
+TEST(PlanStepTime, AProbeRankThatDiesStopsThePlanInOneLineNamingIt) {
+  TempDir cache;
+  const std::vector<std::string> plan = plan_gpt_ddp_on_two();
+  const auto started = std::chrono::steady_clock::now();
+  const CommandResult result = run_command(
+      plan, source_dir(), 120,
+      {"TRAINYARD_CACHE=" + cache.path().string(), "TRAINYARD_TEST_LINK_PROBE_KILL_RANK=1"});
+  const double seconds =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
+  EXPECT_FALSE(result.timed_out) << describe(result);
+  EXPECT_NE(result.exit_code, 0) << describe(result);
+  EXPECT_NE(result.err.find("the link probe over 2 processes of 'gloo' failed (rank 1: killed by "
+                            "signal 9"),
+            std::string::npos)
+      << describe(result);
+  // One error line: the rank that died, not also the peer it left waiting.
+  std::size_t errors = 0;
+  for (std::size_t at = result.err.find("error:"); at != std::string::npos;
+       at = result.err.find("error:", at + 1)) {
+    ++errors;
+  }
+  EXPECT_EQ(errors, 1u) << describe(result);
+  // Far below the 60 s a waiting rank would give its store.
+  EXPECT_LT(seconds, 30.0) << describe(result);
+  EXPECT_FALSE(fs::exists(cache.path() / "links") && !fs::is_empty(cache.path() / "links"))
+      << "a failed probe left a cached link";
 }
 
 }  // namespace

@@ -253,6 +253,47 @@ TEST(PipelineScheduleTest, CommunicationIsLoweredAroundTheComputeItServes) {
   EXPECT_EQ(schedule.rank_actions[1], rank1);
 }
 
+// A stage posts the receives its next compute action needs before it runs the current one, so
+// that the transfer overlaps compute: in 1F1B's list for {2, 2} above, rank 1 posts the
+// activation of micro-batch 1 before Backward(1, 0), and rank 0 the gradient of micro-batch 0
+// before Forward(0, 1).
+TEST(PipelineScheduleTest, ReceivesArePostedOneComputeActionAheadOfTheComputeTheyFeed) {
+  const PipelineSchedule small = one_forward_one_backward_schedule({2, 2});
+  const auto& rank0 = small.rank_actions[0];
+  const auto& rank1 = small.rank_actions[1];
+  EXPECT_EQ(receives_to_post_before(rank1, 2), std::vector<std::size_t>{4});  // before B(1, 0)
+  EXPECT_TRUE(receives_to_post_before(rank1, 1).empty());  // F(1, 0): B(1, 0) needs none
+  EXPECT_TRUE(receives_to_post_before(rank1, 4).empty());  // a receive is not compute
+  EXPECT_EQ(receives_to_post_before(rank0, 2), std::vector<std::size_t>{4});  // before F(0, 1)
+  EXPECT_EQ(receives_to_post_before(rank0, 5), std::vector<std::size_t>{6});  // before B(0, 0)
+  EXPECT_TRUE(receives_to_post_before(rank0, 7).empty());                     // the last action
+
+  // On the whole grid: a receive listed after a compute action is posted exactly once, before
+  // the last compute action listed ahead of it (one compute action early, never more); the
+  // receives listed before a rank's first compute action are posted where they stand.
+  for (const GridPoint& point : grid()) {
+    const PipelineSchedule schedule = build_pipeline_schedule(point.name, point.shape);
+    for (std::size_t rank = 0; rank < schedule.rank_actions.size(); ++rank) {
+      const auto& actions = schedule.rank_actions[rank];
+      std::vector<int> posted_before(actions.size(), -1);
+      for (std::size_t i = 0; i < actions.size(); ++i) {
+        for (std::size_t receive : receives_to_post_before(actions, i)) {
+          ASSERT_EQ(posted_before[receive], -1) << name_of(point) << " rank " << rank;
+          posted_before[receive] = static_cast<int>(i);
+        }
+      }
+      int last_compute = -1;
+      for (std::size_t i = 0; i < actions.size(); ++i) {
+        if (is_compute(actions[i].kind)) last_compute = static_cast<int>(i);
+        const bool receive = actions[i].kind == Kind::kReceiveActivation ||
+                             actions[i].kind == Kind::kReceiveGradient;
+        EXPECT_EQ(posted_before[i], receive ? last_compute : -1)
+            << name_of(point) << " rank " << rank << " " << to_string(actions[i]);
+      }
+    }
+  }
+}
+
 TEST(PipelineScheduleTest, InterleavedPlacesStagesLoopedAndHandsOverLocallyOnOneRank) {
   const PipelineSchedule looped = interleaved_schedule({2, 4, 2});
   for (int rank = 0; rank < 2; ++rank) {

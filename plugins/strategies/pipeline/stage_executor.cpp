@@ -94,17 +94,16 @@ void StageExecutor::run(const std::vector<Batch>& parts, bool synchronising, dou
     const PipelineAction& action = actions[i];
     const Batch& part = parts[static_cast<std::size_t>(action.micro_batch)];
     const Key key{action.stage, action.micro_batch};
+    // The next compute action's receives go out before this one computes
+    // (receives_to_post_before): posted only when needed, a transfer waits for the peer's
+    // process to be scheduled, which on a loaded host can take milliseconds.
+    for (std::size_t ahead : receives_to_post_before(actions, i))
+      post_receive(actions[ahead], parts);
     double started = recording_ ? now_us() : 0;
     switch (action.kind) {
       case PipelineActionKind::kReceiveActivation:
-        activation_receives_[key] =
-            channel_->receive(rank_of(action.stage - 1), StageMessage::kActivation, action.stage,
-                              action.micro_batch, part.size);
-        break;
       case PipelineActionKind::kReceiveGradient:
-        gradient_receives_[key] =
-            channel_->receive(rank_of(action.stage + 1), StageMessage::kGradient, action.stage,
-                              action.micro_batch, part.size);
+        post_receive(action, parts);
         break;
       case PipelineActionKind::kForward:
         forward(action, part, action.stage > 0 ? forward_input(key, started) : Activations(),
@@ -132,6 +131,22 @@ void StageExecutor::run(const std::vector<Batch>& parts, bool synchronising, dou
       }
     }
     if (recording_) timeline_.push_back({action, started, now_us()});
+  }
+}
+
+// Posts a receive unless it is posted already (ahead of its place in the list).
+void StageExecutor::post_receive(const PipelineAction& action, const std::vector<Batch>& parts) {
+  const Key key{action.stage, action.micro_batch};
+  const std::int64_t rows = parts[static_cast<std::size_t>(action.micro_batch)].size;
+  if (action.kind == PipelineActionKind::kReceiveActivation) {
+    if (activation_receives_.contains(key)) return;
+    activation_receives_[key] =
+        channel_->receive(rank_of(action.stage - 1), StageMessage::kActivation, action.stage,
+                          action.micro_batch, rows);
+  } else {
+    if (gradient_receives_.contains(key)) return;
+    gradient_receives_[key] = channel_->receive(rank_of(action.stage + 1), StageMessage::kGradient,
+                                                action.stage, action.micro_batch, rows);
   }
 }
 

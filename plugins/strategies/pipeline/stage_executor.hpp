@@ -67,6 +67,7 @@ class StageExecutor {
   double now_us() const;
 
   std::vector<double> loss_weights(const std::vector<Batch>& parts, double rounds) const;
+  void post_receive(const PipelineAction& action, const std::vector<Batch>& parts);
   Activations forward_input(const Key& key, double& started);
   Activations output_gradients(const Key& key, double& started);
   void run_backward(const PipelineAction& action, std::size_t index, bool synchronising,

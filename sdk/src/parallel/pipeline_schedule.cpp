@@ -110,6 +110,20 @@ bool is_compute(PipelineActionKind kind) {
          kind == Kind::kBackwardWeight;
 }
 
+std::vector<std::size_t> receives_to_post_before(const std::vector<PipelineAction>& actions,
+                                                 std::size_t index) {
+  std::vector<std::size_t> receives;
+  if (index >= actions.size() || !is_compute(actions[index].kind)) return receives;
+  for (std::size_t next = index + 1; next < actions.size(); ++next) {
+    const Kind kind = actions[next].kind;
+    if (is_compute(kind)) break;
+    if (kind == Kind::kReceiveActivation || kind == Kind::kReceiveGradient) {
+      receives.push_back(next);
+    }
+  }
+  return receives;
+}
+
 std::string to_string(const PipelineAction& action) {
   return std::string(action_kind_name(action.kind)) + "(stage " + std::to_string(action.stage) +
          ", micro-batch " + std::to_string(action.micro_batch) + ")";

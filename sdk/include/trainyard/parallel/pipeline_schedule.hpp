@@ -4,6 +4,7 @@
 // validated, and simulated with a cost model to measure bubbles, activation memory and
 // deadlocks before a pipeline strategy executes them. Pure logic: no tensors, no communication.
 
+#include <cstddef>
 #include <filesystem>
 #include <optional>
 #include <string>
@@ -37,6 +38,15 @@ struct PipelineAction {
 
 // "Forward(stage 1, micro-batch 3)".
 std::string to_string(const PipelineAction& action);
+
+// The positions of the receives a rank posts before it runs the compute action at `index` of
+// its list `actions`: those listed after it up to the next compute action, whose input they
+// carry. Their transfers then complete while this action computes, rather than starting when
+// the next one asks for them; each kind of receive runs at most one compute action ahead of the
+// list, so at most one more of its buffers is allocated at a time. Empty unless `index` is a
+// compute action.
+std::vector<std::size_t> receives_to_post_before(const std::vector<PipelineAction>& actions,
+                                                 std::size_t index);
 
 // Where a pipeline's stages live. Looped: stage s on rank s % p, as Megatron-LM's and PyTorch's
 // interleaved schedules place chunks. V: the stages go down the ranks and back up, so rank r holds
