@@ -266,21 +266,54 @@ struct InFlight {
   std::int64_t forward_after_gradients = 0;
 };
 
+// The bytes of a receive's buffer: the input of the stage's forward, or its output's gradient.
+std::int64_t receive_bytes(const PipelineAction& receive, const std::vector<StageFigures>& stages) {
+  if (receive.kind == PipelineActionKind::kReceiveActivation) {
+    return stages[static_cast<std::size_t>(receive.stage)].input;
+  }
+  return stages[static_cast<std::size_t>(receive.stage + 1)].communicated;
+}
+
+// The bytes of the receives a rank allocates just before its action `index`: those posted
+// ahead of the compute action there (receives_to_post_before), or, before the rank's first
+// compute action, a receive where it stands.
+std::int64_t posted_before(const std::vector<PipelineAction>& actions, std::size_t index,
+                           bool computed_yet, const std::vector<StageFigures>& stages) {
+  const PipelineActionKind kind = actions[index].kind;
+  const bool receive = kind == PipelineActionKind::kReceiveActivation ||
+                       kind == PipelineActionKind::kReceiveGradient;
+  if (receive) return computed_yet ? 0 : receive_bytes(actions[index], stages);
+  std::int64_t bytes = 0;
+  for (std::size_t ahead : receives_to_post_before(actions, index)) {
+    bytes += receive_bytes(actions[ahead], stages);
+  }
+  return bytes;
+}
+
 InFlight most_in_flight(const PipelineSchedule& schedule, int rank,
                         const std::vector<StageFigures>& stages) {
   StageFigures held;
   InFlight result;
   std::int64_t since_backward = 0;
   bool gradients_made = false;
-  for (const PipelineAction& action : schedule.rank_actions[static_cast<std::size_t>(rank)]) {
+  bool computed_yet = false;
+  const auto& actions = schedule.rank_actions[static_cast<std::size_t>(rank)];
+  for (std::size_t index = 0; index < actions.size(); ++index) {
+    const PipelineAction& action = actions[index];
     const StageFigures& stage = stages[static_cast<std::size_t>(action.stage)];
-    if (action.kind == PipelineActionKind::kForward) {
-      // The input it received was allocated after the last backward too.
-      since_backward += stage.activations + stage.input;
+    // A receive's buffer is allocated when it is posted: in the forward window it is posted in
+    // (a backward starts a new one, so what was posted before a backward is not counted after
+    // it), including a forward's own input when it was posted before the compute ahead of it.
+    const std::int64_t posted = posted_before(actions, index, computed_yet, stages);
+    if (!is_compute(action.kind)) {
+      since_backward += posted;
+    } else if (action.kind == PipelineActionKind::kForward) {
+      since_backward += posted + stage.activations;
       result.forward_held = std::max(result.forward_held, since_backward);
-    } else if (is_compute(action.kind)) {
+    } else {
       since_backward = 0;
     }
+    computed_yet = computed_yet || is_compute(action.kind);
     switch (action.kind) {
       case PipelineActionKind::kForward:
         held.activations += stage.activations;

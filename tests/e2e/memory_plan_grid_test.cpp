@@ -91,10 +91,6 @@ TEST(MemoryPlanGrid, TensorParallelHybridAndThreeDimensionalLayoutsWithinTenPerc
                          with(base, with(kFsdp, {"parallel.dp_replicate=2",
                                                  "strategy.sharding=" + sharding}))});
       }
-      // Not yet within 10%: a recomputing pipeline's first stage under tp, whose forward some
-      // runs measure with a buffer of one micro-batch's hidden state more (0.88 of the
-      // allocator's kept-by-a-forward).
-      if (checkpointing == "all") continue;
       cases.push_back({name + " pipeline 2 x tp 2", recipe, 4,
                        with(base, {"strategy.plugin=pipeline", "parallel.pp=2", "parallel.tp=2",
                                    "parallel.dp_shard=1", "strategy.micro_batches=4"})});

@@ -15,6 +15,8 @@
 #include <ATen/Parallel.h>
 #include <ATen/autocast_mode.h>
 #include <gtest/gtest.h>
+#include <pthread.h>
+#include <sched.h>
 #include <torch/nn/modules/activation.h>
 #include <torch/nn/modules/embedding.h>
 #include <torch/nn/modules/linear.h>
@@ -25,6 +27,7 @@
 #include "step_harness.hpp"
 #include "trainyard/parallel/collective_counter.hpp"
 #include "trainyard/parallel/tensor_parallel.hpp"
+#include "trainyard/runtime/cpu_binding.hpp"
 
 namespace trainyard::testing {
 namespace {
@@ -249,6 +252,38 @@ struct ColumnCase {
   bool gather_output;
   bool sequence_parallel;
 };
+
+// A collective's result is the caller's alone once the operator returns: gloo's worker drops its
+// references to a finished collective's tensors a moment after the wait returns, and an operator
+// that returned before then would leave its result's memory held after the caller freed it.
+// The ranks and their communication threads share one CPU, as a rank bound to its own core
+// (run.cpu_binding) does with its own: the waiting thread, woken, can run before the worker has
+// let go.
+TEST_P(TensorParallel, AnOperatorsResultIsHeldByNothingElseOnceItReturns) {
+  at::set_num_threads(1);
+  run_threaded_ranks<bool>(GetParam(), [&](int rank, int port) {
+    cpu_set_t one;
+    CPU_ZERO(&one);
+    CPU_SET(allowed_cpus().front(), &one);
+    EXPECT_EQ(::pthread_setaffinity_np(::pthread_self(), sizeof(one), &one), 0);
+    Rank self(rank, GetParam(), port,
+              MeshRequest{.pp = 1, .dp_replicate = 1, .dp_shard = 1, .tp = GetParam()});
+    const TensorParallelGroup& group = self.group;
+    at::NoGradGuard no_grad;
+    int held_elsewhere = 0;
+    for (std::uint64_t i = 0; i < 200; ++i) {
+      const at::Tensor input = drawn({kBatch, kSequence, 64}, i);
+      for (const at::Tensor& result :
+           {reduce_from_tensor_parallel_region(input, group),
+            gather_from_sequence_parallel_region(input, 1, group),
+            reduce_scatter_to_sequence_parallel_region(input, 1, group)}) {
+        held_elsewhere += result.use_count() > 1 || result.storage().use_count() > 1;
+      }
+    }
+    EXPECT_EQ(held_elsewhere, 0) << "rank " << group.rank;
+    return true;
+  });
+}
 
 TEST_P(TensorParallel, ColumnParallelLinearMatchesTheWholeLayer) {
   constexpr std::int64_t in = 8, out = 12;

@@ -10,7 +10,7 @@
 #include <tuple>
 #include <utility>
 
-#include "trainyard/parallel/distributed.hpp"
+#include "released_collective.hpp"
 #include "trainyard/api/error.hpp"
 #include "trainyard/parallel/process_mesh.hpp"
 
@@ -46,11 +46,6 @@ const c10::intrusive_ptr<c10d::Backend>& backend_of(const TensorParallelGroup& g
   return group.backend;
 }
 
-void wait(const c10::intrusive_ptr<c10d::Work>& work) {
-  CollectiveWait waiting;
-  work->wait();
-}
-
 // The collectives below never touch their argument: each works on a buffer of its own, which
 // autograd may hand on as a gradient or an output.
 
@@ -60,7 +55,8 @@ at::Tensor all_reduce(const at::Tensor& tensor, const TensorParallelGroup& group
   std::vector<at::Tensor> buffer{tensor.clone(at::MemoryFormat::Contiguous)};
   c10d::AllreduceOptions options;
   options.reduceOp = operation;
-  wait(backend_of(group)->allreduce(buffer, options));
+  ReleasedCollective released(buffer);
+  released.wait(backend_of(group)->allreduce(buffer, options));
   return buffer[0];
 }
 
@@ -74,10 +70,11 @@ struct PendingGather {
   at::Tensor gathered;  // the parts along dimension 0; [size, *part.shape] otherwise
   at::Tensor flat;      // what c10d writes: `gathered`, flat
   std::int64_t dim;
+  std::optional<ReleasedCollective> released;  // of `input` and `flat`
 
   // The ranks' parts concatenated along `dim`.
   at::Tensor finish() {
-    wait(work);
+    released->wait(std::move(work));
     if (dim == 0) return gathered;
     at::Tensor out = gathered.movedim(0, dim).flatten(dim, dim + 1).contiguous();
     return out.is_view() ? out.clone() : out;
@@ -99,6 +96,7 @@ PendingGather start_all_gather(const at::Tensor& part, std::int64_t dim,
   }
   pending.gathered = at::empty(shape, part.options());
   pending.flat = pending.gathered.view({-1});
+  pending.released.emplace(std::vector<at::Tensor>{pending.input, pending.flat});
   pending.work = backend_of(group)->_allgather_base(pending.flat, pending.input);
   return pending;
 }
@@ -111,10 +109,11 @@ struct PendingReduceScatter {
   c10::intrusive_ptr<c10d::Work> work;
   at::Tensor input;
   at::Tensor output;
-  at::Tensor flat;  // what c10d writes: `output`, flat
+  at::Tensor flat;                             // what c10d writes: `output`, flat
+  std::optional<ReleasedCollective> released;  // of `input` and `flat`
 
   at::Tensor finish() {
-    wait(work);
+    released->wait(std::move(work));
     return output;
   }
 };
@@ -131,6 +130,7 @@ PendingReduceScatter start_reduce_scatter(const at::Tensor& whole, std::int64_t 
   shape[static_cast<std::size_t>(dim)] = part;
   pending.output = at::empty(shape, whole.options());
   pending.flat = pending.output.view({-1});
+  pending.released.emplace(std::vector<at::Tensor>{pending.input, pending.flat});
   pending.work = backend_of(group)->_reduce_scatter_base(pending.flat, pending.input);
   return pending;
 }
@@ -459,7 +459,8 @@ void all_reduce_sequence_parallel_gradients(const std::vector<at::Tensor>& param
     std::vector<at::Tensor> flat;
     for (const auto& gradient : gradients) flat.push_back(gradient.reshape({-1}));
     std::vector<at::Tensor> buffer{at::cat(flat)};
-    wait(backend_of(group)->allreduce(buffer));
+    ReleasedCollective released(buffer);
+    released.wait(backend_of(group)->allreduce(buffer));
     std::int64_t offset = 0;
     for (auto& gradient : gradients) {
       gradient.copy_(buffer[0].narrow(0, offset, gradient.numel()).view_as(gradient));
