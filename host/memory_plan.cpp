@@ -125,11 +125,9 @@ Holdings hold(const ModelFootprint& model, const PlanLayout& layout) {
     if (layout.accumulation > 1 && ranks > 1) held.accumulated_whole = whole;
     const std::int64_t root = model.blocks.empty() ? 0 : model.blocks.front().parameter_bytes;
     if (layout.sharding == "full") {
-      // A recomputed block's forward in backward gathers its unit and prefetches the next
-      // one forward, while the backward has prefetched the one before it.
-      const bool recomputing = any_recomputed(model);
-      const std::int64_t running =
-          largest_units(model, layout.prefetch ? (recomputing ? 3 : 2) : 1);
+      // In backward a unit runs gathered beside the one before it, prefetched; a recomputed
+      // block's forward in backward prefetches nothing and keeps its unit for the backward.
+      const std::int64_t running = largest_units(model, layout.prefetch ? 2 : 1);
       // The root stays gathered through the step; the last unit from its forward into its
       // backward, which comes next, unless the block is recomputed (gathered again then).
       const bool last_kept = model.blocks.size() > 1 && !model.blocks.back().recomputed;
@@ -142,7 +140,7 @@ Holdings hold(const ModelFootprint& model, const PlanLayout& layout) {
       for (std::size_t i = 1; i < model.blocks.size(); ++i) {
         if (!model.blocks[i].recomputed) held.gathered_forward += model.blocks[i].parameter_bytes;
       }
-      // A recomputed block's unit is gathered again for its backward (with the next one
+      // A recomputed block's unit is gathered again for its backward (with the one before it
       // prefetched), beside the units its forward left gathered.
       const bool recomputing = any_recomputed(model);
       held.gathered_backward = held.gathered_forward +

@@ -229,6 +229,26 @@ TEST(ActivationCheckpointing, GradientsIdenticalWithDropoutOnCuda) {
   }
 }
 
+// What wraps a block can tell the recompute in backward from the forward: fsdp's units prefetch
+// the next unit and free their own after a forward, but not after a recompute, whose backward
+// follows at once.
+TEST(ActivationCheckpointing, ARecomputeIsToldApartFromTheForward) {
+  auto layer = std::make_shared<torch::nn::LinearImpl>(4, 4);
+  std::vector<bool> seen;
+  const auto forward = [&](const Activations& x) {
+    seen.push_back(recomputing_checkpointed_forward());
+    return x.with_hidden(layer->forward(x.hidden()).tanh());
+  };
+  const torch::Tensor leaf = at::randn({3, 4}).requires_grad_(true);
+  const Activations out =
+      checkpointed_call(forward, Activations(leaf), {layer->weight, layer->bias});
+  EXPECT_FALSE(recomputing_checkpointed_forward());
+  out.hidden().sum().backward();
+  EXPECT_EQ(seen, (std::vector<bool>{false, true}));
+  EXPECT_FALSE(recomputing_checkpointed_forward()) << "the flag outlives the recompute";
+  EXPECT_TRUE(leaf.grad().defined());
+}
+
 // Blocks pass a bundle: the first adds a gate that the third reads, the second passes it on
 // without knowing it. Recomputing any of them gives the gradients of the plain run, the gate's
 // included.

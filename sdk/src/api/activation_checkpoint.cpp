@@ -35,6 +35,9 @@ std::vector<std::string> split(const std::string& text, char separator) {
   return parts;
 }
 
+// Set while this thread replays a checkpointed forward (recomputing_checkpointed_forward).
+thread_local bool recomputing = false;
+
 // What a recompute must reproduce of the original call: its function, random streams and autocast.
 struct AutocastState {
   c10::DeviceType device_type = c10::DeviceType::CPU;
@@ -233,7 +236,14 @@ class CheckpointFunction : public torch::autograd::Function<CheckpointFunction> 
       ForkedRng rng(*recompute);
       RestoredAutocast autocast(*recompute);
       at::AutoGradMode grad_mode(true);
-      output = recompute->forward(bundle(recompute->input_names, detached));
+      const bool outer = std::exchange(recomputing, true);
+      try {
+        output = recompute->forward(bundle(recompute->input_names, detached));
+      } catch (...) {
+        recomputing = outer;
+        throw;
+      }
+      recomputing = outer;
     }
 
     // Differentiate with respect to whatever requires grad and whose gradient this backward
@@ -395,5 +405,7 @@ Activations checkpointed_call(const std::function<Activations(const Activations&
   }
   return output;
 }
+
+bool recomputing_checkpointed_forward() { return recomputing; }
 
 }  // namespace trainyard

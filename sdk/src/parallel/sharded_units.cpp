@@ -12,11 +12,12 @@
 #include <unordered_map>
 #include <utility>
 
-#include "trainyard/parallel/distributed.hpp"
+#include "trainyard/api/activation_checkpoint.hpp"
 #include "trainyard/api/error.hpp"
-#include "trainyard/parallel/gradients.hpp"
 #include "trainyard/api/model.hpp"
 #include "trainyard/models/deferred_parameters.hpp"
+#include "trainyard/parallel/distributed.hpp"
+#include "trainyard/parallel/gradients.hpp"
 
 namespace trainyard {
 
@@ -222,11 +223,14 @@ struct ShardedUnits::State {
   Activations run_block(std::size_t k, const std::function<Activations(const Activations&)>& inner,
                         const Activations& x) {
     const bool training = at::GradMode::is_enabled();
+    // A checkpointed block's recompute runs in backward, where the next unit's backward is done:
+    // nothing to prefetch, and this unit's backward follows at once.
+    const bool recomputing = recomputing_checkpointed_forward();
     if (root_unit >= 0) gather(unit_at(root_unit));
     const int u = unit_of_block[k];
     if (u >= 0) gather(unit_at(u));
     // The next unit's all-gather runs while this one computes; at most two units are gathered.
-    if (options.prefetch) {
+    if (options.prefetch && !recomputing) {
       const int next = next_unit_after(k);
       if (next >= 0) start_gather(unit_at(next));
     }
@@ -238,7 +242,9 @@ struct ShardedUnits::State {
       return y;
     }
     // Full sharding frees the parameters until backward; the last unit's backward comes next.
-    if (options.sharding == UnitSharding::kFull && u != last_block_unit()) release(unit);
+    if (options.sharding == UnitSharding::kFull && u != last_block_unit() && !recomputing) {
+      release(unit);
+    }
     // The first gradient to reach any of the block's outputs means its backward is next.
     auto started = std::make_shared<bool>(false);
     for (auto& [name, tensor] : y.tensors) {

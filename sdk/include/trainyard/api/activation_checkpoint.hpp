@@ -58,4 +58,9 @@ Activations checkpointed_call(const std::function<Activations(const Activations&
                               const Activations& input, const std::vector<at::Tensor>& parameters,
                               const std::shared_ptr<DeviceBackend>& device = nullptr);
 
+// Whether the calling thread is inside a checkpointed call's recompute (the forward that
+// backward replays): what wraps a block can tell a recompute, whose backward follows at once,
+// from a forward whose backward comes after the later blocks'.
+bool recomputing_checkpointed_forward();
+
 }  // namespace trainyard
