@@ -1,10 +1,11 @@
 #pragma once
-// A collective waited for until the communicator has let go of its tensors. gloo's worker thread
-// drops its references to a finished collective's tensors a moment after wait() returns, so a
-// tensor whose last user frees it in that moment stays allocated until the worker gets there: a
-// tensor-parallel forward, whose blocks all-reduce and then drop their outputs, kept one such
-// tensor more at random when the allocator measured it (run.track_memory), and the allocator
-// could not hand the memory to the next operation at once. Internal to the SDK library.
+// A collective waited for until the communicator has let go of its tensors. A host
+// communicator's worker thread can drop its references to a finished collective's tensors a
+// moment after wait() returns, so a tensor whose last user frees it in that moment stays
+// allocated until the worker gets there: a tensor-parallel forward, whose blocks all-reduce and
+// then drop their outputs, kept one such tensor more at random when the allocator measured it
+// (run.track_memory), and the allocator could not hand the memory to the next operation at once.
+// Internal to the SDK library.
 
 #include <ATen/core/Tensor.h>
 #include <torch/csrc/distributed/c10d/Work.hpp>
