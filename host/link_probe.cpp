@@ -109,8 +109,7 @@ std::string how_it_failed(int status, const fs::path& log) {
 std::string first_failed_rank(const std::vector<pid_t>& children, const fs::path& folder) {
   std::string failure;
   std::vector<bool> done(children.size(), false);
-  std::size_t running = children.size();
-  while (running > 0) {
+  while (std::find(done.begin(), done.end(), false) != done.end()) {
     bool reaped = false;
     for (std::size_t rank = 0; rank < children.size(); ++rank) {
       if (done[rank]) continue;
@@ -119,7 +118,6 @@ std::string first_failed_rank(const std::vector<pid_t>& children, const fs::path
       const bool lost = result < 0 && errno == ECHILD;  // reaped elsewhere: no status to read
       if (result != children[rank] && !lost) continue;
       done[rank] = reaped = true;
-      --running;
       const bool succeeded = !lost && WIFEXITED(status) && WEXITSTATUS(status) == 0;
       if (!failure.empty() || succeeded) continue;
       failure = "rank " + std::to_string(rank) + ": " +

@@ -38,6 +38,18 @@ std::vector<std::string> split(const std::string& text, char separator) {
 // Set while this thread replays a checkpointed forward (recomputing_checkpointed_forward).
 thread_local bool recomputing = false;
 
+// Marks the scope as a replay, and puts back what it found on leaving, by an exception too.
+class Replaying {
+ public:
+  Replaying() : outer_(std::exchange(recomputing, true)) {}
+  ~Replaying() { recomputing = outer_; }
+  Replaying(const Replaying&) = delete;
+  Replaying& operator=(const Replaying&) = delete;
+
+ private:
+  bool outer_;
+};
+
 // What a recompute must reproduce of the original call: its function, random streams and autocast.
 struct AutocastState {
   c10::DeviceType device_type = c10::DeviceType::CPU;
@@ -236,14 +248,8 @@ class CheckpointFunction : public torch::autograd::Function<CheckpointFunction> 
       ForkedRng rng(*recompute);
       RestoredAutocast autocast(*recompute);
       at::AutoGradMode grad_mode(true);
-      const bool outer = std::exchange(recomputing, true);
-      try {
-        output = recompute->forward(bundle(recompute->input_names, detached));
-      } catch (...) {
-        recomputing = outer;
-        throw;
-      }
-      recomputing = outer;
+      Replaying replaying;
+      output = recompute->forward(bundle(recompute->input_names, detached));
     }
 
     // Differentiate with respect to whatever requires grad and whose gradient this backward

@@ -115,11 +115,8 @@ std::vector<std::size_t> receives_to_post_before(const std::vector<PipelineActio
   std::vector<std::size_t> receives;
   if (index >= actions.size() || !is_compute(actions[index].kind)) return receives;
   for (std::size_t next = index + 1; next < actions.size(); ++next) {
-    const Kind kind = actions[next].kind;
-    if (is_compute(kind)) break;
-    if (kind == Kind::kReceiveActivation || kind == Kind::kReceiveGradient) {
-      receives.push_back(next);
-    }
+    if (is_compute(actions[next].kind)) break;
+    if (is_receive(actions[next].kind)) receives.push_back(next);
   }
   return receives;
 }
