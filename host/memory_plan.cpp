@@ -27,6 +27,7 @@ struct Holdings {
   std::int64_t gradients = 0;
   std::int64_t optimizer_state = 0;
   bool gradients_freed_at_start = false;  // set to none when the step starts
+  bool shard_gradients_made_at_end = false;  // sharded: set to none at the start, made at the end
   std::int64_t gathered_forward = 0;      // whole parameters gathered at the forward's end
   std::int64_t gathered_backward = 0;     // ... and at backward's peak, with unit gradients
   std::int64_t stepped = 0;               // parameter bytes the optimizer steps
@@ -124,6 +125,7 @@ Holdings hold(const ModelFootprint& model, const PlanLayout& layout) {
     held.gradients = held.stepped = held.parameters;
     if (layout.accumulation > 1 && ranks > 1) held.accumulated_whole = whole;
     const std::int64_t root = model.blocks.empty() ? 0 : model.blocks.front().parameter_bytes;
+    held.shard_gradients_made_at_end = layout.sharding != "none";
     if (layout.sharding == "full") {
       // In backward a unit runs gathered beside the one before it, prefetched; a recomputed
       // block's forward in backward prefetches nothing and keeps its unit for the backward.
@@ -132,8 +134,8 @@ Holdings hold(const ModelFootprint& model, const PlanLayout& layout) {
       // backward, which comes next, unless the block is recomputed (gathered again then).
       const bool last_kept = model.blocks.size() > 1 && !model.blocks.back().recomputed;
       held.gathered_forward = root + (last_kept ? model.blocks.back().parameter_bytes : 0);
-      // In backward a unit also holds its whole gradients and their flat copy being reduced.
-      held.gathered_backward = root + running + 2 * largest_units(model, 1);
+      // In backward a unit also holds its gradients' flat copy (the whole ones: backward_kept).
+      held.gathered_backward = root + running + largest_units(model, 1);
     } else if (layout.sharding == "grad_op") {
       // Units stay gathered from their forward to their backward, except recomputed blocks'.
       held.gathered_forward = root;
@@ -145,7 +147,7 @@ Holdings hold(const ModelFootprint& model, const PlanLayout& layout) {
       const bool recomputing = any_recomputed(model);
       held.gathered_backward = held.gathered_forward +
                                (recomputing ? largest_units(model, layout.prefetch ? 2 : 1) : 0) +
-                               2 * largest_units(model, 1);
+                               largest_units(model, 1);
     } else {
       // Replicated units: gradients are set to none when a step starts and made by the backward
       // as one process makes them, each unit's all-reduced from a flat copy.
@@ -178,7 +180,8 @@ PlannedMemory plan_memory(const ModelFootprint& model, const PlanLayout& layout)
   const auto forward_backward = [&](bool later) {
     const bool fresh = held.gradients_freed_at_start && !later;
     const std::int64_t in_step =
-        (fresh ? kept : plan.step_start) + (later ? held.accumulated_whole : 0);
+        (fresh || held.shard_gradients_made_at_end ? kept : plan.step_start) +
+        (later ? held.accumulated_whole : 0);
     const std::int64_t forward = in_step + batch + held.gathered_forward + plan.activations;
     const std::int64_t forward_peak = forward + round_bytes(model.forward_transient.at(samples));
     const double extra = fresh ? model.backward_fresh.at(samples) : model.backward_kept.at(samples);
@@ -455,7 +458,7 @@ Holdings stage_holdings(const ModelFootprint& model, const std::vector<BlockRang
   // A unit's backward adds to the whole gradients accumulating in place (accumulated_whole),
   // and only the step's last backward, with one micro-batch left in flight, copies them to be
   // reduced: the peak holds the gathered units alone.
-  held.gathered_backward -= 2 * largest_units(own, 1);
+  held.gathered_backward -= largest_units(own, 1);
   return held;
 }
 

@@ -557,4 +557,39 @@ TEST(ActivationCheckpointing, UniformWideBlocksHaveALowerPeak) {
   EXPECT_LT(all.peak, every.peak);
 }
 
+// The host's backend hands out the CPU's own generator: a checkpointed block keeps one copy of
+// its state, as it does with no backend, not one copy per generator it reaches.
+class DefaultGeneratorHost final : public DeviceBackend {
+ public:
+  bool available() const override { return true; }
+  int device_count() const override { return 1; }
+  torch::Device device(int) const override { return torch::kCPU; }
+  void synchronize(int) override {}
+  DeviceMemory memory(int) const override { return {}; }
+  void manual_seed(std::uint64_t seed) override { at::manual_seed(seed); }
+  void save_rng_state(StateDict&) const override {}
+  void load_rng_state(const StateDict&) override {}
+
+ protected:
+  std::unique_ptr<DeviceEvent> make_event(int) override {
+    return std::make_unique<HostClockEvent>();
+  }
+};
+
+TEST(ActivationCheckpointing, AGeneratorReachedTwiceIsRecordedOnce) {
+  auto model = make_model("mlp", "hidden = [32, 16]", vector_context(24, 4));
+  Batch batch = random_batch(8, {24}, 4, 2);
+  const std::vector<Block> plain = model->blocks();
+  auto footprint = [&](std::shared_ptr<DeviceBackend> backend) {
+    auto blocks =
+        with_activation_checkpointing(plain, ActivationCheckpointing::parse("all"), backend);
+    return measure(model->module(),
+                   [&] { return model->loss(run_blocks(*model, blocks, batch), batch); });
+  };
+  const Footprint alone = footprint(nullptr);
+  const Footprint through_host = footprint(std::make_shared<DefaultGeneratorHost>());
+  EXPECT_EQ(through_host.held_after_forward, alone.held_after_forward)
+      << "a block kept the CPU generator's state twice";
+}
+
 }  // namespace

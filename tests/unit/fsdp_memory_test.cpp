@@ -7,6 +7,8 @@
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
 #include <gtest/gtest.h>
+#include <pthread.h>
+#include <sched.h>
 
 #include <algorithm>
 #include <chrono>
@@ -19,6 +21,7 @@
 #include "test_support.hpp"
 #include "trainyard/models/pretrained_weights.hpp"
 #include "trainyard/runtime/allocation_tracker.hpp"
+#include "trainyard/runtime/cpu_binding.hpp"
 
 namespace trainyard::testing {
 namespace {
@@ -127,6 +130,67 @@ TEST(FsdpMemory, FullShardHoldsAQuarterOfDdpOnFourRanks) {
         EXPECT_LE(ratio, 0.25 + 0.05) << sharding << " rank " << r;
         EXPECT_GE(ratio, 0.25 - 0.05) << sharding << " rank " << r;  // it does hold its shard
       }
+    }
+  }
+}
+
+// Steps of one of `ranks` ranks under fsdp in `sharding` (hybrid on 4: dp_replicate 2 x
+// dp_shard 2), the ranks and their communication threads on one CPU (as a rank bound to its own
+// core by run.cpu_binding runs with its own): the bytes it holds right after each step, with
+// nothing settled.
+std::vector<std::int64_t> bytes_after_each_step(int rank, int ranks, int port,
+                                                const std::string& sharding) {
+  cpu_set_t one;
+  CPU_ZERO(&one);
+  CPU_SET(allowed_cpus().front(), &one);
+  EXPECT_EQ(::pthread_setaffinity_np(::pthread_self(), sizeof(one), &one), 0);
+  HarnessOptions options;
+  options.strategy = "fsdp";
+  options.strategy_options = "sharding = \"" + sharding + "\"";
+  options.model = "mlp";
+  options.model_options = "hidden = [96, 48]";
+  options.optimizer = "adamw";
+  options.input_shape = kShape;
+  options.classes = kClasses;
+  options.seed = 11;
+  if (ranks == 4) options.mesh = MeshRequest{.dp_replicate = 2, .dp_shard = 2};
+  options.as_rank(rank, ranks, port);
+  AllocationTracker tracker;
+  StepHarness harness(options);
+  std::vector<std::int64_t> bytes;
+  for (std::uint64_t step = 0; step < 60; ++step) {
+    {
+      Batch batch =
+          random_batch(16, kShape, kClasses, 100 * step + static_cast<std::uint64_t>(rank));
+      harness.strategy->train_step(std::span<const Batch>(&batch, 1));
+    }
+    bytes.push_back(tracker.current_bytes());
+  }
+  harness.context.communicator->barrier();
+  return bytes;
+}
+
+// A communicator's worker drops its references to a finished reduction's gradient a moment after
+// the rank's wait returns; a step that ended in that moment would carry the gradient, allocated,
+// past the optimizer and zero_grad into the next step's backward. Every step after the first
+// (which creates the optimizer state) ends holding the same bytes, in every sharding mode and
+// hybrid.
+TEST(FsdpMemory, EveryStepEndsHoldingTheSameBytes) {
+  at::set_num_threads(1);
+  for (const auto& [sharding, count] : std::vector<std::pair<std::string, int>>{
+           {"none", 2}, {"full", 2}, {"grad_op", 2}, {"full", 4}, {"none", 4}}) {
+    const auto ranks = run_threaded_ranks<std::vector<std::int64_t>>(
+        count,
+        [&](int rank, int port) { return bytes_after_each_step(rank, count, port, sharding); });
+    for (std::size_t r = 0; r < ranks.size(); ++r) {
+      const std::vector<std::int64_t>& bytes = ranks[r];
+      const auto different = std::count_if(bytes.begin() + 1, bytes.end(),
+                                           [&](std::int64_t b) { return b != bytes[1]; });
+      EXPECT_EQ(different, 0) << sharding << " on " << count << " ranks, rank " << r << ": "
+                              << different << " of " << bytes.size() - 1
+                              << " steps ended holding other than " << bytes[1]
+                              << " bytes; at most "
+                              << *std::max_element(bytes.begin() + 1, bytes.end());
     }
   }
 }

@@ -34,6 +34,8 @@ class RecordedWork final : public c10d::Work {
   c10::intrusive_ptr<c10::ivalue::Future> getFuture() override { return inner_->getFuture(); }
   uint64_t getSequencenumber() const override { return inner_->getSequencenumber(); }
 
+  const c10::intrusive_ptr<c10d::Work>& inner() const { return inner_; }
+
  private:
   c10::intrusive_ptr<c10d::Work> inner_;
   std::shared_ptr<FlightRecorder> recorder_;
@@ -55,6 +57,13 @@ c10::intrusive_ptr<c10d::Work> recorded_work(c10::intrusive_ptr<c10d::Work> work
     return work;
   }
   return c10::make_intrusive<RecordedWork>(std::move(work), std::move(recorder), id);
+}
+
+c10::intrusive_ptr<c10d::Work> communicator_work(const c10::intrusive_ptr<c10d::Work>& work) {
+  c10::intrusive_ptr<c10d::Work> own = work;
+  while (const auto* recorded = dynamic_cast<const RecordedWork*>(own.get()))
+    own = recorded->inner();
+  return own;
 }
 
 c10::intrusive_ptr<c10d::Work> completed_work() { return c10::make_intrusive<CompletedWork>(); }

@@ -18,6 +18,10 @@ c10::intrusive_ptr<c10d::Work> recorded_work(c10::intrusive_ptr<c10d::Work> work
                                              std::shared_ptr<FlightRecorder> recorder,
                                              std::int64_t id);
 
+// The communicator's own work beneath `work`: the work the communicator's threads hold, which
+// recording wraps. `work` itself when it is not a recording.
+c10::intrusive_ptr<c10d::Work> communicator_work(const c10::intrusive_ptr<c10d::Work>& work);
+
 // A work that has already finished, successfully.
 c10::intrusive_ptr<c10d::Work> completed_work();
 

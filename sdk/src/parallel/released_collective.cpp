@@ -1,8 +1,10 @@
 #include "released_collective.hpp"
 
+#include <algorithm>
 #include <chrono>
 #include <thread>
 
+#include "recorded_work.hpp"
 #include "trainyard/parallel/distributed.hpp"
 
 namespace trainyard {
@@ -18,17 +20,29 @@ ReleasedCollective::ReleasedCollective(std::vector<at::Tensor> tensors)
   for (const at::Tensor& tensor : tensors_) references_.push_back(tensor.use_count());
 }
 
-void ReleasedCollective::wait(c10::intrusive_ptr<c10d::Work> work) {
+void wait_released(c10::intrusive_ptr<c10d::Work> work, bool host) {
   {
     CollectiveWait waiting;
     work->wait();
   }
+  // A device backend's work stays with its watchdog until the device has run it, and the
+  // caching allocator orders reuse by stream: only host work is waited for.
+  if (!host) return;
+  c10::intrusive_ptr<c10d::Work> own = communicator_work(work);
   work.reset();
   const auto until = std::chrono::steady_clock::now() + kLongestWait;
+  while (own.use_count() > 1 && std::chrono::steady_clock::now() < until) {
+    std::this_thread::yield();
+  }
+}
+
+void ReleasedCollective::wait(c10::intrusive_ptr<c10d::Work> work) {
+  const bool host = std::any_of(tensors_.begin(), tensors_.end(),
+                                [](const at::Tensor& tensor) { return tensor.is_cpu(); });
+  wait_released(std::move(work), host);
+  const auto until = std::chrono::steady_clock::now() + kLongestWait;
   for (std::size_t i = 0; i < tensors_.size(); ++i) {
-    // A device backend's work stays with its watchdog until the device has run it, and the
-    // caching allocator orders reuse by stream: only host memory is waited for.
-    if (!tensors_[i].is_cpu()) continue;
+    if (!tensors_[i].is_cpu()) continue;  // as wait_released
     while (tensors_[i].use_count() > references_[i] && std::chrono::steady_clock::now() < until) {
       std::this_thread::yield();
     }

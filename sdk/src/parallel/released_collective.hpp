@@ -14,15 +14,23 @@
 
 namespace trainyard {
 
+// Waits for `work` (as a CollectiveWait) and drops it. Where the collective runs on host
+// tensors (`host`), it first yields until the communicator's worker has let go of the work too,
+// for a few milliseconds at most: the work holds its tensors, and what it allocated for them on
+// the caller's thread, which would otherwise be freed later, on the worker's thread, and be
+// counted beside what the caller allocates meanwhile (a step could end holding a collective's
+// tensors, at random).
+void wait_released(c10::intrusive_ptr<c10d::Work> work, bool host);
+
 class ReleasedCollective {
  public:
   // `tensors`: those the collective about to be issued reads or writes; how many references
   // the caller holds to each is noted now.
   explicit ReleasedCollective(std::vector<at::Tensor> tensors);
 
-  // Waits for `work` (as a CollectiveWait), drops it, then yields until no one else refers to
-  // the host tensors among them, for a few milliseconds at most: past that, the memory is left
-  // to whoever still holds it.
+  // Waits for `work` (wait_released), then yields until no one else refers to the host tensors
+  // among them, for a few milliseconds at most: past that, the memory is left to whoever still
+  // holds it.
   void wait(c10::intrusive_ptr<c10d::Work> work);
 
  private:

@@ -6,8 +6,9 @@
 
 #include <utility>
 
-#include "trainyard/parallel/distributed.hpp"
+#include "released_collective.hpp"
 #include "trainyard/api/optimizer.hpp"
+#include "trainyard/parallel/distributed.hpp"
 
 namespace trainyard {
 
@@ -50,8 +51,7 @@ struct ShardedOptimizerState::State {
     at::Tensor gathered = at::empty({shard_numel * ranks}, master.options().requires_grad(false));
     at::Tensor input = master.detach();
     if (group) {
-      CollectiveWait wait;
-      group->_allgather_base(gathered, input)->wait();
+      wait_released(group->_allgather_base(gathered, input), gathered.is_cpu());
     } else {
       gathered.copy_(input);
     }
@@ -61,9 +61,9 @@ struct ShardedOptimizerState::State {
           gathered.narrow(0, offset, parameter.numel()).view(parameter.sizes()));
       offset += parameter.numel();
     }
-    // Freed now rather than when the last reference goes: the communicator's worker thread may
-    // hold the finished all-gather (and so this buffer) a moment longer, and a whole flat copy of
-    // the parameters would then still be held when the next step starts.
+    // Freed now rather than when the last reference goes: should the communicator's worker
+    // hold the finished all-gather (and so this buffer) past wait_released's limit, a whole flat
+    // copy of the parameters would still be held when the next step starts.
     gathered.storage().unsafeGetStorageImpl()->reset();
   }
 
