@@ -8,10 +8,15 @@
 #include <gtest/gtest.h>
 #include <torch/csrc/autograd/autograd.h>
 #include <torch/csrc/autograd/custom_function.h>
+#include <torch/nn/modules/linear.h>
 
+#include <string>
 #include <vector>
 
+#include "trainyard/api/activation_checkpoint.hpp"
+#include "trainyard/api/model.hpp"
 #include "trainyard/parallel/split_backward.hpp"
+#include "trainyard/runtime/allocation_tracker.hpp"
 
 namespace trainyard::testing {
 namespace {
@@ -126,6 +131,57 @@ TEST(SplitBackward, EachHalfRunsOnceInOrder) {
   EXPECT_THROW(split.input_half({graph.loss}, {}, {graph.input}, graph.parameters), std::exception);
   split.weight_half();
   EXPECT_THROW(split.weight_half(), std::exception);
+}
+
+// Recomputed blocks (activation checkpointing) each give all their parameters' gradients from
+// one node: the weight half accumulates each block's as soon as its node has run, so it holds one
+// block's new gradients at a time, not the whole chain's until its end. The gradients are those
+// of a plain backward.
+TEST(SplitBackward, RecomputedBlocksAccumulateTheirGradientsOneBlockAtATime) {
+  constexpr int kBlocks = 4;
+  constexpr std::int64_t kWidth = 256;
+  at::manual_seed(5);
+  std::vector<torch::nn::Linear> layers;
+  std::vector<Block> plain;
+  for (int i = 0; i < kBlocks; ++i) {
+    layers.emplace_back(kWidth, kWidth);
+    plain.push_back({"block" + std::to_string(i), layers.back().ptr(),
+                     [layer = layers.back()](const Activations& x) mutable {
+                       return x.with_hidden(at::tanh(layer->forward(x.hidden())));
+                     }});
+  }
+  const std::vector<Block> blocks =
+      with_activation_checkpointing(plain, ActivationCheckpointing::parse("all"));
+  std::vector<at::Tensor> parameters;
+  for (auto& layer : layers) {
+    for (const auto& parameter : layer->parameters()) parameters.push_back(parameter);
+  }
+  const at::Tensor data = at::randn({8, kWidth});
+  const auto loss_of = [&](const at::Tensor& input) {
+    Activations x(input);
+    for (const auto& block : blocks) x = block.forward(x);
+    return x.hidden().pow(2).sum();
+  };
+  const at::Tensor reference_input = data.clone().requires_grad_(true);
+  loss_of(reference_input).backward();
+  const std::vector<at::Tensor> expected = gradients(parameters);
+  for (auto& parameter : parameters) parameter.mutable_grad() = at::Tensor();
+
+  const at::Tensor input = data.clone().requires_grad_(true);
+  SplitBackward split;
+  split.input_half({loss_of(input)}, {}, {input}, parameters);
+  AllocationTracker tracker;
+  split.weight_half();
+  const std::int64_t block_gradients =
+      static_cast<std::int64_t>((kWidth * kWidth + kWidth) * sizeof(float));
+  // What stays is the chain's gradients; at the peak, besides those accumulated, one block's
+  // new gradients and its recomputed activations (a few KiB).
+  EXPECT_EQ(tracker.current_bytes(), kBlocks * block_gradients);
+  EXPECT_LT(tracker.peak_bytes(), tracker.current_bytes() + block_gradients + (64 << 10));
+  const std::vector<at::Tensor> actual = gradients(parameters);
+  for (std::size_t i = 0; i < expected.size(); ++i) {
+    EXPECT_TRUE(at::equal(actual[i], expected[i])) << "parameter " << i;
+  }
 }
 
 }  // namespace

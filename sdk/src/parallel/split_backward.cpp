@@ -6,6 +6,7 @@
 #include <torch/csrc/autograd/engine.h>
 #include <torch/csrc/autograd/function.h>
 #include <torch/csrc/autograd/function_hook.h>
+#include <torch/csrc/autograd/functions/accumulate_grad.h>
 #include <torch/csrc/autograd/variable.h>
 
 #include <cstdint>
@@ -222,6 +223,22 @@ void SplitBackward::weight_half() {
   };
   std::vector<Edge> starts = std::move(state_->direct_roots);
   variable_list gradients = std::move(state_->direct_gradients);
+  // A branch point that gives large parameter gradients (a recomputed block's node gives the
+  // whole block's at once) has those its branches alone reach accumulated as soon as it has
+  // run: held until the final run, the stage's would all be alive together, beside those
+  // accumulated already. Small ones wait, an engine run costing more than they hold, as do
+  // accumulators reached more than once, which the final run sums before they run (their hooks
+  // fire once).
+  constexpr std::int64_t kAccumulatedAtOnce = 256 << 10;
+  std::unordered_map<const Node*, int> reaching;
+  for (const Edge& start : starts) ++reaching[start.function.get()];
+  for (const auto& point : state_->branch_points) {
+    for (const Edge& edge : point.branches) ++reaching[edge.function.get()];
+  }
+  const auto accumulates_alone = [&](const Edge& edge) {
+    return reaching[edge.function.get()] == 1 &&
+           dynamic_cast<const torch::autograd::AccumulateGrad*>(edge.function.get()) != nullptr;
+  };
   // Each branch point once more, for its parameter branches alone, from the gradient it got:
   // called directly with its edges towards the inputs cut for the call, so that it computes only
   // the outputs its parameter branches take (outside an engine run a node computes the outputs
@@ -244,13 +261,27 @@ void SplitBackward::weight_half() {
     }
     for (auto& [i, edge] : cut) node.next_edges()[i] = std::move(edge);
     node.release_variables();
+    std::vector<Edge> accumulators;
+    variable_list accumulated;
     for (std::size_t i = 0; i < outputs.size() && i < node.num_outputs(); ++i) {
       const Edge& edge = node.next_edge(i);
       if (!outputs[i].defined() || !is_branch(point, edge)) continue;
-      starts.push_back(edge);
-      gradients.push_back(outputs[i]);
+      (accumulates_alone(edge) ? accumulators : starts).push_back(edge);
+      (accumulates_alone(edge) ? accumulated : gradients).push_back(std::move(outputs[i]));
     }
+    outputs.clear();
     state_->kept->gradients.erase(kept);
+    std::int64_t accumulated_bytes = 0;
+    for (const at::Tensor& gradient : accumulated) {
+      accumulated_bytes += static_cast<std::int64_t>(gradient.nbytes());
+    }
+    if (accumulated_bytes < kAccumulatedAtOnce) {
+      starts.insert(starts.end(), accumulators.begin(), accumulators.end());
+      gradients.insert(gradients.end(), accumulated.begin(), accumulated.end());
+    } else {
+      engine.execute(accumulators, accumulated, /*keep_graph=*/true, /*create_graph=*/false,
+                     /*accumulate_grad=*/true);
+    }
   }
   state_->branch_points.clear();
   // Then every branch down to the parameters, accumulating (branches that meet, such as a

@@ -10,7 +10,9 @@
 // parameters, accumulating into their .grad so that their gradient hooks fire as in a plain
 // backward. No node computes an output twice. Between the halves the graph is kept: what stays
 // in memory is the stage's saved activations, for each micro-batch whose weight half is pending
-// (the schedule bounds how many), plus the kept gradients at the branch points.
+// (the schedule bounds how many), plus the kept gradients at the branch points. In the weight
+// half a branch point that gives large parameter gradients at once (a recomputed block's node
+// gives the whole block's) has them accumulated before the next point runs.
 
 #include <ATen/core/Tensor.h>
 
