@@ -45,11 +45,14 @@ TEST(MemoryPlanGrid, EveryDataParallelLayoutWithinTenPercentOfTheAllocator) {
   for (const std::string schedule :
        {"gpipe", "1f1b", "interleaved_1f1b", "zero_bubble", "zero_bubble_v"}) {
     const bool two_per_rank = schedule == "interleaved_1f1b" || schedule == "zero_bubble_v";
-    cases.push_back({"gpt pipeline " + schedule + " 2",
-                     "gpt_pipeline.toml",
-                     2,
-                     {"strategy.schedule=\"" + schedule + "\"",
-                      std::string("strategy.virtual_stages=") + (two_per_rank ? "2" : "1")}});
+    for (const std::string checkpointing : {"none", "all"}) {
+      cases.push_back({"gpt pipeline " + schedule + " 2, recompute " + checkpointing,
+                       "gpt_pipeline.toml",
+                       2,
+                       {"strategy.schedule=\"" + schedule + "\"",
+                        std::string("strategy.virtual_stages=") + (two_per_rank ? "2" : "1"),
+                        "run.activation_checkpointing=\"" + checkpointing + "\""}});
+    }
   }
   cases.push_back(
       {"gpt pipeline 1f1b 4 micro-batches", "gpt_pipeline.toml", 2, {"strategy.micro_batches=4"}});
@@ -96,10 +99,9 @@ TEST(MemoryPlanGrid, TensorParallelHybridAndThreeDimensionalLayoutsWithinTenPerc
                    "gpt_3d.toml",
                    8,
                    {"strategy.dp_sharding=\"full\""}});
-  // Stages sharded over their data-parallel ranks under each schedule kind, and recomputing
-  // their blocks under 1f1b and interleaved. Not yet within 10%: zero_bubble's split backward of
-  // recomputed sharded stages (the last stage's backward 0.87 of the allocator's).
-  for (const std::string schedule : {"1f1b", "interleaved_1f1b"}) {
+  // Stages sharded over their data-parallel ranks under each schedule kind, with and without
+  // recomputing their blocks.
+  for (const std::string schedule : {"1f1b", "interleaved_1f1b", "zero_bubble"}) {
     cases.push_back(
         {"gpt pipeline 2 x fsdp full 2, " + schedule + ", recompute all",
          "gpt_pipeline.toml",

@@ -30,8 +30,6 @@ TEST(MemoryPlan, FastCoreWithinTenPercentOfTheAllocator) {
             "fashion_mnist_cnn.toml",
             2,
             {"strategy.plugin=ddp", "parallel.dp_shard=2"}},
-           // Two stages per rank in a V: a split backward's kept gradients, a stage handed over
-           // on rank 1, and the tied embedding's two copies on rank 0.
            // Each rank's tensor-parallel pieces, sharded over dp_shard.
            {"gpt fsdp 2 x tp 2", "gpt_text.toml", 4, with(kFsdp, {"parallel.tp=2"})},
            // Pipeline stages sharded over their data-parallel ranks, whole gradients
@@ -40,10 +38,19 @@ TEST(MemoryPlan, FastCoreWithinTenPercentOfTheAllocator) {
             "gpt_pipeline.toml",
             4,
             {"parallel.dp_shard=2", "strategy.dp_sharding=\"full\""}},
+           // Two stages per rank in a V: a split backward's kept gradients, a stage handed over
+           // on rank 1, and the tied embedding's two copies on rank 0.
            {"gpt pipeline zero_bubble_v 2",
             "gpt_pipeline.toml",
             2,
             {"strategy.schedule=\"zero_bubble_v\"", "strategy.virtual_stages=2"}},
+           // Recomputed blocks under a split backward; the last stage sends an input gradient
+           // back for every micro-batch, each released once the first stage's next activations
+           // show that it arrived (not held to the step's end).
+           {"gpt pipeline zero_bubble 2, recompute all",
+            "gpt_pipeline.toml",
+            2,
+            {"strategy.schedule=\"zero_bubble\"", "run.activation_checkpointing=\"all\""}},
        }) {
     expect_plan_matches_run(c);
   }

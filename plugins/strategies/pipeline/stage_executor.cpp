@@ -24,6 +24,26 @@ Activations as_stage_input(const Activations& received) {
   return input;
 }
 
+// The micro-batches whose backward (or its input half) `stage` runs before it sends `micro_batch`'s
+// activations: the gradients it waited for there have arrived by the time that send's data does.
+std::vector<int> backwards_before_send(const PipelineSchedule& schedule, int stage,
+                                       int micro_batch) {
+  std::vector<int> answered;
+  const auto& actions =
+      schedule.rank_actions[static_cast<std::size_t>(schedule.shape.rank_of_stage(stage))];
+  for (const PipelineAction& action : actions) {
+    if (action.stage != stage) continue;
+    if (action.kind == PipelineActionKind::kSendActivation && action.micro_batch == micro_batch) {
+      break;
+    }
+    if (action.kind == PipelineActionKind::kBackward ||
+        action.kind == PipelineActionKind::kBackwardInput) {
+      answered.push_back(action.micro_batch);
+    }
+  }
+  return answered;
+}
+
 Activations take_handover(std::map<std::pair<int, int>, Activations>& handovers,
                           const std::pair<int, int>& key, const char* what) {
   auto it = handovers.find(key);
@@ -159,6 +179,14 @@ Activations StageExecutor::forward_input(const Key& key, double& started) {
   }
   Activations input = channel_->wait(pending->second);
   activation_receives_.erase(pending);
+  // The activations answer the gradients this stage sent back for the micro-batches the
+  // previous stage took backward before sending them: those sends are done. (A send completes
+  // only when waited for; otherwise each micro-batch's input gradient would stay alive until
+  // wait_sends at the step's end.)
+  for (int answered : backwards_before_send(schedule_, key.first - 1, key.second)) {
+    channel_->release_sent(rank_of(key.first - 1), StageMessage::kGradient, key.first - 1,
+                           answered);
+  }
   if (context_.phases) context_.phases->mark(StepPhase::CommWait);
   if (recording_) started = now_us();
   return input;
