@@ -52,10 +52,10 @@ double gather_passes(const PlanLayout& layout) {
   return (layout.sharding == "full" ? 2 : 1) * static_cast<double>(layout.accumulation);
 }
 
-// What a data-parallel step's collectives move per rank: gradients all-reduced (a replica, or
-// replicated units), or whole parameters gathered for each micro-batch's forward (and again for
-// its backward when the units are freed between them) and gradients reduce-scattered once; zero1
-// also gathers the stepped slices.
+// What a data-parallel step's collectives move per rank: gradients all-reduced (a replica,
+// replicated units, and sharded units on the host CPU the plan times, which all-reduce their flat
+// gradients in place), with sharded units whole parameters gathered for each micro-batch's forward
+// (and again for its backward when freed between them); zero1 also gathers the stepped slices.
 std::int64_t data_parallel_traffic(const ModelFootprint& model, const PlanLayout& layout) {
   const double ranks = static_cast<double>(layout.shard_ranks);
   if (layout.holding == ModelHolding::kWhole || ranks <= 1) return 0;
@@ -64,7 +64,7 @@ std::int64_t data_parallel_traffic(const ModelFootprint& model, const PlanLayout
   double moved = 2 * share * whole;  // an all-reduce of the gradients
   if (layout.holding == ModelHolding::kReplicated && layout.zero1) moved += share * whole;
   if (layout.holding == ModelHolding::kShardedUnits && layout.sharding != "none") {
-    moved = gather_passes(layout) * share * whole + share * whole;
+    moved += gather_passes(layout) * share * whole;
   }
   return round_bytes(moved);
 }

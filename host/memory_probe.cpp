@@ -347,14 +347,18 @@ class Probe {
 
   // Block `b`'s plain backward on `input` (its floating tensors needing gradients): the peak above
   // where it started, the gradient of its output included (the last block's loss takes none).
+  // Counted from before the forward, so that what the backward frees of the forward's tensors
+  // (the loss's, before a recomputed head runs again) makes room as it does in a step.
   std::int64_t plain_backward_peak(std::size_t b, const Activations& input, const Batch& batch) {
+    AllocationTracker tracker;
     const Activations output = blocks_[b].forward(input);
     const BackwardRoots roots = backward_roots(b, output, batch);
     std::int64_t arriving = 0;
     for (const auto& grad : roots.grads) arriving += static_cast<std::int64_t>(grad.nbytes());
-    AllocationTracker tracker;
+    const std::int64_t started = tracker.current_bytes();
+    tracker.reset_peak();
     torch::autograd::backward(roots.roots, roots.grads);
-    return tracker.peak_bytes() + arriving;
+    return tracker.peak_bytes() - started + arriving;
   }
 
   // The optimizer step's transient peak above what it starts with.
