@@ -125,19 +125,31 @@ TEST(ActivationCheckpointing, CnnStagesGradientsIdentical) {
   expect_identical(run_pass(*model, blocks, batch), expected);
 }
 
-// A device backend for the host whose device generator is one of its own: only the backend knows
-// it, as only a device's plugin knows how to reach an accelerator's generator, so a recompute that
-// does not go through rng_state()/set_rng_state() draws a different dropout mask.
-class OwnGeneratorDevice final : public DeviceBackend {
+// A device backend that drives the host: by default its generator is the CPU's own (ATen's
+// default generator, as DeviceBackend's rng_state() reads it).
+class HostDevice : public DeviceBackend {
  public:
   bool available() const override { return true; }
   int device_count() const override { return 1; }
   torch::Device device(int) const override { return torch::kCPU; }
   void synchronize(int) override {}
   DeviceMemory memory(int) const override { return {}; }
-  void manual_seed(std::uint64_t seed) override { generator_.set_current_seed(seed); }
+  void manual_seed(std::uint64_t seed) override { at::manual_seed(seed); }
   void save_rng_state(StateDict&) const override {}
   void load_rng_state(const StateDict&) override {}
+
+ protected:
+  std::unique_ptr<DeviceEvent> make_event(int) override {
+    return std::make_unique<HostClockEvent>();
+  }
+};
+
+// A device backend for the host whose device generator is one of its own: only the backend knows
+// it, as only a device's plugin knows how to reach an accelerator's generator, so a recompute that
+// does not go through rng_state()/set_rng_state() draws a different dropout mask.
+class OwnGeneratorDevice final : public HostDevice {
+ public:
+  void manual_seed(std::uint64_t seed) override { generator_.set_current_seed(seed); }
   torch::Tensor rng_state(int) const override {
     ++states_read;
     return generator_.get_state();
@@ -149,11 +161,6 @@ class OwnGeneratorDevice final : public DeviceBackend {
   at::Generator generator() const { return generator_; }
   mutable int states_read = 0;
   int states_set = 0;
-
- protected:
-  std::unique_ptr<DeviceEvent> make_event(int) override {
-    return std::make_unique<HostClockEvent>();
-  }
 
  private:
   at::Generator generator_ = at::make_generator<at::CPUGeneratorImpl>(11);
@@ -557,25 +564,8 @@ TEST(ActivationCheckpointing, UniformWideBlocksHaveALowerPeak) {
   EXPECT_LT(all.peak, every.peak);
 }
 
-// The host's backend hands out the CPU's own generator: a checkpointed block keeps one copy of
-// its state, as it does with no backend, not one copy per generator it reaches.
-class DefaultGeneratorHost final : public DeviceBackend {
- public:
-  bool available() const override { return true; }
-  int device_count() const override { return 1; }
-  torch::Device device(int) const override { return torch::kCPU; }
-  void synchronize(int) override {}
-  DeviceMemory memory(int) const override { return {}; }
-  void manual_seed(std::uint64_t seed) override { at::manual_seed(seed); }
-  void save_rng_state(StateDict&) const override {}
-  void load_rng_state(const StateDict&) override {}
-
- protected:
-  std::unique_ptr<DeviceEvent> make_event(int) override {
-    return std::make_unique<HostClockEvent>();
-  }
-};
-
+// The host's backend hands out the CPU's own generator (HostDevice): a checkpointed block keeps
+// one copy of its state, as it does with no backend, not one copy per generator it reaches.
 TEST(ActivationCheckpointing, AGeneratorReachedTwiceIsRecordedOnce) {
   auto model = make_model("mlp", "hidden = [32, 16]", vector_context(24, 4));
   Batch batch = random_batch(8, {24}, 4, 2);
@@ -587,7 +577,7 @@ TEST(ActivationCheckpointing, AGeneratorReachedTwiceIsRecordedOnce) {
                    [&] { return model->loss(run_blocks(*model, blocks, batch), batch); });
   };
   const Footprint alone = footprint(nullptr);
-  const Footprint through_host = footprint(std::make_shared<DefaultGeneratorHost>());
+  const Footprint through_host = footprint(std::make_shared<HostDevice>());
   EXPECT_EQ(through_host.held_after_forward, alone.held_after_forward)
       << "a block kept the CPU generator's state twice";
 }
