@@ -200,8 +200,7 @@ class CheckpointFunction : public torch::autograd::Function<CheckpointFunction> 
       recompute->device_rng_state = recompute->device->state();
       // A backend that drives the CPU usually hands out the CPU's own generator: one copy of a
       // state both generators hold is enough (each block keeps its states until its backward).
-      if (recompute->device_rng_state.sizes() == recompute->cpu_rng_state.sizes() &&
-          recompute->device_rng_state.dtype() == recompute->cpu_rng_state.dtype() &&
+      if (recompute->device_rng_state.dtype() == recompute->cpu_rng_state.dtype() &&
           recompute->device_rng_state.device() == recompute->cpu_rng_state.device() &&
           at::equal(recompute->device_rng_state, recompute->cpu_rng_state)) {
         recompute->device_rng_state = recompute->cpu_rng_state;

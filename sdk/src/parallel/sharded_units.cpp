@@ -408,7 +408,6 @@ struct ShardedUnits::State {
       }
     }
     if (synchronise) {
-      CollectiveWait wait;
       for (auto& unit : units) complete_reduction(unit);
       reducing = nullptr;
       advance_replica_reductions(true);

@@ -266,8 +266,9 @@ void SplitBackward::weight_half() {
     for (std::size_t i = 0; i < outputs.size() && i < node.num_outputs(); ++i) {
       const Edge& edge = node.next_edge(i);
       if (!outputs[i].defined() || !is_branch(point, edge)) continue;
-      (accumulates_alone(edge) ? accumulators : starts).push_back(edge);
-      (accumulates_alone(edge) ? accumulated : gradients).push_back(std::move(outputs[i]));
+      const bool alone = accumulates_alone(edge);
+      (alone ? accumulators : starts).push_back(edge);
+      (alone ? accumulated : gradients).push_back(std::move(outputs[i]));
     }
     outputs.clear();
     state_->kept->gradients.erase(kept);
