@@ -99,30 +99,21 @@ TEST(MemoryPlanGrid, TensorParallelHybridAndThreeDimensionalLayoutsWithinTenPerc
                    "gpt_3d.toml",
                    8,
                    {"strategy.dp_sharding=\"full\""}});
-  // Stages sharded over their data-parallel ranks under each schedule kind, with and without
-  // recomputing their blocks. Not yet within 10%: interleaved's second pipeline rank of grad_op
-  // stages, and of full stages recomputing their blocks, is over-planned (1.11 and 1.15: its
-  // forward phase alone is planned above the step's measured peak), which the input gradients
-  // a stage held until the step's end had hidden.
-  for (const std::string schedule : {"1f1b", "zero_bubble"}) {
-    cases.push_back(
-        {"gpt pipeline 2 x fsdp full 2, " + schedule + ", recompute all",
-         "gpt_pipeline.toml",
-         4,
-         {"parallel.dp_shard=2", "strategy.dp_sharding=\"full\"",
-          "strategy.schedule=\"" + schedule + "\"", "run.activation_checkpointing=\"all\"",
-          std::string("strategy.virtual_stages=") + (schedule == "interleaved_1f1b" ? "2" : "1")}});
-  }
+  // Stages sharded over their data-parallel ranks under each schedule kind, in both sharding
+  // modes, with and without recomputing their blocks.
   for (const std::string sharding : {"full", "grad_op"}) {
     for (const std::string schedule : {"1f1b", "zero_bubble", "interleaved_1f1b"}) {
-      if (sharding == "grad_op" && schedule == "interleaved_1f1b") continue;
-      cases.push_back({"gpt pipeline 2 x fsdp " + sharding + " 2, " + schedule,
-                       "gpt_pipeline.toml",
-                       4,
-                       {"parallel.dp_shard=2", "strategy.dp_sharding=\"" + sharding + "\"",
-                        "strategy.schedule=\"" + schedule + "\"",
-                        std::string("strategy.virtual_stages=") +
-                            (schedule == "interleaved_1f1b" ? "2" : "1")}});
+      for (const std::string checkpointing : {"none", "all"}) {
+        cases.push_back({"gpt pipeline 2 x fsdp " + sharding + " 2, " + schedule + ", recompute " +
+                             checkpointing,
+                         "gpt_pipeline.toml",
+                         4,
+                         {"parallel.dp_shard=2", "strategy.dp_sharding=\"" + sharding + "\"",
+                          "strategy.schedule=\"" + schedule + "\"",
+                          "run.activation_checkpointing=\"" + checkpointing + "\"",
+                          std::string("strategy.virtual_stages=") +
+                              (schedule == "interleaved_1f1b" ? "2" : "1")}});
+      }
     }
   }
   cases.push_back({"llama pipeline 2 x fsdp 2",

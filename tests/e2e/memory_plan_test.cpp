@@ -38,6 +38,13 @@ TEST(MemoryPlan, FastCoreWithinTenPercentOfTheAllocator) {
             "gpt_pipeline.toml",
             4,
             {"parallel.dp_shard=2", "strategy.dp_sharding=\"full\""}},
+           // Two sharded stages per rank, interleaved: each stage's units gathered apart (one
+           // stage's backward at a time), the shards' gradients set to none at a step's start.
+           {"gpt pipeline interleaved 2 x fsdp grad_op 2",
+            "gpt_pipeline.toml",
+            4,
+            {"parallel.dp_shard=2", "strategy.dp_sharding=\"grad_op\"",
+             "strategy.schedule=\"interleaved_1f1b\"", "strategy.virtual_stages=2"}},
            // Two stages per rank in a V: a split backward's kept gradients, a stage handed over
            // on rank 1, and the tied embedding's two copies on rank 0.
            {"gpt pipeline zero_bubble_v 2",
