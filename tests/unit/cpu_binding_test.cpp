@@ -2,6 +2,8 @@
 
 #include <gtest/gtest.h>
 
+#include <thread>
+
 #include "trainyard/api/error.hpp"
 
 namespace trainyard {
@@ -54,6 +56,31 @@ TEST(CpuBinding, BindingThisProcessNarrowsItsAllowedCpus) {
   EXPECT_EQ(allowed_cpus(), (std::vector<int>{before.back()}));
   bind_process_to_cpus(before);
   EXPECT_EQ(allowed_cpus(), before);
+}
+
+// The CPUs a thread started now may run on.
+std::vector<int> cpus_of_a_new_thread() {
+  std::vector<int> cpus;
+  std::thread([&] { cpus = allowed_cpus(); }).join();
+  return cpus;
+}
+
+TEST(CpuBinding, ThreadsStartedUnboundRunOnTheProcessesCpusAndTheCallerStaysBound) {
+  const std::vector<int> before = allowed_cpus();
+  ASSERT_GE(before.size(), 2u) << "the test needs 2 CPUs to tell bound from unbound";
+  bind_process_to_cpus({before.front()});
+  {
+    const ThreadsStartedUnbound unbound(before);
+    EXPECT_EQ(cpus_of_a_new_thread(), before);
+  }
+  // The caller is bound again, and so are the threads it starts after.
+  EXPECT_EQ(allowed_cpus(), (std::vector<int>{before.front()}));
+  EXPECT_EQ(cpus_of_a_new_thread(), (std::vector<int>{before.front()}));
+  {
+    const ThreadsStartedUnbound nothing({});  // a process never bound changes nothing
+    EXPECT_EQ(cpus_of_a_new_thread(), (std::vector<int>{before.front()}));
+  }
+  bind_process_to_cpus(before);
 }
 
 }  // namespace

@@ -135,9 +135,8 @@ TEST(FsdpMemory, FullShardHoldsAQuarterOfDdpOnFourRanks) {
 }
 
 // Steps of one of `ranks` ranks under fsdp in `sharding` (hybrid on 4: dp_replicate 2 x
-// dp_shard 2), the ranks and their communication threads on one CPU (as a rank bound to its own
-// core by run.cpu_binding runs with its own): the bytes it holds right after each step, with
-// nothing settled.
+// dp_shard 2), the ranks and their communication threads on one CPU (the tightest a host's cores
+// can be shared): the bytes it holds right after each step, with nothing settled.
 std::vector<std::int64_t> bytes_after_each_step(int rank, int ranks, int port,
                                                 const std::string& sharding) {
   cpu_set_t one;

@@ -256,9 +256,8 @@ struct ColumnCase {
 // A collective's result is the caller's alone once the operator returns: gloo's worker drops its
 // references to a finished collective's tensors a moment after the wait returns, and an operator
 // that returned before then would leave its result's memory held after the caller freed it.
-// The ranks and their communication threads share one CPU, as a rank bound to its own core
-// (run.cpu_binding) does with its own: the waiting thread, woken, can run before the worker has
-// let go.
+// The ranks and their communication threads share one CPU, the tightest a host's cores can be
+// shared: the waiting thread, woken, can run before the worker has let go.
 TEST_P(TensorParallel, AnOperatorsResultIsHeldByNothingElseOnceItReturns) {
   at::set_num_threads(1);
   run_threaded_ranks<bool>(GetParam(), [&](int rank, int port) {

@@ -51,11 +51,20 @@ std::vector<int> allowed_cpus() {
   return out;
 }
 
-void bind_process_to_cpus(const std::vector<int>& cpus) {
-  if (cpus.empty()) return;
+namespace {
+
+cpu_set_t set_of(const std::vector<int>& cpus) {
   cpu_set_t set;
   CPU_ZERO(&set);
   for (int cpu : cpus) CPU_SET(cpu, &set);
+  return set;
+}
+
+}  // namespace
+
+void bind_process_to_cpus(const std::vector<int>& cpus) {
+  if (cpus.empty()) return;
+  const cpu_set_t set = set_of(cpus);
   // A thread's mask is its own: threads started from here on inherit the caller's, and those
   // already running (LibTorch's and the loader's pools) are set one by one.
   for (const auto& task : std::filesystem::directory_iterator("/proc/self/task")) {
@@ -64,6 +73,19 @@ void bind_process_to_cpus(const std::vector<int>& cpus) {
       throw Error("cannot bind to CPUs " + describe_cpus(cpus) + ": " + std::strerror(errno));
     }
   }
+}
+
+ThreadsStartedUnbound::ThreadsStartedUnbound(const std::vector<int>& cpus) {
+  if (cpus.empty()) return;
+  bound_ = allowed_cpus();
+  const cpu_set_t set = set_of(cpus);
+  if (sched_setaffinity(0, sizeof(set), &set) != 0) bound_.clear();
+}
+
+ThreadsStartedUnbound::~ThreadsStartedUnbound() {
+  if (bound_.empty()) return;
+  const cpu_set_t set = set_of(bound_);
+  sched_setaffinity(0, sizeof(set), &set);
 }
 
 std::string describe_cpus(const std::vector<int>& cpus) {

@@ -48,6 +48,7 @@ DistributedRuntime::DistributedRuntime(const RunOptions& run, const Config& para
       cpus_for_rank(run.cpu_binding, allowed, local_rank().value_or(0), local_ranks(),
                     threads > 0 ? static_cast<int>(threads) : static_cast<int>(allowed.size()));
   bind_process_to_cpus(bound_cpus_);
+  if (!bound_cpus_.empty()) unbound_cpus_ = allowed;
 }
 
 DistributedRuntime::~DistributedRuntime() = default;
@@ -87,18 +88,12 @@ void DistributedRuntime::connect(const Recipe& recipe, const Registry& registry,
                 device.str() + " (run.device); name a comm plugin for " + device_type +
                 " in [comm] plugin, or leave it out for the device's default");
   }
-  communicator_->connect(meet, device);
-  const char* agent = std::getenv(kAgentStoreVariable);
-  const bool hosts_store = meet.rank == 0 && !(agent && std::string(agent) == "True");
-  monitor_ = std::make_unique<FailureMonitor>(communicator_->store(), meet.rank, meet.world_size,
-                                              meet.timeout, hosts_store);
-  naming_failures([&] { mesh_ = std::make_shared<ProcessMesh>(layout_, *communicator_); });
-  if (comm.has("emulated_bandwidth_mb_s")) {
-    mesh_->collectives().emulate_link(comm.get_float("emulated_bandwidth_mb_s") * 1e6);
+  {
+    // The communicator's threads (and the failure monitor's) move messages: they run on any free
+    // core, not on the compute cores the rank is bound to (cpu_binding.hpp).
+    const ThreadsStartedUnbound unbound(unbound_cpus_);
+    connect_communicator(meet, device, comm, build);
   }
-  mesh_->collectives().check_collectives(comm.has("debug") && comm.get_string("debug") == "detail");
-  record_flights(comm.has("flight_recorder") ? comm.get_int("flight_recorder") : 2000,
-                 build.output_dir);
   log("trainyard: rank " + std::to_string(meet.rank) + " of " + std::to_string(meet.world_size) +
       " (local " + std::to_string(meet.local_rank) + " of " +
       std::to_string(meet.local_world_size) + "), store " + meet.master_addr + ":" +
@@ -110,6 +105,25 @@ void DistributedRuntime::connect(const Recipe& recipe, const Registry& registry,
   build.world_size = meet.world_size;
   build.communicator = communicator_;
   build.mesh = mesh_;
+}
+
+// Connects the communicator, starts the failure monitor, makes the mesh's groups and records
+// the collectives' flights.
+void DistributedRuntime::connect_communicator(const Rendezvous& meet, const c10::Device& device,
+                                              const Config& comm, const BuildContext& build) {
+  communicator_->connect(meet, device);
+
+  const char* agent = std::getenv(kAgentStoreVariable);
+  const bool hosts_store = meet.rank == 0 && !(agent && std::string(agent) == "True");
+  monitor_ = std::make_unique<FailureMonitor>(communicator_->store(), meet.rank, meet.world_size,
+                                              meet.timeout, hosts_store);
+  naming_failures([&] { mesh_ = std::make_shared<ProcessMesh>(layout_, *communicator_); });
+  if (comm.has("emulated_bandwidth_mb_s")) {
+    mesh_->collectives().emulate_link(comm.get_float("emulated_bandwidth_mb_s") * 1e6);
+  }
+  mesh_->collectives().check_collectives(comm.has("debug") && comm.get_string("debug") == "detail");
+  record_flights(comm.has("flight_recorder") ? comm.get_int("flight_recorder") : 2000,
+                 build.output_dir);
 }
 
 DataParallelPlace DistributedRuntime::data_parallel_place() const {

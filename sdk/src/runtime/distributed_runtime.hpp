@@ -97,12 +97,18 @@ class DistributedRuntime {
   // [comm] flight_recorder: the mesh's groups record into a ring of `capacity` collectives,
   // dumped to <output_dir>/flight/rank<k>.json on a failure or SIGUSR2.
   void record_flights(std::int64_t capacity, const std::filesystem::path& output_dir);
+  // connect's part that starts threads talking to the other ranks.
+  void connect_communicator(const Rendezvous& meet, const c10::Device& device, const Config& comm,
+                            const BuildContext& build);
 
   std::vector<int> stop_signals_;
   std::optional<Rendezvous> rendezvous_;
   MeshLayout layout_;
   unsigned cores_ = 1;
   std::vector<int> bound_cpus_;
+  // The CPUs the process could use before it was bound (empty when it is not bound): where the
+  // threads that talk to the other ranks run.
+  std::vector<int> unbound_cpus_;
   c10::Device device_ = c10::Device(c10::kCPU);
   std::shared_ptr<Communicator> communicator_;
   std::unique_ptr<FailureMonitor> monitor_;
