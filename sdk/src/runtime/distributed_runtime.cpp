@@ -112,7 +112,6 @@ void DistributedRuntime::connect(const Recipe& recipe, const Registry& registry,
 void DistributedRuntime::connect_communicator(const Rendezvous& meet, const c10::Device& device,
                                               const Config& comm, const BuildContext& build) {
   communicator_->connect(meet, device);
-
   const char* agent = std::getenv(kAgentStoreVariable);
   const bool hosts_store = meet.rank == 0 && !(agent && std::string(agent) == "True");
   monitor_ = std::make_unique<FailureMonitor>(communicator_->store(), meet.rank, meet.world_size,
