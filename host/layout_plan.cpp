@@ -179,10 +179,17 @@ void time_communication(LayoutPlan& plan, const Registry& registry) {
   const LinkCost link = cached_or_measured_link(
       registry, plan.layout.comm_plugin, std::min(plan.layout.ranks, cores), link_cache_folder(),
       [](const std::string& line) { std::cerr << line << "\n"; });
+  // A pipeline's transfers between ranks are timed through its schedule: each message arrives
+  // a call's latency and its bytes' time after its send, which delays the step where the next
+  // action waits for it (the ramps, and 1F1B's steady state, whose receives are on its critical
+  // path), and costs nothing where the rank computes meanwhile.
   const auto timed = [&](PlannedMemory& memory) {
     memory.communication_seconds =
-        plan.layout.core_sharing * link.seconds(memory.communication_calls - memory.posted_calls,
-                                                static_cast<double>(memory.communication_bytes));
+        plan.layout.core_sharing *
+            link.seconds(memory.communication_calls - memory.posted_calls,
+                         static_cast<double>(memory.communication_bytes - memory.transfer_bytes)) +
+        pipeline_transfer_seconds(plan.layout, memory,
+                                  link.seconds(1, static_cast<double>(memory.message_bytes)));
   };
   timed(plan.memory);
   for (auto& rank : plan.pipeline_ranks) timed(rank);

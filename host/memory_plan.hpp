@@ -6,6 +6,7 @@
 // run.track_memory measures.
 
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -88,6 +89,13 @@ struct PlannedMemory {
   // Their time over the communicator's measured link (link_probe.hpp), none of the bytes' time
   // hidden behind compute: on the host CPU a collective's work takes the cores the compute needs.
   double communication_seconds = 0;
+  // A pipeline rank: the schedule's forward and backward in the simulation's time units, the
+  // bytes of its transfers between ranks (in communication_bytes) and of the largest message,
+  // for time_communication to time those transfers through the schedule, where a message the
+  // next action waits for delays the step by its whole latency.
+  std::optional<PipelineCosts> schedule_costs;
+  std::int64_t transfer_bytes = 0;
+  std::int64_t message_bytes = 0;
   double step_seconds() const {
     return compute_seconds + optimizer_seconds + communication_seconds;
   }
@@ -102,5 +110,12 @@ PlannedMemory plan_memory(const ModelFootprint& model, const PlanLayout& layout)
 // parameter's copy with each stage that uses it), and the activations of the micro-batches its
 // schedule holds in flight at most, each stage's received input included.
 std::vector<PlannedMemory> plan_pipeline(const ModelFootprint& model, const PlanLayout& layout);
+
+// What a pipeline rank's transfers between ranks add to its step when each message takes
+// `message_seconds` from its send to its arrival: the schedule simulated with that delay less
+// the schedule without, slowed by the ranks' sharing of cores as its compute is. 0 for a rank
+// that is not a pipeline's.
+double pipeline_transfer_seconds(const PlanLayout& layout, const PlannedMemory& rank,
+                                 double message_seconds);
 
 }  // namespace trainyard

@@ -142,11 +142,17 @@ InFlight most_in_flight(const PipelineSchedule& schedule, int rank,
   return result;
 }
 
-// The schedule's makespan with each forward and backward costing the slowest stage's: the
-// probe's timed forward and backward of a micro-batch, in the share of the forward its blocks
-// took (a split backward's halves half each).
-double pipeline_compute_seconds(const ModelFootprint& model, const PlanLayout& layout,
-                                const std::vector<BlockRange>& cut) {
+constexpr double kUnit = 1e-4;  // the simulation's time unit, seconds
+
+int simulated_units(double seconds) {
+  return std::max(1, static_cast<int>(std::lround(seconds / kUnit)));
+}
+
+// Each forward and backward costing the slowest stage's, in the simulation's units: the probe's
+// timed forward and backward of a micro-batch, in the share of the forward its blocks took (a
+// split backward's halves half each).
+PipelineCosts pipeline_costs(const ModelFootprint& model, const PlanLayout& layout,
+                             const std::vector<BlockRange>& cut) {
   double slowest = 0;
   for (const BlockRange& range : cut) {
     double share = 0;
@@ -155,18 +161,20 @@ double pipeline_compute_seconds(const ModelFootprint& model, const PlanLayout& l
     }
     slowest = std::max(slowest, share);
   }
-  constexpr double kUnit = 1e-4;  // the simulation's time unit, seconds
-  const auto units = [&](double seconds) {
-    return std::max(1, static_cast<int>(std::lround(seconds / kUnit)));
-  };
   const double forward = model.forward_seconds.at(layout.micro_batch) * slowest;
   const double backward = model.backward_seconds.at(layout.micro_batch) * slowest;
   PipelineCosts costs;
-  costs.forward = units(forward);
-  costs.backward = units(backward);
-  costs.backward_input = units(backward / 2);
-  costs.backward_weight = units(backward / 2);
-  return static_cast<double>(simulate_schedule(layout.schedule, costs).makespan) * kUnit *
+  costs.forward = simulated_units(forward);
+  costs.backward = simulated_units(backward);
+  costs.backward_input = simulated_units(backward / 2);
+  costs.backward_weight = simulated_units(backward / 2);
+  return costs;
+}
+
+// The schedule's makespan at `costs`, for every micro-batch of the step (each accumulated batch
+// runs the schedule once).
+double schedule_seconds(const PlanLayout& layout, const PipelineCosts& costs, int transfer) {
+  return static_cast<double>(simulate_schedule(layout.schedule, costs, transfer).makespan) * kUnit *
          static_cast<double>(layout.accumulation);
 }
 
@@ -354,10 +362,12 @@ void count_pipeline_traffic(const ModelFootprint& model, const PlanLayout& layou
     if (s > 0 && on_other_ranks(shape, s, s - 1)) {
       handed += 2 * stages[s].communicated;
       transfers += 2;
+      plan.message_bytes = std::max(plan.message_bytes, stages[s].communicated);
     }
     if (s + 1 < cut.size() && on_other_ranks(shape, s, s + 1)) {
       handed += 2 * stages[s + 1].communicated;
       transfers += 2;
+      plan.message_bytes = std::max(plan.message_bytes, stages[s + 1].communicated);
     }
     for (std::int64_t b = cut[s].begin; b < range_end(cut[s], model); ++b)
       share += model.blocks[static_cast<std::size_t>(b + 1)].forward_share;
@@ -376,8 +386,12 @@ void count_pipeline_traffic(const ModelFootprint& model, const PlanLayout& layou
                   (static_cast<double>(handed) +
                    share * model.tensor_parallel_bytes.at(static_cast<std::int64_t>(samples)))) +
       data_parallel_traffic(own, data);
+  plan.transfer_bytes = round_bytes(micro_batches * static_cast<double>(handed));
+  // The gradients' norm is summed over the pipeline's ranks in one all-reduce a step, which
+  // waits for the rank that finishes its schedule last.
+  const double norm_calls = shape.ranks > 1 ? 1 : 0;
   plan.communication_calls = micro_batches * (transfers + share * model.tensor_parallel_calls) +
-                             data_parallel_calls(own, data);
+                             data_parallel_calls(own, data) + norm_calls;
   plan.posted_calls = micro_batches * transfers + posted_data_parallel_calls(own, data);
 }
 
@@ -407,15 +421,25 @@ std::vector<PlannedMemory> plan_pipeline(const ModelFootprint& model, const Plan
             : 0;
     if (s > 0 && on_other_ranks(shape, s, s - 1)) stages[s].input = stages[s].communicated;
   }
-  const double compute_seconds = pipeline_compute_seconds(model, layout, cut);
+  const PipelineCosts costs = pipeline_costs(model, layout, cut);
+  const double compute_seconds = schedule_seconds(layout, costs, 0);
   std::vector<PlannedMemory> plans;
   for (int rank = 0; rank < shape.ranks; ++rank) {
     PlannedMemory plan = plan_pipeline_rank(model, layout, cut, stages, rank);
     plan.compute_seconds = layout.core_sharing * compute_seconds;
+    plan.schedule_costs = costs;
     count_pipeline_traffic(model, layout, cut, stages, rank, plan);
     plans.push_back(plan);
   }
   return plans;
+}
+
+double pipeline_transfer_seconds(const PlanLayout& layout, const PlannedMemory& rank,
+                                 double message_seconds) {
+  if (!rank.schedule_costs || layout.holding != ModelHolding::kStages) return 0;
+  const int transfer = static_cast<int>(std::lround(message_seconds / kUnit));
+  return layout.core_sharing * (schedule_seconds(layout, *rank.schedule_costs, transfer) -
+                                schedule_seconds(layout, *rank.schedule_costs, 0));
 }
 
 }  // namespace trainyard

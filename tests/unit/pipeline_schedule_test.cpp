@@ -517,6 +517,33 @@ TEST(PipelineScheduleTest, CostsShapeTheSimulation) {
             "pipeline cost forward must be >= 1, got 0");
 }
 
+TEST(PipelineScheduleTest, TransfersBetweenRanksDelayWhatWaitsForThemAndHandOversTakeNone) {
+  PipelineCosts costs;
+  costs.forward = 2;
+  costs.backward = 5;
+  const int transfer = 3;
+  const auto delay = [&](const PipelineSchedule& schedule) {
+    return simulate_schedule(schedule, costs, transfer).makespan -
+           simulate_schedule(schedule, costs).makespan;
+  };
+  // One micro-batch through every stage and back: 2 (p - 1) transfers on its path.
+  EXPECT_EQ(delay(gpipe_schedule({2, 1})), 2 * transfer);
+  EXPECT_EQ(delay(gpipe_schedule({4, 1})), 6 * transfer);
+  // GPipe's forwards and backwards run back to back: only its two ramps wait (41 against 35).
+  EXPECT_EQ(delay(gpipe_schedule({2, 4})), 2 * transfer);
+  // 1F1B on 2 ranks waits for each micro-batch's round trip in its steady state: rank 0's
+  // backwards start at 15, 22, 35 and 42 instead of 9, 16, 23 and 30 (47 against 35).
+  EXPECT_EQ(simulate_schedule(one_forward_one_backward_schedule({2, 4}), costs, transfer).makespan,
+            47);
+  // ZB-V on 2 ranks hands stage 1's output to stage 2 on rank 1: two of its three boundaries
+  // cross ranks, each passed forward and backward.
+  EXPECT_EQ(delay(zero_bubble_v_schedule({2, 1, 2})), 4 * transfer);
+  EXPECT_EQ(error_of([&] {
+              simulate_schedule(gpipe_schedule({2, 2}), costs, -1);
+            }),
+            "pipeline transfer time must be >= 0, got -1");
+}
+
 TEST(PipelineScheduleTest, TimelineHasOneColumnPerTimeUnit) {
   const PipelineSchedule schedule = one_forward_one_backward_schedule({2, 2});
   EXPECT_EQ(format_timeline(schedule, simulate_schedule(schedule)),

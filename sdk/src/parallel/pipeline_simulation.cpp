@@ -55,6 +55,14 @@ double PipelineSimulation::mean_idle_share() const {
 }
 
 PipelineSimulation simulate_schedule(const PipelineSchedule& schedule, const PipelineCosts& costs) {
+  return simulate_schedule(schedule, costs, 0);
+}
+
+PipelineSimulation simulate_schedule(const PipelineSchedule& schedule, const PipelineCosts& costs,
+                                     int transfer) {
+  if (transfer < 0) {
+    throw Error("pipeline transfer time must be >= 0, got " + std::to_string(transfer));
+  }
   for (auto [name, value] : {std::pair{"forward", costs.forward},
                              {"backward_input", costs.backward_input},
                              {"backward_weight", costs.backward_weight},
@@ -103,7 +111,7 @@ PipelineSimulation simulate_schedule(const PipelineSchedule& schedule, const Pip
           start = std::max(start, messages.front().time);
           messages.pop_front();
         } else if (is_send(action.kind)) {
-          in_flight[channel_of(shape, rank, action)].push_back({action, start});
+          in_flight[channel_of(shape, rank, action)].push_back({action, start + transfer});
         }
         const int end = start + costs.duration(action.kind);
         if (action.kind == Kind::kForward) {

@@ -176,6 +176,11 @@ struct PipelineSimulation {
 // blocked rank's action.
 PipelineSimulation simulate_schedule(const PipelineSchedule& schedule,
                                      const PipelineCosts& costs = {});
+// The same with each message between ranks arriving `transfer` time units after its send (a
+// stage handed over on its own rank takes none): what a link's latency and bytes add to the
+// schedule's makespan, where a receive is on its critical path.
+PipelineSimulation simulate_schedule(const PipelineSchedule& schedule, const PipelineCosts& costs,
+                                     int transfer);
 
 // The idle share the literature gives for a schedule (Narayanan et al. 2021; Qi et al. 2023).
 struct IdleShareFormula {
