@@ -4,13 +4,18 @@
 median of its steps after a warm-up of 2; no memory tracking, which slows a step), as the ratio
 planned / measured.
 
-    tools/plan/step_time_grid.py [--repeats 3] [--steps 12] [--only SUBSTRING]
+    tools/plan/step_time_grid.py [--repeats 3] [--steps 12] [--seconds 1] [--only SUBSTRING]
+
+A run takes at least --steps steps, and more for a fast layout, enough for about --seconds of
+measured steps (at most 200): the median of ten 3 ms steps, whose communication is fast in some
+steps and slow in others, moved by a third from run to run.
 
 Prints a table and exits 1 when a ratio is outside 1 +- --tolerance (default 0.25). The runs
 time the machine: run it with nothing else busy."""
 import argparse
 import glob
 import json
+import math
 import os
 import statistics
 import subprocess
@@ -89,6 +94,7 @@ def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--steps", type=int, default=12)
+    parser.add_argument("--seconds", type=float, default=1.0)
     parser.add_argument("--only", default="")
     parser.add_argument("--tolerance", type=float, default=0.25)
     args = parser.parse_args()
@@ -99,10 +105,11 @@ def main():
             continue
         path = os.path.join(ROOT, "recipes", recipe)
         plan = planned_ms(path, nproc, settings)
+        steps = max(args.steps, min(200, math.ceil(args.seconds * 1e3 / plan) + 2))
         runs = []
         for _ in range(args.repeats):
             with tempfile.TemporaryDirectory() as output:
-                runs.append(measured_ms(path, nproc, settings, args.steps, output))
+                runs.append(measured_ms(path, nproc, settings, steps, output))
         measured = statistics.median(runs)
         ratio = plan / measured
         within = abs(ratio - 1) <= args.tolerance
