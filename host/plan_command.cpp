@@ -52,6 +52,7 @@ nlohmann::json memory_json(const PlannedMemory& plan) {
           {"communication_bytes", plan.communication_bytes},
           {"communication_calls", plan.communication_calls},
           {"communication_seconds", plan.communication_seconds},
+          {"message_bytes", plan.message_bytes},
           {"phases", phases}};
 }
 
@@ -64,6 +65,11 @@ nlohmann::json plan_json(const LayoutPlan& plan, int ranks) {
     nlohmann::json stages = nlohmann::json::array();
     for (const auto& rank : plan.pipeline_ranks) stages.push_back(memory_json(rank));
     out["pipeline_ranks"] = stages;
+  }
+  if (plan.link.ranks > 0) {
+    out["link"] = {{"latency_seconds", plan.link.latency_seconds},
+                   {"seconds_per_byte", plan.link.seconds_per_byte},
+                   {"ranks", plan.link.ranks}};
   }
   return out;
 }

@@ -20,7 +20,8 @@ NAME is gpipe, 1f1b, interleaved_1f1b, zero_bubble or zero_bubble_v (with V = 2)
 schedule written out, one line per rank (as --as-file prints one, and strategy.schedule_file
 reads it). Prints one row per rank, one column per time unit (F3: forward of micro-batch 3, B
 full backward, I input gradient, W weight gradient, 2F3: stage 2's when ranks hold several
-stages, '.' idle), each rank's idle share, and the share the literature gives. Exits 1 when the schedule cannot be built for these numbers, or
+stages, '.' idle), each rank's idle share, and the share the literature gives. With
+--transfer-cost, each message between ranks takes that long: the waits it causes show as idle. Exits 1 when the schedule cannot be built for these numbers, or
 the file does not read or is not one training step (naming the rank, the action and why).)";
 
 }  // namespace
@@ -31,6 +32,7 @@ int command_schedule(const std::vector<std::string>& args) {
   bool as_file = false;
   PipelineShape shape;
   PipelineCosts costs;
+  int transfer = 0;
   po::options_description options("schedule options");
   options.add_options()("name", po::value(&name), "the schedule")(
       "file", po::value(&file), "a schedule file to check and simulate instead of NAME")(
@@ -46,7 +48,9 @@ int command_schedule(const std::vector<std::string>& args) {
       "input-gradient-cost", po::value(&costs.backward_input)->default_value(1),
       "I, in time units")("weight-gradient-cost",
                           po::value(&costs.backward_weight)->default_value(1),
-                          "W, in time units (a full backward B costs I + W)");
+                          "W, in time units (a full backward B costs I + W)")(
+      "transfer-cost", po::value(&transfer)->default_value(0),
+      "T, in time units: a message between ranks arrives T after its send (0: at once)");
   po::positional_options_description positional;
   positional.add("name", 1);
   auto values = parse(args, options, positional, kScheduleUsage);
@@ -68,7 +72,7 @@ int command_schedule(const std::vector<std::string>& args) {
     std::cout << format_schedule_csv(schedule);
     return 0;
   }
-  std::cout << format_timeline(schedule, simulate_schedule(schedule, costs));
+  std::cout << format_timeline(schedule, simulate_schedule(schedule, costs, transfer));
   return 0;
 }
 

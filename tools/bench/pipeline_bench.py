@@ -120,6 +120,54 @@ def schedule_formula(trainyard, schedule):
     return match.group(1), match.group(2), float(match.group(3)) / 100
 
 
+def message_seconds(trainyard, out):
+    """What `trainyard plan` takes a message between the two pipeline ranks to cost: the link's
+    latency per call and the largest message's bytes at its rate (the link measured once per host
+    and cached); None when the plan gives no link."""
+    command = [trainyard, "plan", os.path.join(out, "recipes", "1f1b.toml"), "--nproc", str(PP),
+               "--json", "--set", "run.threads=1"]
+    done = subprocess.run(command, capture_output=True, text=True)
+    if done.returncode != 0:
+        problem(f"{' '.join(command)} failed:\n{done.stderr[-2000:]}")
+        return None
+    plan = json.loads(done.stdout)
+    link = plan.get("link")
+    if not link:
+        problem(f"{' '.join(command)}: the plan names no link")
+        return None
+    largest = max(rank["message_bytes"] for rank in plan["pipeline_ranks"])
+    return link["latency_seconds"] + largest * link["seconds_per_byte"]
+
+
+def simulated_with_link(trainyard, schedule, timeline, transfer_s):
+    """Each rank's idle share in `trainyard schedule`'s simulation at the timeline's mean measured
+    F, B, I and W (a full backward's halves half each), with each message between the ranks taking
+    `transfer_s`: what the schedule leaves idle on this link with these costs, in 0.1 ms units."""
+    durations = {}
+    for rank in timeline:
+        for action in rank["actions"]:
+            if action["kind"] in COMPUTE:
+                durations.setdefault(COMPUTE[action["kind"]], []).append(
+                    action["end_us"] - action["start_us"])
+    units = {kind: max(1, round(statistics.mean(us) / 100)) for kind, us in durations.items()}
+    if "B" in units:
+        units.setdefault("I", max(1, units["B"] // 2))
+        units.setdefault("W", max(1, units["B"] - units["I"]))
+    command = [trainyard, "schedule", schedule, "--stages", str(PP), "--micro-batches",
+               str(MICRO_BATCHES), "--virtual-stages", str(VIRTUAL_STAGES.get(schedule, 1)),
+               "--forward-cost", str(units.get("F", 1)),
+               "--input-gradient-cost", str(units.get("I", 1)),
+               "--weight-gradient-cost", str(units.get("W", 1)),
+               "--transfer-cost", str(round(transfer_s * 1e4))]
+    output = subprocess.run(command, capture_output=True, text=True, check=True).stdout
+    shares = [float(m.group(1)) / 100
+              for m in re.finditer(r"^rank \d+ \|.*\| idle \d+/\d+ = ([0-9.]+)%", output, re.M)]
+    if len(shares) != PP:
+        problem(f"no idle share per rank in the output of {' '.join(command)}:\n{output}")
+        return None
+    return shares
+
+
 def compare_idle_lines(compare_log):
     """What compare printed per pipeline rank, by schedule (the variant's recipe stem): the
     measured idle share, and the formula at the step's measured mean costs, e.g.
@@ -222,8 +270,10 @@ def pictures(out, compare_dir):
     shutil.rmtree(profile, ignore_errors=True)
 
 
-def print_floors(rates, backward, idle, formulas):
-    """The floors the schedules are held to, each with its measured value, met or missed."""
+def print_floors(rates, backward, idle, formulas, linked):
+    """The floors the schedules are held to, each with its measured value, met or missed; then the
+    idle shares against the simulation with the link (1.25 x it + 2 points), the measure a
+    schedule can be held to where each message's latency is on its critical path."""
     lines = []
 
     def floor(text, value, bound, met):
@@ -246,6 +296,15 @@ def print_floors(rates, backward, idle, formulas):
     if lines:
         print("\nfloors (idle: 1.25 x the formula + 2 points):")
         print("\n".join(lines))
+    beside = []
+    for schedule, shares in idle.items():
+        for rank, (share, simulated) in enumerate(zip(shares, linked.get(schedule) or [])):
+            bound = 1.25 * simulated + 0.02
+            beside.append(f"  {schedule + f' rank {rank} idle share':50} {share:7.3f}  "
+                          f"{f'<= {bound:.3f}':>11}  {'within' if share <= bound else 'above'}")
+    if beside:
+        print("\nidle against the simulation with the link (1.25 x it + 2 points):")
+        print("\n".join(beside))
 
 
 def percent(share, relation="="):
@@ -284,7 +343,8 @@ def main():
             spreads[name] = (max(runs) - min(runs)) / rates[name]
 
     printed = compare_idle_lines(os.path.join(out, "compare.log"))
-    timelines, all_timelines, medians, formulas, cells = {}, {}, {}, {}, {}
+    transfer_s = message_seconds(trainyard, out)
+    timelines, all_timelines, medians, formulas, cells, linked = {}, {}, {}, {}, {}, {}
     for schedule in SCHEDULES:
         folder = folders.get(schedule)
         runs = [read_timeline(run) for run in runs_of(folder)] if folder else [None]
@@ -302,9 +362,13 @@ def main():
         medians[schedule] = shares
         formula = schedule_formula(trainyard, schedule)
         formulas[schedule] = formula
+        if transfer_s is not None:
+            linked[schedule] = simulated_with_link(trainyard, schedule, runs[0], transfer_s)
+        with_link = linked.get(schedule)
         cells[schedule] = [percent(s) for s in shares] + [
             percent(formula[2], formula[1]) if formula else "?",
             percent(ranks[0][2], ranks[0][1]) if 0 in ranks else "?",
+            "/".join(f"{100 * s:.1f}" for s in with_link) if with_link else "?",
             formula[0] if formula else ""]
 
     print(f"pipeline benchmark: gpt_text (4 layers, d_model 128, seq 128), global batch {global_batch}, "
@@ -316,9 +380,12 @@ def main():
           "over theirs (above 1: faster)")
     print("idle r0, r1: each pp rank's share of the recorded step's compute makespan spent not "
           "computing, the median over the runs; formula: as `trainyard schedule` prints it (unit "
-          "costs); at costs: the same formula at the first run's mean measured F, B, I, W (compare's)")
+          "costs); at costs: the same formula at the first run's mean measured F, B, I, W (compare's); "
+          "with link: each rank's idle % simulated at those costs with each message between the ranks "
+          + (f"taking {1e3 * transfer_s:.2f} ms (the link's latency and bytes, as `trainyard plan` "
+             "measures them)" if transfer_s is not None else "(no link measured)"))
     print(f"{'run':17} {'shape':30} {'samples/s':>9} {'spread':>6} {'vs ddp':>7} {'vs single':>9}   "
-          f"{'idle r0':>7} {'idle r1':>7} {'formula':>8} {'at costs':>8}  formula")
+          f"{'idle r0':>7} {'idle r1':>7} {'formula':>8} {'at costs':>8} {'with link':>10}  formula")
     for name, shape, _ in rows:
         line = f"{name:17} {shape:30} "
         if name not in rates:
@@ -331,7 +398,7 @@ def main():
         line += f"{rates[name]:9.1f} {percent(spreads[name]):>6} {ratios[0]:7.2f} {ratios[1]:9.2f}"
         if name in cells:
             c = cells[name]
-            line += f"   {c[0]:>7} {c[1]:>7} {c[2]:>8} {c[3]:>8}  {c[4]}"
+            line += f"   {c[0]:>7} {c[1]:>7} {c[2]:>8} {c[3]:>8} {c[4]:>10}  {c[5]}"
         print(line)
 
     backward = {schedule: statistics.median(map(backward_ms_per_micro_batch, runs))
@@ -342,7 +409,7 @@ def main():
         for schedule, ms in backward.items():
             print(f"  {schedule:17} {ms:6.2f}  {ms / backward['1f1b']:5.2f}x")
 
-    print_floors(rates, backward, medians, formulas)
+    print_floors(rates, backward, medians, formulas, linked)
 
     for schedule, timeline in timelines.items():
         print(f"\n{schedule}, measured step {timeline[0]['step']}: ms per compute action (F/B/I/W and "

@@ -37,7 +37,11 @@ def rewrite(pattern, old, new, count=1):
 
 # (what is broken, how, what the report must say); the first keeps the copy whole.
 CASES = [
-    ("nothing", None, [r"pictures: .*schedules\.png"]),
+    ("nothing", None, [r"pictures: .*schedules\.png",
+                       r"each message between the ranks taking [0-9.]+ ms",
+                       r"idle against the simulation with the link"]),
+    ("the recipe the link is planned with", remove("recipes/1f1b.toml"),
+     [r"plan \S+1f1b\.toml .*failed"]),
     ("a rank's metrics", remove("compare/*-ddp/metrics.rank1.jsonl"),
      [r"-ddp/metrics\.rank1\.jsonl: no metrics", r"ddp +2 ranks x batch 8 +FAILED"]),
     ("a step time of 0",
