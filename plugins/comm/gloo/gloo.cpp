@@ -32,6 +32,9 @@ class Gloo final : public C10dCommunicator {
     return {std::string("Gloo ") + (libtorch_built_with("USE_GLOO") ? "yes" : "no") +
             " (LibTorch's c10d ProcessGroupGloo)"};
   }
+  // A gloo pair of ranks serializes its sends and receives under one lock: with both ranks' cores
+  // computing, a send that met the peer's send waited a scheduler tick (4-5 ms).
+  bool one_backend_per_direction() const override { return true; }
 
  protected:
   c10::intrusive_ptr<c10d::Backend> create_backend(const c10::intrusive_ptr<c10d::Store>& store,

@@ -102,7 +102,10 @@ class Pipeline final : public Strategy {
                                  static_cast<int>(options_.virtual_stages)});
     shape_ = schedule_.shape;
     const PipelineSimulation simulation = simulate_schedule(schedule_);
-    if (pp_group_) channel_ = std::make_unique<StageChannel>(pp_group_, context.build.device);
+    if (pp_group_) {
+      channel_ = std::make_unique<StageChannel>(pp_group_, mesh_->pipeline_return_group(),
+                                                context.build.device);
+    }
 
     autocast_dtype_ = context.precision->autocast_dtype();
     if (context.compression && options_.sharding) {

@@ -50,8 +50,15 @@ void wait_for(const c10::intrusive_ptr<c10d::Work>& work) {
 
 }  // namespace
 
-StageChannel::StageChannel(c10::intrusive_ptr<c10d::Backend> group, at::Device device)
-    : group_(std::move(group)), device_(device) {}
+StageChannel::StageChannel(c10::intrusive_ptr<c10d::Backend> group,
+                           c10::intrusive_ptr<c10d::Backend> return_group, at::Device device)
+    : group_(std::move(group)), return_group_(std::move(return_group)), device_(device) {
+  if (!return_group_) return_group_ = group_;
+}
+
+c10d::Backend& StageChannel::group_of(StageMessage kind) const {
+  return kind == StageMessage::kGradient ? *return_group_ : *group_;
+}
 
 StageChannel::~StageChannel() = default;
 
@@ -85,7 +92,7 @@ void StageChannel::send(const Activations& bundle, int peer, StageMessage kind, 
     const int spec_tag = tag_of(kind, stage, micro_batch, /*spec=*/true);
     for (const at::Tensor& message : {length, body}) {
       std::vector<at::Tensor> one{message};
-      sends_.push_back({group_->send(one, peer, spec_tag), message, peer, spec_tag});
+      sends_.push_back({group_of(kind).send(one, peer, spec_tag), message, peer, spec_tag});
     }
     sent_specs_.emplace(key, spec);
   } else {
@@ -104,7 +111,7 @@ void StageChannel::send(const Activations& bundle, int peer, StageMessage kind, 
   const int tag = tag_of(kind, stage, micro_batch, false);
   for (at::Tensor& tensor : tensors) {
     std::vector<at::Tensor> one{tensor};
-    sends_.push_back({group_->send(one, peer, tag), tensor, peer, tag});
+    sends_.push_back({group_of(kind).send(one, peer, tag), tensor, peer, tag});
   }
 }
 
@@ -112,6 +119,7 @@ StageChannel::Pending StageChannel::receive(int peer, StageMessage kind, int sta
                                             std::int64_t rows) {
   Pending pending;
   pending.peer = peer;
+  pending.kind = kind;
   pending.tag = tag_of(kind, stage, micro_batch, false);
   pending.key = std::make_tuple(peer, static_cast<int>(kind), stage, rows);
   auto known = received_specs_.find(pending.key);
@@ -127,7 +135,7 @@ void StageChannel::post(Pending& pending) {
     pending.buffers.push_back(
         at::empty(tensor.shape, at::TensorOptions().dtype(tensor.dtype).device(device_)));
     std::vector<at::Tensor> one{pending.buffers.back()};
-    pending.works.push_back(group_->recv(one, pending.peer, pending.tag));
+    pending.works.push_back(group_of(pending.kind).recv(one, pending.peer, pending.tag));
   }
   pending.posted = true;
 }
@@ -144,10 +152,10 @@ Activations StageChannel::wait(Pending& pending) {
     const int spec_tag = pending.tag | (8 << 24);
     std::vector<at::Tensor> length{
         at::empty({1}, at::TensorOptions().dtype(at::kLong).device(device_))};
-    wait_for(group_->recv(length, pending.peer, spec_tag));
+    wait_for(group_of(pending.kind).recv(length, pending.peer, spec_tag));
     std::vector<at::Tensor> body{at::empty({length[0].cpu().item<std::int64_t>()},
                                            at::TensorOptions().dtype(at::kLong).device(device_))};
-    wait_for(group_->recv(body, pending.peer, spec_tag));
+    wait_for(group_of(pending.kind).recv(body, pending.peer, spec_tag));
     pending.spec = decode(body[0]);
     received_specs_.emplace(pending.key, pending.spec);
     post(pending);

@@ -42,8 +42,12 @@ struct TravellingTensor {
 
 class StageChannel {
  public:
-  // `group` is the pipeline group (ranks are its group ranks); `device` where buffers live.
-  StageChannel(c10::intrusive_ptr<c10d::Backend> group, at::Device device);
+  // `group` is the pipeline group (ranks are its group ranks), `return_group` the backend over
+  // the same ranks that the gradients travel back on (ProcessMesh::pipeline_return_group: a
+  // backend of its own where the communicator asks for one per direction, so that two stages
+  // sending to each other at once do not wait for one another); `device` where buffers live.
+  StageChannel(c10::intrusive_ptr<c10d::Backend> group,
+               c10::intrusive_ptr<c10d::Backend> return_group, at::Device device);
   ~StageChannel();
   StageChannel(const StageChannel&) = delete;
   StageChannel& operator=(const StageChannel&) = delete;
@@ -56,6 +60,7 @@ class StageChannel {
    private:
     friend class StageChannel;
     int peer = -1;
+    StageMessage kind = StageMessage::kActivation;
     int tag = 0;
     std::tuple<int, int, int, std::int64_t> key;  // the spec cache key
     bool posted = false;                          // data receives are posted (spec known)
@@ -85,8 +90,11 @@ class StageChannel {
  private:
   static int tag_of(StageMessage kind, int stage, int micro_batch, bool spec);
   void post(Pending& pending);
+  // The backend messages of `kind` travel on.
+  c10d::Backend& group_of(StageMessage kind) const;
 
   c10::intrusive_ptr<c10d::Backend> group_;
+  c10::intrusive_ptr<c10d::Backend> return_group_;
   at::Device device_;
   // Specs sent (to keep the sender's side in step) and received, by (peer, kind, stage, rows).
   std::map<std::tuple<int, int, int, std::int64_t>, std::vector<TravellingTensor>> sent_specs_;

@@ -59,6 +59,17 @@ ProcessMesh::ProcessMesh(const MeshLayout& layout, Communicator& communicator)
       if (backend) groups_[static_cast<std::size_t>(kind)] = counting(backend, kind);
     }
   }
+  // A pipeline's gradients travel back on connections of their own (pipeline_return_group).
+  if (layout.size(MeshGroup::kPipeline) > 1) {
+    if (!communicator.one_backend_per_direction()) {
+      pipeline_return_ = groups_[static_cast<std::size_t>(MeshGroup::kPipeline)];
+    } else {
+      for (const std::vector<int>& ranks : layout.groups(MeshGroup::kPipeline)) {
+        c10::intrusive_ptr<c10d::Backend> backend = communicator.new_group(ranks);
+        if (backend) pipeline_return_ = counting(backend, MeshGroup::kPipeline);
+      }
+    }
+  }
 }
 
 ProcessMesh::ProcessMesh(Communicator& communicator)

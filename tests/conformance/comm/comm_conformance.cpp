@@ -550,6 +550,27 @@ TEST_P(CommConformance, MeshGroupsOfPipelineByDataShard) {
                       device);
     // dp is dp_shard when nothing is replicated: one backend for both.
     EXPECT_EQ(mesh.group(MeshGroup::kData).get(), mesh.group(MeshGroup::kDataShard).get());
+    // The gradients' way back: a backend of its own beside the pipeline group's where the
+    // communicator asks for one per direction (the same backend otherwise); a gradient sent back
+    // over it arrives.
+    const auto back = mesh.pipeline_return_group();
+    ASSERT_TRUE(back);
+    if (comm.one_backend_per_direction()) {
+      EXPECT_NE(back.get(), mesh.group(MeshGroup::kPipeline).get());
+    } else {
+      EXPECT_EQ(back.get(), mesh.group(MeshGroup::kPipeline).get());
+    }
+    EXPECT_EQ(back->getSize(), 2);
+    const int stage = mesh.rank(MeshGroup::kPipeline);
+    std::vector<at::Tensor> gradient{
+        at::full({3}, stage == 1 ? 7.0 + comm.rank() : 0.0, at::TensorOptions(device))};
+    if (stage == 1) {
+      back->send(gradient, 0, 5)->wait();
+    } else {
+      back->recv(gradient, 1, 5)->wait();
+      EXPECT_TRUE(equal_on_host(gradient[0], at::full({3}, 9.0 + comm.rank())))
+          << "rank " << comm.rank() << " received its gradient from pp rank 1";
+    }
   });
 }
 
@@ -559,6 +580,7 @@ TEST_P(CommConformance, MeshGroupsOfDataShardByTensor) {
   if (!devices) TRAINYARD_SKIP_WITHOUT_GPU() << missing_devices(4);
   run_ranks(*devices, [&](Communicator& comm, c10::Device device) {
     ProcessMesh mesh(MeshLayout::resolve(MeshRequest{.dp_shard = 2, .tp = 2}, 4), comm);
+    EXPECT_FALSE(mesh.pipeline_return_group()) << "a pipeline of one rank sends nothing back";
     check_mesh_groups(mesh, comm,
                       {{MeshGroup::kData, {{0, 2}, {1, 3}}},
                        {MeshGroup::kDataShard, {{0, 2}, {1, 3}}},

@@ -44,6 +44,11 @@ class Communicator : public Component {
   virtual void barrier() = 0;
   // The rendezvous store (the runtime keeps its failure records and heartbeats there).
   virtual c10::intrusive_ptr<c10d::Store> store() = 0;
+  // Whether messages between two ranks in opposite directions at once should travel on separate
+  // backends (a pipeline's activations forward, its gradients back): true where a backend's
+  // connection between two ranks serializes its sends and receives under one lock, so that one of
+  // two simultaneous sends waits for the other's (ProcessMesh::pipeline_return_group).
+  virtual bool one_backend_per_direction() const { return false; }
 };
 
 }  // namespace trainyard

@@ -10,7 +10,7 @@
 
 // Bumped whenever a field of PluginDescriptor, a virtual function of an SDK interface or the
 // layout of a type crossing the plugin boundary changes.
-#define TRAINYARD_ABI_VERSION 16
+#define TRAINYARD_ABI_VERSION 17
 
 // What a plugin must share with the host to exchange C++ objects: LibTorch's version and the
 // compiler's C++ ABI (Itanium ABI level and libstdc++'s string/list ABI).

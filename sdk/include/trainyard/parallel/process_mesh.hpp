@@ -42,6 +42,12 @@ class ProcessMesh {
   std::vector<int> group_ranks(MeshGroup group) const { return layout_.group_ranks(group, rank_); }
   // The group's backend; null when the group has one rank (nothing to communicate).
   c10::intrusive_ptr<c10d::Backend> group(MeshGroup group) const;
+  // The backend a pipeline's gradients travel back on, over the ranks of group(kPipeline) and
+  // counted under its name: a backend of its own where the communicator asks for one per
+  // direction (Communicator::one_backend_per_direction: two ranks sending to each other at once
+  // over one connection made one send wait a scheduler tick, 4-5 ms, on a host whose cores the
+  // ranks' compute holds); group(kPipeline) itself otherwise. Null when the pipeline has one rank.
+  c10::intrusive_ptr<c10d::Backend> pipeline_return_group() const { return pipeline_return_; }
   // What this rank has issued over the mesh's groups (shared by copies of this mesh); a mesh of
   // one rank has no groups, so its counter stays empty.
   CollectiveCounter& collectives() const { return *collectives_; }
@@ -53,6 +59,7 @@ class ProcessMesh {
   MeshLayout layout_;
   int rank_ = 0;
   std::array<c10::intrusive_ptr<c10d::Backend>, kMeshGroupCount> groups_;
+  c10::intrusive_ptr<c10d::Backend> pipeline_return_;
   std::shared_ptr<CollectiveCounter> collectives_ = std::make_shared<CollectiveCounter>();
 };
 
