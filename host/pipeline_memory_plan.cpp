@@ -436,10 +436,11 @@ std::vector<PlannedMemory> plan_pipeline(const ModelFootprint& model, const Plan
 
 double pipeline_transfer_seconds(const PlanLayout& layout, const PlannedMemory& rank,
                                  double message_seconds) {
-  if (!rank.schedule_costs || layout.holding != ModelHolding::kStages) return 0;
+  if (!rank.schedule_costs) return 0;
   const int transfer = static_cast<int>(std::lround(message_seconds / kUnit));
-  return layout.core_sharing * (schedule_seconds(layout, *rank.schedule_costs, transfer) -
-                                schedule_seconds(layout, *rank.schedule_costs, 0));
+  // The schedule without transfers is the rank's compute time (plan_pipeline).
+  return layout.core_sharing * schedule_seconds(layout, *rank.schedule_costs, transfer) -
+         rank.compute_seconds;
 }
 
 }  // namespace trainyard

@@ -108,10 +108,15 @@ def backward_ms_per_micro_batch(timeline):
     return total_us / 1000 / timeline[0]["micro_batches"]
 
 
+def schedule_command(trainyard, schedule):
+    """`trainyard schedule` for this schedule on the bench's shape (unit costs unless added)."""
+    return [trainyard, "schedule", schedule, "--stages", str(PP), "--micro-batches",
+            str(MICRO_BATCHES), "--virtual-stages", str(VIRTUAL_STAGES.get(schedule, 1))]
+
+
 def schedule_formula(trainyard, schedule):
     """The formula's name and value `trainyard schedule` prints for this shape (unit costs)."""
-    command = [trainyard, "schedule", schedule, "--stages", str(PP), "--micro-batches",
-               str(MICRO_BATCHES), "--virtual-stages", str(VIRTUAL_STAGES.get(schedule, 1))]
+    command = schedule_command(trainyard, schedule)
     output = subprocess.run(command, capture_output=True, text=True, check=True).stdout
     match = re.search(r"^mean idle share .*, formula (\S+) (=|at most) ([0-9.]+)%$", output, re.M)
     if not match:
@@ -153,8 +158,7 @@ def simulated_with_link(trainyard, schedule, timeline, transfer_s):
     if "B" in units:
         units.setdefault("I", max(1, units["B"] // 2))
         units.setdefault("W", max(1, units["B"] - units["I"]))
-    command = [trainyard, "schedule", schedule, "--stages", str(PP), "--micro-batches",
-               str(MICRO_BATCHES), "--virtual-stages", str(VIRTUAL_STAGES.get(schedule, 1)),
+    command = schedule_command(trainyard, schedule) + [
                "--forward-cost", str(units.get("F", 1)),
                "--input-gradient-cost", str(units.get("I", 1)),
                "--weight-gradient-cost", str(units.get("W", 1)),
