@@ -6,7 +6,13 @@
 #include <gtest/gtest.h>
 #include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
 
+#include <ATen/ATen.h>
+
+#include <unistd.h>
 #include <cstdlib>
+#include <fstream>
+#include <functional>
+#include <future>
 #include <memory>
 #include <string>
 
@@ -51,6 +57,75 @@ TEST(CommSettings, GlooThreadsAndInterfaceReachTheProcessGroup) {
   EXPECT_EQ(gloo->getNumThreads(), 3);
   // One transport device, created for the interface (a missing one is refused, below).
   EXPECT_EQ(gloo->getOptions()->devices.size(), 1u);
+}
+
+// Two ranks on threads of this process, each with its own gloo communicator with `settings`,
+// running `body`.
+void run_two_gloo_ranks(const std::shared_ptr<Table>& settings,
+                        const std::function<void(Communicator&)>& body) {
+  Registry registry;
+  load_bundled_plugins(registry);
+  const int port = free_loopback_port();
+  std::vector<std::future<void>> ranks;
+  for (int rank = 0; rank < 2; ++rank) {
+    ranks.push_back(std::async(std::launch::async, [&, rank] {
+      auto comm = communicator(registry, "gloo", settings);
+      Rendezvous meet = alone();
+      meet.rank = rank;
+      meet.world_size = 2;
+      meet.master_port = port;
+      comm->connect(meet, c10::Device(c10::kCPU));
+      body(*comm);
+    }));
+  }
+  for (auto& rank : ranks) rank.get();
+}
+
+// This process's mappings of trainyard's shared-memory segments.
+int shared_memory_mappings() {
+  std::ifstream maps("/proc/self/maps");
+  int count = 0;
+  for (std::string line; std::getline(maps, line);) {
+    count += line.find("/dev/shm/trainyard-") != std::string::npos ? 1 : 0;
+  }
+  return count;
+}
+
+TEST(CommSettings, GlooAllReducesOfOneHostGoThroughSharedMemoryUnlessTurnedOff) {
+  for (int staging_mb : {0, 8}) {
+    auto settings = std::make_shared<Table>();
+    settings->set("shared_memory_mb", Value(staging_mb));
+    run_two_gloo_ranks(settings, [&](Communicator& comm) {
+      std::vector<at::Tensor> value{at::full({1000}, comm.rank() + 1.0)};
+      comm.world()->allreduce(value)->wait();
+      EXPECT_EQ(value[0][999].item<double>(), 3.0) << "shared_memory_mb = " << staging_mb;
+      comm.barrier();  // both ranks have mapped the segment, or not
+      // Each rank (a thread here) maps the group's segment once.
+      EXPECT_EQ(shared_memory_mappings(), staging_mb == 0 ? 0 : 2)
+          << "shared_memory_mb = " << staging_mb;
+      comm.barrier();
+    });
+  }
+  EXPECT_EQ(shared_memory_mappings(), 0) << "the segments go with their communicators";
+  // The name is removed once every rank has mapped the segment: a run that is killed leaves
+  // nothing in /dev/shm.
+  const std::string ours = "trainyard-" + std::to_string(getpid()) + "-";
+  for (const auto& entry : fs::directory_iterator("/dev/shm")) {
+    EXPECT_NE(entry.path().filename().string().rfind(ours, 0), 0u) << entry.path();
+  }
+}
+
+TEST(CommSettings, GlooSharedMemoryAllReducesOfDifferentSizesFailWithAnError) {
+  run_two_gloo_ranks(std::make_shared<Table>(), [&](Communicator& comm) {
+    std::vector<at::Tensor> value{at::ones({comm.rank() == 0 ? 4 : 5})};
+    try {
+      comm.world()->allreduce(value)->wait();
+      ADD_FAILURE() << "rank " << comm.rank() << " all-reduced tensors of different sizes";
+    } catch (const std::exception& error) {
+      const std::string message = error.what();
+      EXPECT_HAS(message.substr(0, message.find('\n')), "of the same size in the same order");
+    }
+  });
 }
 
 TEST(CommSettings, GlooRefusesAMissingInterfaceWithItsName) {

@@ -69,7 +69,8 @@ TEST(ProfileRun, EachDdpRankWritesItsOwn) {
   for (int rank = 0; rank < 2; ++rank) {
     const auto counts = event_counts(dir / ("profile.rank" + std::to_string(rank) + ".json"));
     expect_steps_five_to_seven(counts, 3);
-    // ddp's gradient all-reduce is recorded with the ops (gloo:all_reduce).
+    // ddp's gradient all-reduce is recorded with the ops, from its launch in backward to its
+    // completion (shared_memory:all_reduce on one host, gloo:all_reduce over TCP).
     bool collective = false;
     for (const auto& [name, count] : counts) {
       collective = collective || name.find("all_reduce") != std::string::npos;

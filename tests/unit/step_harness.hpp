@@ -186,17 +186,18 @@ std::vector<Result> run_threaded_ranks(int world_size,
 }
 
 // Runs `body` on the ranks of `request` as threads, each given `base` with the mesh they form
-// (and its communicator); the results in rank order.
+// (and its gloo communicator, with `comm_options`); the results in rank order.
 template <class Result>
 std::vector<Result> on_mesh_ranks(const MeshRequest& request, int world_size,
                                   const BuildContext& base,
-                                  const std::function<Result(const BuildContext&)>& body) {
+                                  const std::function<Result(const BuildContext&)>& body,
+                                  const std::string& comm_options = "") {
   return run_threaded_ranks<Result>(world_size, [&](int rank, int port) {
     BuildContext context = base;
     context.rank = rank;
     context.world_size = world_size;
-    auto communicator =
-        bundled_registry().create<Communicator>("gloo", options_section("comm", ""), context);
+    auto communicator = bundled_registry().create<Communicator>(
+        "gloo", options_section("comm", comm_options), context);
     Rendezvous meet;
     meet.rank = rank;
     meet.world_size = world_size;
@@ -225,9 +226,10 @@ std::vector<Result> on_tp_ranks(int tp, const BuildContext& base,
 // on_mesh_ranks over a data-parallel group of `ranks` ranks.
 template <class Result>
 std::vector<Result> on_data_parallel_ranks(int ranks, const BuildContext& base,
-                                           const std::function<Result(const BuildContext&)>& body) {
-  return on_mesh_ranks<Result>(
-      MeshRequest{.pp = 1, .dp_replicate = 1, .dp_shard = ranks, .tp = 1}, ranks, base, body);
+                                           const std::function<Result(const BuildContext&)>& body,
+                                           const std::string& comm_options = "") {
+  return on_mesh_ranks<Result>(MeshRequest{.pp = 1, .dp_replicate = 1, .dp_shard = ranks, .tp = 1},
+                               ranks, base, body, comm_options);
 }
 
 // A batch of `size` random samples of `shape` with targets below `classes`.

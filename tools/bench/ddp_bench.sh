@@ -12,7 +12,8 @@
 #   machine      what the machine itself gives two processes: two single runs side by side, with
 #                no communication at all. Their samples/s over one single run is the most any
 #                2-rank run can scale here (virtual CPUs that share a physical core give less
-#                than 2x); ddp's samples/s over theirs is what data parallelism keeps of it.
+#                than 2x); ddp's samples/s over theirs is what data parallelism keeps of it
+#                (target >= 0.95).
 # Each row also shows the step's phases (rank 0's medians, ms per step).
 # Timings on a shared machine drift by more than the effect measured, so the single run, the two
 # side by side, the ddp run and Python's DDP run back to back REPEATS times (default 3): each
@@ -131,5 +132,5 @@ ratio("step time vs python DDP", [d[1] / p for d, p in zip(ddp, python_ms)], "(t
 ratio("scaling, bf16 compression", [bf16[0] / statistics.median(s[0] for s in single)],
       "(1 run / median single)")
 ratio("machine: 2 side by side / 1", [b[0] / s[0] for s, b in zip(single, side)], "(at most 2)")
-ratio("ddp / 2 side by side", [d[0] / b[0] for b, d in zip(side, ddp)], "(at most 1)")
+ratio("ddp / 2 side by side", [d[0] / b[0] for b, d in zip(side, ddp)], "(target >= 0.95)")
 PY

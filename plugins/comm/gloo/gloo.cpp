@@ -1,13 +1,15 @@
-// Collectives on CPU tensors over c10d's ProcessGroupGloo (TCP between ranks).
+// Collectives on CPU tensors over c10d's ProcessGroupGloo (TCP between ranks), with the
+// all-reduces and broadcasts of ranks that share a host through shared memory.
 
 #include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
 
 #include <cstdlib>
 
-#include "trainyard/parallel/c10d_communicator.hpp"
+#include "shared_memory_allreduce.hpp"
 #include "trainyard/api/error.hpp"
-#include "trainyard/support/libtorch_build.hpp"
 #include "trainyard/api/plugin.hpp"
+#include "trainyard/parallel/c10d_communicator.hpp"
+#include "trainyard/support/libtorch_build.hpp"
 
 namespace trainyard {
 namespace {
@@ -18,11 +20,64 @@ bool is_loopback(const std::string& address) {
   return address == "localhost" || address == "::1" || address.rfind("127.", 0) == 0;
 }
 
+// Gloo's process group whose all-reduces and broadcasts of CPU tensors go through shared memory
+// when every rank of the group is on this host: the first one asks the peers (through the
+// group's store) whether they can map a segment of this one's, and all the group's collectives
+// stay on TCP when any cannot.
+class GlooWithSharedMemory final : public c10d::ProcessGroupGloo {
+ public:
+  GlooWithSharedMemory(const c10::intrusive_ptr<c10d::Store>& store, int rank, int size,
+                       c10::intrusive_ptr<Options> options, std::int64_t staging_bytes)
+      : ProcessGroupGloo(store, rank, size, options),
+        store_(store),
+        staging_bytes_(staging_bytes),
+        timeout_(options->timeout) {}
+
+  c10::intrusive_ptr<c10d::Work> allreduce(std::vector<at::Tensor>& tensors,
+                                           const c10d::AllreduceOptions& options) override {
+    if (SharedMemoryAllreduce::handles(tensors, options) && shared()) {
+      return shared()->allreduce(tensors.front(), options.reduceOp);
+    }
+    return ProcessGroupGloo::allreduce(tensors, options);
+  }
+
+  c10::intrusive_ptr<c10d::Work> broadcast(std::vector<at::Tensor>& tensors,
+                                           const c10d::BroadcastOptions& options) override {
+    if (SharedMemoryAllreduce::handles(tensors, options) && shared()) {
+      return shared()->broadcast(tensors.front(), static_cast<int>(options.rootRank));
+    }
+    return ProcessGroupGloo::broadcast(tensors, options);
+  }
+
+ private:
+  // The group's shared memory, set up by its first collective that can use it (every rank
+  // issues the same ones in the same order); null when its ranks cannot share memory.
+  SharedMemoryAllreduce* shared() {
+    if (staging_bytes_ == 0 || getSize() == 1) return nullptr;
+    if (!asked_) {
+      asked_ = true;
+      shared_ =
+          SharedMemoryAllreduce::connect(*store_, getRank(), getSize(), staging_bytes_, timeout_);
+    }
+    return shared_.get();
+  }
+
+ private:
+  c10::intrusive_ptr<c10d::Store> store_;
+  std::int64_t staging_bytes_;
+  std::chrono::milliseconds timeout_;
+  bool asked_ = false;
+  std::unique_ptr<SharedMemoryAllreduce> shared_;
+};
+
 class Gloo final : public C10dCommunicator {
  public:
   explicit Gloo(const Config& options)
-      : threads_(options.get_int("threads")), interface_(options.get_string("interface")) {
+      : threads_(options.get_int("threads")),
+        interface_(options.get_string("interface")),
+        shared_memory_mb_(options.get_int("shared_memory_mb")) {
     if (threads_ < 1) options.fail("threads", "must be >= 1");
+    if (shared_memory_mb_ < 0) options.fail("shared_memory_mb", "must be >= 0");
   }
 
   // CPU tensors first (the conformance suite and the host's default); c10d's Gloo also takes
@@ -30,7 +85,11 @@ class Gloo final : public C10dCommunicator {
   std::vector<std::string> device_types() const override { return {"cpu", "cuda"}; }
   std::vector<std::string> doctor_report() const override {
     return {std::string("Gloo ") + (libtorch_built_with("USE_GLOO") ? "yes" : "no") +
-            " (LibTorch's c10d ProcessGroupGloo)"};
+                " (LibTorch's c10d ProcessGroupGloo)",
+            "all-reduces and broadcasts among ranks of one host: " +
+                (shared_memory_mb_ > 0 ? "shared memory (" + std::to_string(shared_memory_mb_) +
+                                             " MiB staged per rank)"
+                                       : std::string("TCP (shared_memory_mb = 0)"))};
   }
   // A gloo pair of ranks serializes its sends and receives under one lock: with both ranks' cores
   // computing, a send that met the peer's send waited a scheduler tick (4-5 ms).
@@ -42,7 +101,8 @@ class Gloo final : public C10dCommunicator {
     auto options = c10d::ProcessGroupGloo::Options::create(rendezvous().timeout);
     options->devices.push_back(transport_device());
     options->threads = static_cast<int>(threads_);
-    return c10::make_intrusive<c10d::ProcessGroupGloo>(store, rank, size, options);
+    return c10::make_intrusive<GlooWithSharedMemory>(store, rank, size, options,
+                                                     shared_memory_mb_ << 20);
   }
 
  private:
@@ -72,6 +132,7 @@ class Gloo final : public C10dCommunicator {
 
   std::int64_t threads_;
   std::string interface_;
+  std::int64_t shared_memory_mb_;
   std::shared_ptr<::gloo::transport::Device> device_;
 };
 
@@ -81,7 +142,11 @@ void register_components(Registry& registry) {
       {option("threads", 2, "Gloo worker threads per process group").at_least(1),
        option("interface", "",
               "network interface the ranks connect through (e.g. eth0, ib0; default: "
-              "GLOO_SOCKET_IFNAME, else loopback on one machine, else the host name's address)")},
+              "GLOO_SOCKET_IFNAME, else loopback on one machine, else the host name's address)"),
+       option("shared_memory_mb", 8,
+              "MiB each rank stages its all-reduces in when a group's ranks share a host (larger "
+              "tensors go in pieces); 0: all-reduces over TCP as well")
+           .at_least(0)},
       "c10d ProcessGroupGloo: CPU collectives over TCP",
       [](const Config& options, const BuildContext&) { return std::make_unique<Gloo>(options); });
 }

@@ -482,6 +482,76 @@ TEST_P(CommConformance, AllReduceSumMaxAndMin) {
   });
 }
 
+// Many collectives in flight at once, waited in reverse order: one larger than a backend's
+// staging buffers would be (12 MB), one strided, several dtypes and reductions, a broadcast from
+// a non-zero root among them, and more small ones than a backend might track at once. Then a
+// batch that is only polled (isCompleted) until done: polling alone must finish it.
+TEST_P(CommConformance, CollectivesInFlightOfEverySizeFinishInAnyOrder) {
+  auto devices = devices_for(2);
+  if (!devices) TRAINYARD_SKIP_WITHOUT_GPU() << missing_devices(2);
+  run_ranks(*devices, [&](Communicator& comm, c10::Device device) {
+    const int rank = comm.rank();
+    const auto on_device = at::TensorOptions(device);
+    struct Expected {
+      std::string what;
+      at::Tensor tensor;
+      at::Tensor value;
+      c10::intrusive_ptr<c10d::Work> work;
+    };
+    std::vector<Expected> launched;
+    auto all_reduce = [&](std::string what, at::Tensor tensor, at::Tensor value,
+                          c10d::ReduceOp::RedOpType op = c10d::ReduceOp::SUM) {
+      std::vector<at::Tensor> tensors{tensor};
+      c10d::AllreduceOptions options;
+      options.reduceOp = op;
+      auto work = comm.world()->allreduce(tensors, options);
+      launched.push_back({std::move(what), tensor, std::move(value), std::move(work)});
+    };
+    const at::Tensor pattern = at::arange(3'000'000, at::kFloat).remainder(1000);
+    all_reduce("12 MB of float", (pattern * (rank + 1)).to(device), pattern * 3);
+    // A transposed view: the all-reduce writes the sums through its strides.
+    at::Tensor grid = at::arange(64 * 48, at::kDouble).reshape({64, 48}) * (rank + 1);
+    all_reduce("strided double", grid.to(device).t(),
+               (at::arange(64 * 48, at::kDouble).reshape({64, 48}) * 3).t());
+    all_reduce("bfloat16", at::full({1000}, 0.5 * (rank + 1), on_device.dtype(at::kBFloat16)),
+               at::full({1000}, 1.5, at::kBFloat16));
+    all_reduce("int64 product", at::full({7}, rank + 2, on_device.dtype(at::kLong)),
+               at::full({7}, 6, at::kLong), c10d::ReduceOp::PRODUCT);
+    all_reduce("max of bool", at::full({5}, rank == 1, on_device.dtype(at::kBool)),
+               at::ones({5}, at::kBool), c10d::ReduceOp::MAX);
+    std::vector<at::Tensor> message{at::full({33}, rank == 1 ? 7 : 0, on_device.dtype(at::kByte))};
+    c10d::BroadcastOptions from_one;
+    from_one.rootRank = 1;
+    launched.push_back({"broadcast from rank 1", message[0], at::full({33}, 7, at::kByte),
+                        comm.world()->broadcast(message, from_one)});
+    for (int i = 0; i < 80; ++i) {
+      all_reduce("small " + std::to_string(i), at::full({3}, i + rank, on_device.dtype(at::kFloat)),
+                 at::full({3}, 2 * i + 1, at::kFloat));
+    }
+    for (auto it = launched.rbegin(); it != launched.rend(); ++it) it->work->wait();
+    for (const auto& expected : launched) {
+      EXPECT_TRUE(equal_on_host(expected.tensor, expected.value))
+          << expected.what << " on rank " << rank;
+    }
+
+    launched.clear();
+    for (int i = 0; i < 10; ++i) {
+      all_reduce("polled " + std::to_string(i),
+                 at::full({100'000}, i * (rank + 1), on_device.dtype(at::kFloat)),
+                 at::full({100'000}, 3 * i, at::kFloat));
+    }
+    const auto deadline = std::chrono::steady_clock::now() + kCollectiveTimeout;
+    for (auto& expected : launched) {
+      while (!expected.work->isCompleted() && std::chrono::steady_clock::now() < deadline) {
+        std::this_thread::yield();
+      }
+      EXPECT_TRUE(expected.work->isCompleted()) << expected.what << " never completed";
+      EXPECT_TRUE(equal_on_host(expected.tensor, expected.value))
+          << expected.what << " on rank " << rank;
+    }
+  });
+}
+
 TEST_P(CommConformance, BarrierReturnsOnlyWhenEveryRankHasArrived) {
   auto devices = devices_for(4);
   if (!devices) TRAINYARD_SKIP_WITHOUT_GPU() << missing_devices(4);
