@@ -184,10 +184,14 @@ void time_communication(LayoutPlan& plan, const Registry& registry) {
   // action waits for it (the ramps, and 1F1B's steady state, whose receives are on its critical
   // path), and costs nothing where the rank computes meanwhile.
   const auto timed = [&](PlannedMemory& memory) {
+    const double reduced =
+        link.reduce_seconds(memory.reduce_calls, static_cast<double>(memory.reduce_bytes));
+    const double over_link =
+        link.seconds(memory.communication_calls - memory.posted_calls - memory.reduce_calls,
+                     static_cast<double>(memory.communication_bytes - memory.transfer_bytes -
+                                         memory.reduce_bytes));
     memory.communication_seconds =
-        plan.layout.core_sharing *
-            link.seconds(memory.communication_calls - memory.posted_calls,
-                         static_cast<double>(memory.communication_bytes - memory.transfer_bytes)) +
+        plan.layout.core_sharing * (over_link + reduced) +
         pipeline_transfer_seconds(plan.layout, memory,
                                   link.seconds(1, static_cast<double>(memory.message_bytes)));
   };

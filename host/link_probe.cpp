@@ -14,6 +14,7 @@
 #include <cstring>
 #include <fstream>
 #include <thread>
+#include <tuple>
 #include <utility>
 #include <vector>
 
@@ -55,35 +56,62 @@ double trimmed_mean(std::vector<double> seconds) {
   return sum / static_cast<double>(seconds.size() - 2 * cut);
 }
 
-// The seconds of an all-reduce of `small` and of `large` float32 values, alternated so
-// that a busy moment slows both alike, after a warm-up (every rank runs the same sequence, so
-// each call starts within one collective of the others). A step's collectives follow compute,
-// which leaves the caches holding its data and the peers' communication threads asleep: each
-// call here follows about a millisecond of matrix products too.
-std::pair<double, double> timed_all_reduces(Communicator& communicator, std::int64_t small,
-                                            std::int64_t large) {
-  std::vector<double> at_small;
-  std::vector<double> at_large;
+// The mean seconds of the collectives a probe rank times: all-gathers and all-reduces of a
+// small and of a large tensor.
+struct ProbeTimes {
+  double gather_small = 0;
+  double gather_large = 0;
+  double reduce_small = 0;
+  double reduce_large = 0;
+};
+
+// All-gathers of `small` and of `large` float32 values from each rank, and all-reduces of as
+// many, alternated so that a busy moment slows all alike, after a warm-up (every rank runs the
+// same sequence, so each call starts within one collective of the others). A step's collectives
+// follow compute, which leaves the caches holding its data and the peers' communication threads
+// asleep: each call here follows about a millisecond of matrix products too. An all-gather
+// crosses the link as every collective can; an all-reduce may take a faster path.
+ProbeTimes timed_collectives(Communicator& communicator, std::int64_t small, std::int64_t large) {
+  std::vector<double> seconds[4];
   const at::Tensor operand = at::ones({256, 256});
   for (int repetition = 0; repetition < kWarmUp + kTimed; ++repetition) {
-    for (const std::int64_t elements : {small, large}) {
-      std::vector<at::Tensor> tensors{at::ones({elements})};
-      for (int product = 0; product < 4; ++product)
-        tensors.front().add_(at::mm(operand, operand).sum());
+    for (int kind = 0; kind < 4; ++kind) {
+      const bool gather = kind < 2;
+      const std::int64_t elements = kind % 2 == 0 ? small : large;
+      at::Tensor input = at::ones({elements});
+      at::Tensor gathered = at::empty({elements * communicator.world_size()});
+      for (int product = 0; product < 4; ++product) input.add_(at::mm(operand, operand).sum());
+      std::vector<at::Tensor> reduced{input};
       const auto start = std::chrono::steady_clock::now();
-      communicator.world()->allreduce(tensors)->wait();
+      if (gather) {
+        communicator.world()->_allgather_base(gathered, input)->wait();
+      } else {
+        communicator.world()->allreduce(reduced)->wait();
+      }
       if (repetition < kWarmUp) continue;
-      (elements == small ? at_small : at_large)
-          .push_back(
-              std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
+      seconds[kind].push_back(
+          std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
     }
   }
-  return {trimmed_mean(at_small), trimmed_mean(at_large)};
+  return {trimmed_mean(seconds[0]), trimmed_mean(seconds[1]), trimmed_mean(seconds[2]),
+          trimmed_mean(seconds[3])};
+}
+
+// A call's fixed time and the seconds per byte from the times of a small and a large call,
+// each rank moving `share` times the bytes of its tensor.
+std::pair<double, double> fit_link(double small, double large, double share) {
+  const double moved = share * 4.0 * static_cast<double>(kLargeElements - kSmallElements);
+  double seconds_per_byte = (large - small) / moved;
+  if (!(seconds_per_byte > 0)) {
+    // Noise hid the difference: the large tensor's time alone bounds the cost per byte.
+    seconds_per_byte = large / (share * 4.0 * static_cast<double>(kLargeElements));
+  }
+  return {std::max(0.0, small - seconds_per_byte * share * 4.0 * kSmallElements), seconds_per_byte};
 }
 
 fs::path entry_file(const fs::path& folder, const std::string& plugin, int ranks) {
-  return folder /
-         (cache_host_name() + "-" + plugin + "-" + std::to_string(ranks) + "-processes.txt");
+  return folder / (cache_host_name() + "-" + plugin + "-" + std::to_string(ranks) +
+                   "-processes-gather-reduce.txt");
 }
 
 // The first line a failed probe rank wrote, for the error that reports it.
@@ -163,28 +191,24 @@ LinkCost measure_link(const Registry& registry, const std::string& plugin, int r
                                          "plan: link probe"));
   }
   const std::string failure = first_failed_rank(children, folder);
-  double small = 0;
-  double large = 0;
+  ProbeTimes times;
   std::ifstream in(result);
-  const bool read = static_cast<bool>(in >> small >> large);
+  const bool read = static_cast<bool>(in >> times.gather_small >> times.gather_large >>
+                                      times.reduce_small >> times.reduce_large);
   std::error_code ignored;
   fs::remove_all(folder, ignored);
   if (!failure.empty() || !read) {
     throw Error("plan: the link probe over " + std::to_string(ranks) + " processes of '" + plugin +
                 "' failed (" + (failure.empty() ? "rank 0 wrote no timing" : failure) + ")");
   }
-  // A ring all-reduce moves 2 (n-1)/n of its tensor per rank.
-  const double share = 2.0 * (ranks - 1) / ranks;
-  const double moved = share * 4.0 * static_cast<double>(kLargeElements - kSmallElements);
   LinkCost cost;
   cost.ranks = ranks;
-  cost.seconds_per_byte = (large - small) / moved;
-  if (!(cost.seconds_per_byte > 0)) {
-    // Noise hid the difference: the large tensor's time alone bounds the cost per byte.
-    cost.seconds_per_byte = large / (share * 4.0 * static_cast<double>(kLargeElements));
-  }
-  cost.latency_seconds =
-      std::max(0.0, small - cost.seconds_per_byte * share * 4.0 * kSmallElements);
+  // A ring all-gather moves the n-1 other ranks' pieces through each rank, a ring all-reduce
+  // 2 (n-1)/n of its tensor.
+  std::tie(cost.latency_seconds, cost.seconds_per_byte) =
+      fit_link(times.gather_small, times.gather_large, ranks - 1.0);
+  std::tie(cost.reduce_latency_seconds, cost.reduce_seconds_per_byte) =
+      fit_link(times.reduce_small, times.reduce_large, 2.0 * (ranks - 1) / ranks);
   return cost;
 }
 
@@ -193,8 +217,10 @@ LinkCost cached_or_measured_link(const Registry& registry, const std::string& pl
                                  const std::function<void(const std::string&)>& warn) {
   const fs::path file = entry_file(folder, plugin, ranks);
   LinkCost cost;
-  if (std::ifstream in(file);
-      in && in >> cost.latency_seconds >> cost.seconds_per_byte && cost.seconds_per_byte > 0) {
+  if (std::ifstream in(file); in &&
+                              in >> cost.latency_seconds >> cost.seconds_per_byte >>
+                                  cost.reduce_latency_seconds >> cost.reduce_seconds_per_byte &&
+                              cost.seconds_per_byte > 0 && cost.reduce_seconds_per_byte > 0) {
     cost.ranks = ranks;
     cost.cached = true;
     cost.cache_file = file;
@@ -207,7 +233,8 @@ LinkCost cached_or_measured_link(const Registry& registry, const std::string& pl
   {
     std::ofstream out(partial);
     out.precision(17);
-    out << cost.latency_seconds << " " << cost.seconds_per_byte << "\n";
+    out << cost.latency_seconds << " " << cost.seconds_per_byte << " "
+        << cost.reduce_latency_seconds << " " << cost.reduce_seconds_per_byte << "\n";
   }
   fs::rename(partial, file, error);
   if (error) {
@@ -250,11 +277,12 @@ int command_link_probe(const std::vector<std::string>& args, Registry& registry)
       dying != nullptr && std::to_string(rank) == dying) {
     ::raise(SIGKILL);
   }
-  const auto [small, large] = timed_all_reduces(*communicator, kSmallElements, kLargeElements);
+  const ProbeTimes times = timed_collectives(*communicator, kSmallElements, kLargeElements);
   if (rank == 0) {
     std::ofstream file(out);
     file.precision(17);
-    file << small << " " << large << "\n";
+    file << times.gather_small << " " << times.gather_large << " " << times.reduce_small << " "
+         << times.reduce_large << "\n";
     if (!file) throw Error("link-probe: cannot write " + out);
   }
   return 0;

@@ -58,6 +58,11 @@ PlannedMemory plan_memory(const ModelFootprint& model, const PlanLayout& layout)
   plan.communication_calls = data_parallel_calls(model, layout) +
                              static_cast<double>(layout.accumulation) * model.tensor_parallel_calls;
   plan.posted_calls = posted_data_parallel_calls(model, layout);
+  plan.reduce_bytes = data_parallel_reduce_traffic(model, layout) +
+                      round_bytes(static_cast<double>(layout.accumulation) *
+                                  model.tensor_parallel_bytes.at(samples));
+  plan.reduce_calls = data_parallel_reduce_calls(model, layout) +
+                      static_cast<double>(layout.accumulation) * model.tensor_parallel_calls;
   plan.peak =
       *std::max_element(plan.phases.begin(), plan.phases.end(),
                         [](const PhasePeak& a, const PhasePeak& b) { return a.bytes < b.bytes; });

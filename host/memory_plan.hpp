@@ -86,6 +86,11 @@ struct PlannedMemory {
   // passes while the ranks compute: a pipeline's sends and receives, and fsdp's prefetched
   // gathers and its reductions but the last.
   double posted_calls = 0;
+  // Of those bytes and calls, the all-reduces' (ddp's buckets, the tensor-parallel collectives, a
+  // pipeline's norm): priced on the communicator's all-reduce path, which among ranks of one host
+  // may be faster than the link (through shared memory).
+  std::int64_t reduce_bytes = 0;
+  double reduce_calls = 0;
   // Their time over the communicator's measured link (link_probe.hpp), none of the bytes' time
   // hidden behind compute: on the host CPU a collective's work takes the cores the compute needs.
   double communication_seconds = 0;

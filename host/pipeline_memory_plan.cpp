@@ -393,6 +393,12 @@ void count_pipeline_traffic(const ModelFootprint& model, const PlanLayout& layou
   plan.communication_calls = micro_batches * (transfers + share * model.tensor_parallel_calls) +
                              data_parallel_calls(own, data) + norm_calls;
   plan.posted_calls = micro_batches * transfers + posted_data_parallel_calls(own, data);
+  plan.reduce_bytes =
+      round_bytes(micro_batches * share *
+                  model.tensor_parallel_bytes.at(static_cast<std::int64_t>(samples))) +
+      data_parallel_reduce_traffic(own, data);
+  plan.reduce_calls = micro_batches * share * model.tensor_parallel_calls +
+                      data_parallel_reduce_calls(own, data) + norm_calls;
 }
 
 }  // namespace

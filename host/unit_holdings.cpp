@@ -72,6 +72,17 @@ double data_parallel_calls(const ModelFootprint& model, const PlanLayout& layout
          (layout.zero1 ? 1 : 0);
 }
 
+std::int64_t data_parallel_reduce_traffic(const ModelFootprint& model, const PlanLayout& layout) {
+  const double ranks = static_cast<double>(layout.shard_ranks);
+  if (layout.holding != ModelHolding::kReplicated || ranks <= 1) return 0;
+  return round_bytes(2 * (ranks - 1) / ranks * static_cast<double>(model.parameter_bytes));
+}
+
+double data_parallel_reduce_calls(const ModelFootprint& model, const PlanLayout& layout) {
+  if (layout.holding != ModelHolding::kReplicated || layout.shard_ranks <= 1) return 0;
+  return data_parallel_calls(model, layout) - (layout.zero1 ? 1 : 0);
+}
+
 // Of those, the ones issued before the compute that waits for them: with prefetch, each pass's
 // gathers but its first (the next unit's is issued as a unit computes), and the reductions but
 // the last (each is waited for only when the backward ends).

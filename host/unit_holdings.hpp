@@ -37,6 +37,10 @@ bool any_recomputed(const ModelFootprint& model);
 // ones posted ahead of the compute that waits for them.
 std::int64_t data_parallel_traffic(const ModelFootprint& model, const PlanLayout& layout);
 double data_parallel_calls(const ModelFootprint& model, const PlanLayout& layout);
+// Of that traffic and those calls, a replica's gradient all-reduces (ddp's buckets), which the
+// plan prices on the communicator's all-reduce path.
+std::int64_t data_parallel_reduce_traffic(const ModelFootprint& model, const PlanLayout& layout);
+double data_parallel_reduce_calls(const ModelFootprint& model, const PlanLayout& layout);
 double posted_data_parallel_calls(const ModelFootprint& model, const PlanLayout& layout);
 
 }  // namespace trainyard
