@@ -8,6 +8,7 @@
 
 #include <ATen/ATen.h>
 
+#include <sys/wait.h>
 #include <unistd.h>
 #include <cstdlib>
 #include <fstream>
@@ -113,6 +114,27 @@ TEST(CommSettings, GlooAllReducesOfOneHostGoThroughSharedMemoryUnlessTurnedOff) 
   for (const auto& entry : fs::directory_iterator("/dev/shm")) {
     EXPECT_NE(entry.path().filename().string().rfind(ours, 0), 0u) << entry.path();
   }
+}
+
+// A rank 0 killed between making its segment and its peers mapping it leaves the name behind: a
+// later group's rank 0 removes such names of processes that have ended, an hour on.
+TEST(CommSettings, GlooRemovesTheSharedMemoryNamesOfEndedProcesses) {
+  const pid_t child = fork();
+  if (child == 0) _exit(0);
+  ASSERT_GT(child, 0);
+  ASSERT_EQ(waitpid(child, nullptr, 0), child);
+  const fs::path stale = fs::path("/dev/shm") / ("trainyard-" + std::to_string(child) + "-0");
+  const fs::path recent = fs::path("/dev/shm") / ("trainyard-" + std::to_string(child) + "-1");
+  std::ofstream(stale).put('x');
+  std::ofstream(recent).put('x');
+  fs::last_write_time(stale, fs::file_time_type::clock::now() - std::chrono::hours(2));
+  run_two_gloo_ranks(std::make_shared<Table>(), [&](Communicator& comm) {
+    std::vector<at::Tensor> value{at::ones({4})};
+    comm.world()->allreduce(value)->wait();
+  });
+  EXPECT_FALSE(fs::exists(stale)) << "an ended process's name two hours old stays";
+  EXPECT_TRUE(fs::exists(recent)) << "a name less than an hour old is left to its maker";
+  fs::remove(recent);
 }
 
 TEST(CommSettings, GlooSharedMemoryAllReducesOfDifferentSizesFailWithAnError) {

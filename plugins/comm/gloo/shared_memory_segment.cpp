@@ -10,7 +10,10 @@
 #include <sys/syscall.h>
 #include <unistd.h>
 
+#include <cerrno>
 #include <climits>
+#include <csignal>
+#include <filesystem>
 #include <new>
 #include <random>
 #include <sstream>
@@ -80,6 +83,25 @@ void* map_named(const std::string& name, std::int64_t bytes, bool create) {
   return base;
 }
 
+// A segment's name is removed once every rank has mapped it; a rank 0 that died before that
+// left its name behind. Names of processes that have ended, an hour old or more, are removed
+// before a new one is made (the age keeps a live setup of another pid namespace's safe).
+void remove_stale_names() {
+  namespace fs = std::filesystem;
+  std::error_code error;
+  const auto hour_ago = fs::file_time_type::clock::now() - std::chrono::hours(1);
+  for (const auto& entry : fs::directory_iterator("/dev/shm", error)) {
+    const std::string file = entry.path().filename().string();
+    const std::string prefix = "trainyard-";
+    if (file.rfind(prefix, 0) != 0) continue;
+    const int pid = std::atoi(file.c_str() + prefix.size());
+    std::error_code unread;
+    const auto written = fs::last_write_time(entry.path(), unread);
+    if (pid <= 0 || unread || written > hour_ago) continue;
+    if (kill(pid, 0) == -1 && errno == ESRCH) shm_unlink(("/" + file).c_str());
+  }
+}
+
 // Rank 0's segment, its header and control blocks constructed; null when it cannot.
 void* create_segment(const std::string& name, std::uint64_t nonce, int size,
                      std::int64_t capacity) {
@@ -119,6 +141,7 @@ std::unique_ptr<SharedSegment> SharedSegment::map(c10d::Store& store, int rank, 
   std::string name;
   std::uint64_t nonce = 0;
   if (rank == 0) {
+    remove_stale_names();
     std::random_device random;
     nonce = (static_cast<std::uint64_t>(random()) << 32) ^ random();
     std::ostringstream named;

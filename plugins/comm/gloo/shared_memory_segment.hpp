@@ -54,7 +54,8 @@ class SharedSegment {
   // Collective over the group's store: rank 0 creates the segment (every byte reserved, so a
   // full /dev/shm fails here instead of faulting later) and names it in the store, the others
   // map it, and the name is removed once all have answered, so the memory goes with the last
-  // mapping however the processes end. Null on every rank when any rank cannot map it (another
+  // mapping however the processes end (names a rank 0 that died first left behind are removed
+  // by a later one, an hour on). Null on every rank when any rank cannot map it (another
   // host, another /dev/shm, too little room).
   static std::unique_ptr<SharedSegment> map(c10d::Store& store, int rank, int size,
                                             std::int64_t capacity);
