@@ -177,6 +177,22 @@ TEST(FlightDiagnosis, NamesARankThatSkippedACollective) {
              "collective was skipped before it");
 }
 
+// The others fail in #3 while rank 2's #3 is another collective: the disagreement is the finding,
+// not a wait that every rank seems to share.
+TEST(FlightDiagnosis, AGroupThatDisagreesIsNotAlsoReportedAsWaiting) {
+  const auto dp = group_of("dp", {0, 1, 2});
+  std::vector<FlightRecordFile> dumps;
+  for (int rank = 0; rank < 3; ++rank) {
+    CollectiveRecord third = collective(dp, 3, rank == 2 ? 4 : 3);
+    third.state = CollectiveState::kFailed;
+    dumps.push_back(dump_of(rank, 3, {collective(dp, 1, 1), collective(dp, 2, 2), third}));
+  }
+  const auto findings = diagnose_flight_records(dumps);
+  ASSERT_EQ(findings.size(), 1u) << joined(findings);
+  EXPECT_HAS(findings.front(),
+             "rank 2 never entered allreduce #3 on group dp [0,1,2] as ranks 0, 1 did");
+}
+
 TEST(FlightDiagnosis, SaysSoWhenEveryCollectiveFinishedAlike) {
   const auto dp = group_of("dp", {0, 1});
   const std::vector<FlightRecordFile> dumps = {dump_of(0, 2, {collective(dp, 1, 1)}),

@@ -103,8 +103,8 @@ struct GroupView {
 using Dumps = std::map<int, const FlightRecordFile*>;
 
 // The first number at which the members that recorded it disagree, as one finding per rank
-// outside the largest agreeing set.
-void find_disagreement(const GroupView& view, std::vector<std::string>& findings) {
+// outside the largest agreeing set. Whether there was one.
+bool find_disagreement(const GroupView& view, std::vector<std::string>& findings) {
   std::set<std::int64_t> numbers;
   for (const auto& [rank, records] : view.by_rank) {
     for (const auto& entry : records) numbers.insert(entry.first);
@@ -135,8 +135,9 @@ void find_disagreement(const GroupView& view, std::vector<std::string>& findings
       if (other.step < expected.step) line += ": an extra collective was issued before it";
       findings.push_back(line);
     }
-    return;
+    return true;
   }
+  return false;
 }
 
 // The newest record of `dump`, as "its last op" in a finding.
@@ -301,8 +302,15 @@ std::vector<std::string> diagnose_flight_records(const std::vector<FlightRecordF
     }
   }
   std::vector<std::string> findings;
-  for (const auto& [key, view] : groups) find_disagreement(view, findings);
-  for (const auto& [key, view] : groups) find_waits(view, by_rank, findings);
+  // A group whose members disagree on a number waits because of it: its waits say no more (the
+  // members' records of that number are different collectives).
+  std::set<const GroupView*> disagreeing;
+  for (const auto& [key, view] : groups) {
+    if (find_disagreement(view, findings)) disagreeing.insert(&view);
+  }
+  for (const auto& [key, view] : groups) {
+    if (!disagreeing.count(&view)) find_waits(view, by_rank, findings);
+  }
   find_point_to_point_waits(by_rank, findings);
   std::vector<int> silent;
   for (int rank = 0; rank < world; ++rank) {

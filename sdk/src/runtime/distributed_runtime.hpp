@@ -15,15 +15,16 @@
 #include <vector>
 
 #include "run_options.hpp"
+#include "stop_signals.hpp"
 #include "trainyard/api/build_context.hpp"
 #include "trainyard/api/communicator.hpp"
 #include "trainyard/api/device.hpp"
-#include "trainyard/parallel/mesh_layout.hpp"
-#include "trainyard/parallel/distributed.hpp"
-#include "trainyard/parallel/process_mesh.hpp"
 #include "trainyard/api/registry.hpp"
-#include "trainyard/runtime/recipe.hpp"
 #include "trainyard/api/strategy.hpp"
+#include "trainyard/parallel/distributed.hpp"
+#include "trainyard/parallel/mesh_layout.hpp"
+#include "trainyard/parallel/process_mesh.hpp"
+#include "trainyard/runtime/recipe.hpp"
 
 namespace trainyard {
 
@@ -69,6 +70,10 @@ class DistributedRuntime {
     try {
       return body();
     } catch (...) {
+      // Once a rank fails the launcher sends the others SIGTERM: a rank that has failed too
+      // finishes its report (the rank it names, its flight record) first, within the launcher's
+      // grace period, instead of ending silently.
+      const StopSignals held_while_reporting(stop_signals_);
       rethrow_naming_failed_rank(*monitor_, rank());
     }
   }
