@@ -171,29 +171,32 @@ void time_communication(LayoutPlan& plan, const Registry& registry) {
   if (plan.layout.ranks < 2 || plan.layout.comm_plugin.empty()) return;
   // The link is measured with no more ranks than cores (ranks that outnumber the cores time the
   // scheduler, not the communicator). Ranks that share cores then wait for them to copy and sum
-  // the bytes, as in their compute, and for each call's fixed cost as well: a collective ends
-  // only once every member has run its part, and a member whose core another rank is computing
-  // on waits for it (4 ranks on 2 cores, pipeline 2 x tp 2: planned at 0.68 of the measured step
-  // with the calls' cost not slowed, 0.97 slowed).
+  // the bytes, as in their compute, and for the fixed cost of each call over the link as well:
+  // its helper threads need the cores the ranks compute on. An all-reduce's fixed cost on the
+  // communicator's own path is the wait for the last member to arrive, run in the waiting
+  // thread; sharing cores does not lengthen it as much (4 ranks on 2 cores, pipeline 2 x tp 2,
+  // all-reduces in shared memory: planned at 1.45 of the measured step with it slowed, 1.05
+  // not; fsdp 2 x tp 2: 0.92 and 0.80).
   const auto cores = static_cast<int>(std::max<std::size_t>(2, allowed_cpus().size()));
   const LinkCost link = cached_or_measured_link(
       registry, plan.layout.comm_plugin, std::min(plan.layout.ranks, cores), link_cache_folder(),
       [](const std::string& line) { std::cerr << line << "\n"; });
   // A pipeline's transfers between ranks are timed through its schedule: each message arrives
-  // a call's latency and its bytes' time after its send, which delays the step where the next
+  // a message's latency and its bytes' time after its send, which delays the step where the next
   // action waits for it (the ramps, and 1F1B's steady state, whose receives are on its critical
   // path), and costs nothing where the rank computes meanwhile.
   const auto timed = [&](PlannedMemory& memory) {
-    const double reduced =
-        link.reduce_seconds(memory.reduce_calls, static_cast<double>(memory.reduce_bytes));
+    const double reduced = link.reduce_seconds(0, static_cast<double>(memory.reduce_bytes));
+    const double reduce_calls = link.reduce_seconds(memory.reduce_calls, 0);
     const double over_link =
         link.seconds(memory.communication_calls - memory.posted_calls - memory.reduce_calls,
                      static_cast<double>(memory.communication_bytes - memory.transfer_bytes -
                                          memory.reduce_bytes));
     memory.communication_seconds =
-        plan.layout.core_sharing * (over_link + reduced) +
-        pipeline_transfer_seconds(plan.layout, memory,
-                                  link.seconds(1, static_cast<double>(memory.message_bytes)));
+        plan.layout.core_sharing * (over_link + reduced) + reduce_calls +
+        pipeline_transfer_seconds(
+            plan.layout, memory,
+            link.message_seconds(1, static_cast<double>(memory.message_bytes)));
   };
   timed(plan.memory);
   for (auto& rank : plan.pipeline_ranks) timed(rank);

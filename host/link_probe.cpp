@@ -57,26 +57,47 @@ double trimmed_mean(std::vector<double> seconds) {
 }
 
 // The mean seconds of the collectives a probe rank times: all-gathers and all-reduces of a
-// small and of a large tensor.
+// small and of a large tensor, and a message of each size from one rank to another.
 struct ProbeTimes {
   double gather_small = 0;
   double gather_large = 0;
   double reduce_small = 0;
   double reduce_large = 0;
+  double message_small = 0;
+  double message_large = 0;
 };
+
+// A message to the partner rank and its answer back: rank 2k and 2k + 1 are partners; a last
+// odd rank sits it out.
+void ping_pong(Communicator& communicator, at::Tensor& message) {
+  const int rank = communicator.rank();
+  const int partner = rank ^ 1;
+  if (partner >= communicator.world_size()) return;
+  std::vector<at::Tensor> tensors{message};
+  constexpr int kTag = 7;
+  if (rank % 2 == 0) {
+    communicator.world()->send(tensors, partner, kTag)->wait();
+    communicator.world()->recv(tensors, partner, kTag)->wait();
+  } else {
+    communicator.world()->recv(tensors, partner, kTag)->wait();
+    communicator.world()->send(tensors, partner, kTag)->wait();
+  }
+}
 
 // All-gathers of `small` and of `large` float32 values from each rank, and all-reduces of as
 // many, alternated so that a busy moment slows all alike, after a warm-up (every rank runs the
 // same sequence, so each call starts within one collective of the others). A step's collectives
 // follow compute, which leaves the caches holding its data and the peers' communication threads
 // asleep: each call here follows about a millisecond of matrix products too. An all-gather
-// crosses the link as every collective can; an all-reduce may take a faster path.
+// crosses the link as every collective can; an all-reduce, or a message (timed there and back,
+// halved), may take a faster path.
 ProbeTimes timed_collectives(Communicator& communicator, std::int64_t small, std::int64_t large) {
-  std::vector<double> seconds[4];
+  std::vector<double> seconds[6];
   const at::Tensor operand = at::ones({256, 256});
   for (int repetition = 0; repetition < kWarmUp + kTimed; ++repetition) {
-    for (int kind = 0; kind < 4; ++kind) {
+    for (int kind = 0; kind < 6; ++kind) {
       const bool gather = kind < 2;
+      const bool message = kind >= 4;
       const std::int64_t elements = kind % 2 == 0 ? small : large;
       at::Tensor input = at::ones({elements});
       at::Tensor gathered = at::empty({elements * communicator.world_size()});
@@ -85,16 +106,19 @@ ProbeTimes timed_collectives(Communicator& communicator, std::int64_t small, std
       const auto start = std::chrono::steady_clock::now();
       if (gather) {
         communicator.world()->_allgather_base(gathered, input)->wait();
+      } else if (message) {
+        ping_pong(communicator, input);
       } else {
         communicator.world()->allreduce(reduced)->wait();
       }
       if (repetition < kWarmUp) continue;
-      seconds[kind].push_back(
-          std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
+      const double taken =
+          std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+      seconds[kind].push_back(message ? taken / 2 : taken);
     }
   }
   return {trimmed_mean(seconds[0]), trimmed_mean(seconds[1]), trimmed_mean(seconds[2]),
-          trimmed_mean(seconds[3])};
+          trimmed_mean(seconds[3]), trimmed_mean(seconds[4]), trimmed_mean(seconds[5])};
 }
 
 // A call's fixed time and the seconds per byte from the times of a small and a large call,
@@ -111,7 +135,7 @@ std::pair<double, double> fit_link(double small, double large, double share) {
 
 fs::path entry_file(const fs::path& folder, const std::string& plugin, int ranks) {
   return folder / (cache_host_name() + "-" + plugin + "-" + std::to_string(ranks) +
-                   "-processes-gather-reduce.txt");
+                   "-processes-gather-reduce-send.txt");
 }
 
 // The first line a failed probe rank wrote, for the error that reports it.
@@ -193,8 +217,9 @@ LinkCost measure_link(const Registry& registry, const std::string& plugin, int r
   const std::string failure = first_failed_rank(children, folder);
   ProbeTimes times;
   std::ifstream in(result);
-  const bool read = static_cast<bool>(in >> times.gather_small >> times.gather_large >>
-                                      times.reduce_small >> times.reduce_large);
+  const bool read =
+      static_cast<bool>(in >> times.gather_small >> times.gather_large >> times.reduce_small >>
+                        times.reduce_large >> times.message_small >> times.message_large);
   std::error_code ignored;
   fs::remove_all(folder, ignored);
   if (!failure.empty() || !read) {
@@ -209,6 +234,8 @@ LinkCost measure_link(const Registry& registry, const std::string& plugin, int r
       fit_link(times.gather_small, times.gather_large, ranks - 1.0);
   std::tie(cost.reduce_latency_seconds, cost.reduce_seconds_per_byte) =
       fit_link(times.reduce_small, times.reduce_large, 2.0 * (ranks - 1) / ranks);
+  std::tie(cost.message_latency_seconds, cost.message_seconds_per_byte) =
+      fit_link(times.message_small, times.message_large, 1.0);
   return cost;
 }
 
@@ -219,8 +246,10 @@ LinkCost cached_or_measured_link(const Registry& registry, const std::string& pl
   LinkCost cost;
   if (std::ifstream in(file); in &&
                               in >> cost.latency_seconds >> cost.seconds_per_byte >>
-                                  cost.reduce_latency_seconds >> cost.reduce_seconds_per_byte &&
-                              cost.seconds_per_byte > 0 && cost.reduce_seconds_per_byte > 0) {
+                                  cost.reduce_latency_seconds >> cost.reduce_seconds_per_byte >>
+                                  cost.message_latency_seconds >> cost.message_seconds_per_byte &&
+                              cost.seconds_per_byte > 0 && cost.reduce_seconds_per_byte > 0 &&
+                              cost.message_seconds_per_byte > 0) {
     cost.ranks = ranks;
     cost.cached = true;
     cost.cache_file = file;
@@ -234,7 +263,8 @@ LinkCost cached_or_measured_link(const Registry& registry, const std::string& pl
     std::ofstream out(partial);
     out.precision(17);
     out << cost.latency_seconds << " " << cost.seconds_per_byte << " "
-        << cost.reduce_latency_seconds << " " << cost.reduce_seconds_per_byte << "\n";
+        << cost.reduce_latency_seconds << " " << cost.reduce_seconds_per_byte << " "
+        << cost.message_latency_seconds << " " << cost.message_seconds_per_byte << "\n";
   }
   fs::rename(partial, file, error);
   if (error) {
@@ -282,7 +312,7 @@ int command_link_probe(const std::vector<std::string>& args, Registry& registry)
     std::ofstream file(out);
     file.precision(17);
     file << times.gather_small << " " << times.gather_large << " " << times.reduce_small << " "
-         << times.reduce_large << "\n";
+         << times.reduce_large << " " << times.message_small << " " << times.message_large << "\n";
     if (!file) throw Error("link-probe: cannot write " + out);
   }
   return 0;

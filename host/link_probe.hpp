@@ -3,9 +3,10 @@
 // time per collective and its seconds per byte each rank moves, measured once per host,
 // communicator plugin and rank count with that many ranks as processes over the loopback (ring
 // all-gathers and all-reduces of a small and a large tensor, each after some compute, as in a
-// step), and cached in a small file that later plans reuse. All-reduces get figures of their
-// own: a communicator may run them on a faster path than the link (among ranks of one host,
-// through shared memory), and the plan prices each collective on the path it takes.
+// step), and cached in a small file that later plans reuse. All-reduces and messages between two
+// ranks get figures of their own: a communicator may run them on a faster path than the link
+// (among ranks of one host, through shared memory), and the plan prices each on the path it
+// takes.
 
 #include <filesystem>
 #include <functional>
@@ -22,6 +23,8 @@ struct LinkCost {
                                 // (n-1)/n of an all-gather's result)
   double reduce_latency_seconds = 0;  // the same two of all-reduces
   double reduce_seconds_per_byte = 0;
+  double message_latency_seconds = 0;  // and of a message from one rank to another
+  double message_seconds_per_byte = 0;
   int ranks = 0;                // measured with (0: no link, one process)
   bool cached = false;          // read from the cache rather than measured now
   std::filesystem::path cache_file;
@@ -31,6 +34,9 @@ struct LinkCost {
   }
   double reduce_seconds(double calls, double bytes) const {
     return calls * reduce_latency_seconds + bytes * reduce_seconds_per_byte;
+  }
+  double message_seconds(double calls, double bytes) const {
+    return calls * message_latency_seconds + bytes * message_seconds_per_byte;
   }
 };
 
@@ -49,8 +55,8 @@ LinkCost cached_or_measured_link(const Registry& registry, const std::string& pl
                                  const std::function<void(const std::string&)>& warn);
 
 // One rank of measure_link's probe, in a process of its own (the `link-probe` command, which
-// only measure_link starts): connects, times the all-gathers and all-reduces, and rank 0 writes
-// their two mean times to --out.
+// only measure_link starts): connects, times the all-gathers, all-reduces and messages, and rank
+// 0 writes their mean times to --out.
 int command_link_probe(const std::vector<std::string>& args, Registry& registry);
 
 }  // namespace trainyard

@@ -71,6 +71,8 @@ nlohmann::json plan_json(const LayoutPlan& plan, int ranks) {
                    {"seconds_per_byte", plan.link.seconds_per_byte},
                    {"reduce_latency_seconds", plan.link.reduce_latency_seconds},
                    {"reduce_seconds_per_byte", plan.link.reduce_seconds_per_byte},
+                   {"message_latency_seconds", plan.link.message_latency_seconds},
+                   {"message_seconds_per_byte", plan.link.message_seconds_per_byte},
                    {"ranks", plan.link.ranks}};
   }
   return out;
@@ -176,13 +178,15 @@ int command_plan(const std::vector<std::string>& args, Registry& registry) {
     }
   }
   if (!json && plan.link.ranks > 0) {
-    char line[240];
+    char line[320];
     std::snprintf(line, sizeof line,
                   "communication timed over %s (a link of %d ranks): %.0f us a call, %.2f GB/s "
-                  "per rank; all-reduces %.0f us a call, %.2f GB/s per rank",
+                  "per rank; all-reduces %.0f us a call, %.2f GB/s per rank; messages %.0f us, "
+                  "%.2f GB/s",
                   plan.layout.comm_plugin.c_str(), plan.link.ranks, plan.link.latency_seconds * 1e6,
                   1e-9 / plan.link.seconds_per_byte, plan.link.reduce_latency_seconds * 1e6,
-                  1e-9 / plan.link.reduce_seconds_per_byte);
+                  1e-9 / plan.link.reduce_seconds_per_byte, plan.link.message_latency_seconds * 1e6,
+                  1e-9 / plan.link.message_seconds_per_byte);
     std::cout << line << " (" << (plan.link.cached ? "cached" : "measured now")
               << (plan.link.cache_file.empty() ? "" : ", " + plan.link.cache_file.string())
               << ")\n";

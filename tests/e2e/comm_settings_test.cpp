@@ -150,6 +150,137 @@ TEST(CommSettings, GlooSharedMemoryAllReducesOfDifferentSizesFailWithAnError) {
   });
 }
 
+// A message from rank 0 to rank 1 in the mailbox test.
+struct Message {
+  int tag;
+  at::Tensor value;
+};
+
+// Small messages; one of 12 MB, more than a mailbox holds (it goes over TCP); three of 3 MB sent
+// before any is read (the third finds no room: TCP too); doubles; an empty one; and two with one
+// tag, which receives take in the order they were sent.
+std::vector<Message> mailbox_test_messages() {
+  std::vector<Message> out;
+  for (int i = 0; i < 40; ++i) out.push_back({100 + i, at::full({i + 1}, 1.0 * i)});
+  out.push_back({200, at::arange(3'000'000, at::kFloat)});
+  for (int i = 0; i < 3; ++i) out.push_back({300 + i, at::full({750'000}, 1.0 * i)});
+  out.push_back({400, at::arange(64 * 48, at::kDouble).reshape({64, 48})});
+  out.push_back({500, at::empty({0})});
+  out.push_back({600, at::full({5}, 1.0)});
+  out.push_back({600, at::full({5}, 2.0)});
+  return out;
+}
+
+TEST(CommSettings, GlooMessagesOfOneHostGoThroughMailboxesMatchedByTagUnlessTurnedOff) {
+  const std::vector<Message> messages = mailbox_test_messages();
+  const std::size_t count = messages.size();
+  for (int staging_mb : {0, 8}) {
+    auto settings = std::make_shared<Table>();
+    settings->set("shared_memory_mb", Value(staging_mb));
+    run_two_gloo_ranks(settings, [&](Communicator& comm) {
+      if (comm.rank() == 0) {
+        std::vector<c10::intrusive_ptr<c10d::Work>> sent;
+        for (const auto& message : messages) {
+          std::vector<at::Tensor> tensors{message.value};
+          sent.push_back(comm.world()->send(tensors, 1, message.tag));
+        }
+        for (auto& work : sent) work->wait();
+      } else {
+        // Posted in the reverse order, but for the two of one tag; waited for in reverse.
+        std::vector<std::size_t> order = {count - 2, count - 1};
+        for (std::size_t k = count - 2; k-- > 0;) order.push_back(k);
+        std::vector<at::Tensor> received(count);
+        std::vector<c10::intrusive_ptr<c10d::Work>> works;
+        for (std::size_t k : order) {
+          received[k] = at::full(messages[k].value.sizes(), -1.0, messages[k].value.options());
+          std::vector<at::Tensor> tensors{received[k]};
+          works.push_back(comm.world()->recv(tensors, 0, messages[k].tag));
+        }
+        for (auto it = works.rbegin(); it != works.rend(); ++it) (*it)->wait();
+        for (std::size_t k = 0; k < count; ++k) {
+          EXPECT_TRUE(received[k].equal(messages[k].value))
+              << "message " << k << " (tag " << messages[k].tag
+              << "), shared_memory_mb = " << staging_mb;
+        }
+      }
+      comm.barrier();
+      // Each rank (a thread here) maps the mailbox rank 0 made.
+      EXPECT_EQ(shared_memory_mappings(), staging_mb == 0 ? 0 : 2)
+          << "shared_memory_mb = " << staging_mb;
+      comm.barrier();
+    });
+  }
+  // The receiver removes the mailbox's name once it has mapped it.
+  const std::string ours = "trainyard-" + std::to_string(getpid()) + "-";
+  for (const auto& entry : fs::directory_iterator("/dev/shm")) {
+    EXPECT_NE(entry.path().filename().string().rfind(ours, 0), 0u) << entry.path();
+  }
+}
+
+TEST(CommSettings, GlooMessageOfAnotherSizeThanItsReceiveFailsWithAnError) {
+  run_two_gloo_ranks(std::make_shared<Table>(), [&](Communicator& comm) {
+    if (comm.rank() == 0) {
+      std::vector<at::Tensor> message{at::ones({4})};
+      comm.world()->send(message, 1, 9)->wait();
+      return;
+    }
+    std::vector<at::Tensor> message{at::ones({5})};
+    const std::string error = error_of([&] { comm.world()->recv(message, 0, 9)->wait(); });
+    EXPECT_HAS(error, "rank 0 sent 16 bytes with tag 9 where this rank receives 20");
+  });
+}
+
+// Groups are independent: ranks may launch, and wait for, their collectives on two groups in
+// different orders. A group's first collective sets its segment up as the collectives progress,
+// so no rank waits inside a launch for its peers to reach theirs; and a rank waiting in one
+// group's collective moves the other's on, which its peer waits in.
+TEST(CommSettings, GlooCollectivesOfTwoGroupsLaunchedInEitherOrderFinish) {
+  run_two_gloo_ranks(std::make_shared<Table>(), [&](Communicator& comm) {
+    auto first = comm.new_group({0, 1});
+    auto second = comm.new_group({0, 1});
+    std::vector<at::Tensor> a{at::full({100}, comm.rank() + 1.0)};
+    std::vector<at::Tensor> b{at::full({100}, 10.0 * (comm.rank() + 1))};
+    std::vector<c10::intrusive_ptr<c10d::Work>> works;
+    if (comm.rank() == 0) {
+      works.push_back(first->allreduce(a));
+      works.push_back(second->allreduce(b));
+    } else {
+      works.push_back(second->allreduce(b));
+      works.push_back(first->allreduce(a));
+    }
+    for (auto& work : works) work->wait();
+    EXPECT_EQ(a[0][99].item<double>(), 3.0);
+    EXPECT_EQ(b[0][99].item<double>(), 30.0);
+  });
+}
+
+// A segment that cannot be made (more than /dev/shm holds): the group's collectives, those
+// launched before the ranks knew included, and its messages go over TCP, with the same results.
+TEST(CommSettings, GlooGroupsWhoseSegmentCannotBeMadeGoOverTcp) {
+  auto settings = std::make_shared<Table>();
+  settings->set("shared_memory_mb", Value(std::int64_t{1} << 30));  // 1 PiB
+  run_two_gloo_ranks(settings, [&](Communicator& comm) {
+    std::vector<std::vector<at::Tensor>> values;
+    std::vector<c10::intrusive_ptr<c10d::Work>> works;
+    for (int i = 0; i < 5; ++i) {
+      values.push_back({at::full({1000}, 1.0 * i * (comm.rank() + 1))});
+      works.push_back(comm.world()->allreduce(values.back()));
+    }
+    for (auto it = works.rbegin(); it != works.rend(); ++it) (*it)->wait();
+    for (int i = 0; i < 5; ++i) EXPECT_EQ(values[i][0][999].item<double>(), 3.0 * i) << i;
+    std::vector<at::Tensor> message{at::full({10}, comm.rank() == 0 ? 7.0 : 0.0)};
+    if (comm.rank() == 0) {
+      comm.world()->send(message, 1, 4)->wait();
+    } else {
+      comm.world()->recv(message, 0, 4)->wait();
+      EXPECT_EQ(message[0][9].item<double>(), 7.0);
+    }
+    comm.barrier();
+    EXPECT_EQ(shared_memory_mappings(), 0);
+    comm.barrier();
+  });
+}
+
 TEST(CommSettings, GlooRefusesAMissingInterfaceWithItsName) {
   Registry registry;
   load_bundled_plugins(registry);

@@ -12,6 +12,7 @@
 #include <chrono>
 #include <cmath>
 #include <filesystem>
+#include <iostream>
 #include <string>
 #include <vector>
 
@@ -62,6 +63,8 @@ void expect_step_time_planned(const std::string& name, int ranks,
   steps.erase(steps.begin(), steps.begin() + 2);  // warm-up
   std::sort(steps.begin(), steps.end());
   const double measured_ms = steps[steps.size() / 2];
+  std::cout << name << ": planned " << plan_ms << " ms, measured " << measured_ms << " ms ("
+            << plan_ms / measured_ms << ")" << std::endl;
   EXPECT_LE(std::abs(plan_ms - measured_ms), kStepTimeTolerance * measured_ms)
       << "planned " << plan_ms << " ms, measured " << measured_ms << " ms";
 }

@@ -126,9 +126,9 @@ def schedule_formula(trainyard, schedule):
 
 
 def message_seconds(trainyard, out):
-    """What `trainyard plan` takes a message between the two pipeline ranks to cost: the link's
-    latency per call and the largest message's bytes at its rate (the link measured once per host
-    and cached); None when the plan gives no link."""
+    """What `trainyard plan` takes a message between the two pipeline ranks to cost: a message's
+    latency and the largest message's bytes at its rate (the link measured once per host and
+    cached); None when the plan gives no link."""
     command = [trainyard, "plan", os.path.join(out, "recipes", "1f1b.toml"), "--nproc", str(PP),
                "--json", "--set", "run.threads=1"]
     done = subprocess.run(command, capture_output=True, text=True)
@@ -141,7 +141,7 @@ def message_seconds(trainyard, out):
         problem(f"{' '.join(command)}: the plan names no link")
         return None
     largest = max(rank["message_bytes"] for rank in plan["pipeline_ranks"])
-    return link["latency_seconds"] + largest * link["seconds_per_byte"]
+    return link["message_latency_seconds"] + largest * link["message_seconds_per_byte"]
 
 
 def simulated_with_link(trainyard, schedule, timeline, transfer_s):
@@ -386,7 +386,7 @@ def main():
           "computing, the median over the runs; formula: as `trainyard schedule` prints it (unit "
           "costs); at costs: the same formula at the first run's mean measured F, B, I, W (compare's); "
           "with link: each rank's idle % simulated at those costs with each message between the ranks "
-          + (f"taking {1e3 * transfer_s:.2f} ms (the link's latency and bytes, as `trainyard plan` "
+          + (f"taking {1e3 * transfer_s:.2f} ms (a message's latency and bytes, as `trainyard plan` "
              "measures them)" if transfer_s is not None else "(no link measured)"))
     print(f"{'run':17} {'shape':30} {'samples/s':>9} {'spread':>6} {'vs ddp':>7} {'vs single':>9}   "
           f"{'idle r0':>7} {'idle r1':>7} {'formula':>8} {'at costs':>8} {'with link':>10}  formula")

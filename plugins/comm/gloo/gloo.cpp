@@ -1,11 +1,17 @@
 // Collectives on CPU tensors over c10d's ProcessGroupGloo (TCP between ranks), with the
-// all-reduces and broadcasts of ranks that share a host through shared memory.
+// all-reduces, broadcasts and point-to-point messages of ranks that share a host through shared
+// memory.
 
 #include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
 
+#include <sched.h>
+
+#include <chrono>
 #include <cstdlib>
 
 #include "shared_memory_allreduce.hpp"
+#include "shared_memory_mailbox.hpp"
+#include "shared_memory_segment.hpp"
 #include "trainyard/api/error.hpp"
 #include "trainyard/api/plugin.hpp"
 #include "trainyard/parallel/c10d_communicator.hpp"
@@ -20,22 +26,32 @@ bool is_loopback(const std::string& address) {
   return address == "localhost" || address == "::1" || address.rfind("127.", 0) == 0;
 }
 
+// The group's store, once this rank has named its host and process in it (announce_host).
+const c10::intrusive_ptr<c10d::Store>& with_host_announced(
+    const c10::intrusive_ptr<c10d::Store>& store, int rank) {
+  announce_host(*store, rank);
+  return store;
+}
+
 // Gloo's process group whose all-reduces and broadcasts of CPU tensors go through shared memory
-// when every rank of the group is on this host: the first one asks the peers (through the
-// group's store) whether they can map a segment of this one's, and all the group's collectives
-// stay on TCP when any cannot.
+// when every rank of the group is on this host (the first one asks the peers, through the
+// group's store, whether they can map a segment of this one's, and all the group's collectives
+// stay on TCP when any cannot), and whose sends and receives between two ranks of one host go
+// through a mailbox of the sender's.
 class GlooWithSharedMemory final : public c10d::ProcessGroupGloo {
  public:
   GlooWithSharedMemory(const c10::intrusive_ptr<c10d::Store>& store, int rank, int size,
-                       c10::intrusive_ptr<Options> options, std::int64_t staging_bytes)
-      : ProcessGroupGloo(store, rank, size, options),
+                       c10::intrusive_ptr<Options> options, std::int64_t staging_bytes,
+                       std::chrono::microseconds spin)
+      : ProcessGroupGloo(with_host_announced(store, rank), rank, size, options),
         store_(store),
         staging_bytes_(staging_bytes),
-        timeout_(options->timeout) {}
+        timeout_(options->timeout),
+        spin_(spin) {}
 
   c10::intrusive_ptr<c10d::Work> allreduce(std::vector<at::Tensor>& tensors,
                                            const c10d::AllreduceOptions& options) override {
-    if (SharedMemoryAllreduce::handles(tensors, options) && shared()) {
+    if (SharedMemoryAllreduce::handles(tensors, options) && shared() && !shared()->over_tcp()) {
       return shared()->allreduce(tensors.front(), options.reduceOp);
     }
     return ProcessGroupGloo::allreduce(tensors, options);
@@ -43,21 +59,69 @@ class GlooWithSharedMemory final : public c10d::ProcessGroupGloo {
 
   c10::intrusive_ptr<c10d::Work> broadcast(std::vector<at::Tensor>& tensors,
                                            const c10d::BroadcastOptions& options) override {
-    if (SharedMemoryAllreduce::handles(tensors, options) && shared()) {
+    if (SharedMemoryAllreduce::handles(tensors, options) && shared() && !shared()->over_tcp()) {
       return shared()->broadcast(tensors.front(), static_cast<int>(options.rootRank));
     }
     return ProcessGroupGloo::broadcast(tensors, options);
   }
 
+  c10::intrusive_ptr<c10d::Work> send(std::vector<at::Tensor>& tensors, int peer,
+                                      int tag) override {
+    if (SharedMemoryMailboxes::handles(tensors) && mailboxes()) {
+      return mailboxes()->send(tensors.front(), peer, tag);
+    }
+    return ProcessGroupGloo::send(tensors, peer, tag);
+  }
+
+  c10::intrusive_ptr<c10d::Work> recv(std::vector<at::Tensor>& tensors, int peer,
+                                      int tag) override {
+    if (SharedMemoryMailboxes::handles(tensors) && mailboxes()) {
+      return mailboxes()->recv(tensors.front(), peer, tag);
+    }
+    return ProcessGroupGloo::recv(tensors, peer, tag);
+  }
+
  private:
-  // The group's shared memory, set up by its first collective that can use it (every rank
-  // issues the same ones in the same order); null when its ranks cannot share memory.
+  // Made at the first message: setting up a mailbox takes only its two ranks.
+  SharedMemoryMailboxes* mailboxes() {
+    if (staging_bytes_ == 0 || getSize() == 1) return nullptr;
+    if (!mailboxes_) {
+      SharedMemoryMailboxes::Tcp tcp{[this](std::vector<at::Tensor>& tensors, int peer, int tag) {
+                                       return ProcessGroupGloo::send(tensors, peer, tag);
+                                     },
+                                     [this](std::vector<at::Tensor>& tensors, int peer, int tag) {
+                                       return ProcessGroupGloo::recv(tensors, peer, tag);
+                                     }};
+      mailboxes_ = std::make_unique<SharedMemoryMailboxes>(store_, getRank(), staging_bytes_,
+                                                           timeout_, spin_, std::move(tcp));
+    }
+    return mailboxes_.get();
+  }
+
+  // The group's shared memory, made at its first collective that can use it (every rank issues
+  // the same ones in the same order; the ranks' answers are collected as it progresses); null
+  // when turned off. Where the ranks cannot share memory its collectives go to Gloo's own.
   SharedMemoryAllreduce* shared() {
     if (staging_bytes_ == 0 || getSize() == 1) return nullptr;
-    if (!asked_) {
-      asked_ = true;
-      shared_ =
-          SharedMemoryAllreduce::connect(*store_, getRank(), getSize(), staging_bytes_, timeout_);
+    if (!shared_) {
+      bool all_on_this_host = true;
+      for (int peer = 0; peer < getSize(); ++peer) {
+        if (peer != getRank()) all_on_this_host &= announced_rank(*store_, peer).on_this_host;
+      }
+      SharedMemoryAllreduce::Tcp tcp{[this](at::Tensor& tensor, c10d::ReduceOp::RedOpType op) {
+                                       std::vector<at::Tensor> tensors{tensor};
+                                       c10d::AllreduceOptions options;
+                                       options.reduceOp = op;
+                                       return ProcessGroupGloo::allreduce(tensors, options);
+                                     },
+                                     [this](at::Tensor& tensor, int root) {
+                                       std::vector<at::Tensor> tensors{tensor};
+                                       c10d::BroadcastOptions options;
+                                       options.rootRank = root;
+                                       return ProcessGroupGloo::broadcast(tensors, options);
+                                     }};
+      shared_ = std::make_unique<SharedMemoryAllreduce>(
+          store_, getRank(), getSize(), all_on_this_host, staging_bytes_, timeout_, std::move(tcp));
     }
     return shared_.get();
   }
@@ -66,8 +130,9 @@ class GlooWithSharedMemory final : public c10d::ProcessGroupGloo {
   c10::intrusive_ptr<c10d::Store> store_;
   std::int64_t staging_bytes_;
   std::chrono::milliseconds timeout_;
-  bool asked_ = false;
+  std::chrono::microseconds spin_;
   std::unique_ptr<SharedMemoryAllreduce> shared_;
+  std::unique_ptr<SharedMemoryMailboxes> mailboxes_;
 };
 
 class Gloo final : public C10dCommunicator {
@@ -86,7 +151,7 @@ class Gloo final : public C10dCommunicator {
   std::vector<std::string> doctor_report() const override {
     return {std::string("Gloo ") + (libtorch_built_with("USE_GLOO") ? "yes" : "no") +
                 " (LibTorch's c10d ProcessGroupGloo)",
-            "all-reduces and broadcasts among ranks of one host: " +
+            "all-reduces, broadcasts, sends and receives among ranks of one host: " +
                 (shared_memory_mb_ > 0 ? "shared memory (" + std::to_string(shared_memory_mb_) +
                                              " MiB staged per rank)"
                                        : std::string("TCP (shared_memory_mb = 0)"))};
@@ -102,10 +167,19 @@ class Gloo final : public C10dCommunicator {
     options->devices.push_back(transport_device());
     options->threads = static_cast<int>(threads_);
     return c10::make_intrusive<GlooWithSharedMemory>(store, rank, size, options,
-                                                     shared_memory_mb_ << 20);
+                                                     shared_memory_mb_ << 20, message_spin());
   }
 
  private:
+  // How long a rank waiting for a message spins before it sleeps: long where each of this
+  // host's ranks has a core, briefly where they share cores (the sender may need this one's).
+  std::chrono::microseconds message_spin() const {
+    cpu_set_t cpus;
+    CPU_ZERO(&cpus);
+    const int cores = sched_getaffinity(0, sizeof(cpus), &cpus) == 0 ? CPU_COUNT(&cpus) : 1;
+    return std::chrono::microseconds(rendezvous().local_world_size <= cores ? 1000 : 20);
+  }
+
   // Peers connect to the address the transport binds: the recipe's interface, else the one
   // GLOO_SOCKET_IFNAME names, else loopback when the job is on this machine, else the address
   // this host's name resolves to.
@@ -144,8 +218,9 @@ void register_components(Registry& registry) {
               "network interface the ranks connect through (e.g. eth0, ib0; default: "
               "GLOO_SOCKET_IFNAME, else loopback on one machine, else the host name's address)"),
        option("shared_memory_mb", 8,
-              "MiB each rank stages its all-reduces in when a group's ranks share a host (larger "
-              "tensors go in pieces); 0: all-reduces over TCP as well")
+              "MiB each rank stages its all-reduces in, and each mailbox of messages between two "
+              "ranks holds, where ranks share a host (larger all-reduces go in pieces, messages "
+              "that do not fit over TCP); 0: everything over TCP")
            .at_least(0)},
       "c10d ProcessGroupGloo: CPU collectives over TCP",
       [](const Config& options, const BuildContext&) { return std::make_unique<Gloo>(options); });

@@ -1,7 +1,6 @@
 #include "shared_memory_allreduce.hpp"
 
 #include <ATen/ATen.h>
-#include <ATen/core/ivalue.h>
 #include <sched.h>
 #include <torch/csrc/distributed/c10d/Work.hpp>
 
@@ -9,19 +8,21 @@
 #include <deque>
 #include <mutex>
 #include <string>
+#include <thread>
 
 #include "shared_memory_segment.hpp"
 #include "trainyard/api/error.hpp"
+#include "waited_work.hpp"
 
 namespace trainyard {
 namespace {
 
 using Clock = std::chrono::steady_clock;
 
-// How long a sleeping wait lasts before it looks at the peer's process and the deadline.
+// How long a sleeping wait lasts before it looks at the peer's process and the deadline; and
+// before it moves the other groups' collectives on, where they have some.
 constexpr std::chrono::milliseconds kWatchInterval{50};
-
-std::int64_t round_up(std::int64_t value, std::int64_t to) { return (value + to - 1) / to * to; }
+constexpr std::chrono::milliseconds kBusyWatchInterval{1};
 
 // One piece of an all-reduce: the elements [first, first + count) of its flat tensor.
 struct Piece {
@@ -42,6 +43,7 @@ struct Operation {
   std::vector<Piece> pieces;
   std::size_t current = 0;  // the first piece not yet released
   bool finished = false;
+  c10::intrusive_ptr<c10d::Work> tcp;  // where the group's ranks cannot share memory
 };
 
 void reduce_into(const at::Tensor& out, const at::Tensor& a, const at::Tensor& b,
@@ -64,11 +66,16 @@ void reduce_into(const at::Tensor& out, const at::Tensor& a, const at::Tensor& b
 
 }  // namespace
 
+bool move_other_groups(const SharedMemoryAllreduce::State* waiting);
+
 struct SharedMemoryAllreduce::State {
-  std::unique_ptr<SharedSegment> segment;
+  std::unique_ptr<SegmentSetup> setup;     // until the segment is set up, or refused
+  std::unique_ptr<SharedSegment> segment;  // once every rank has mapped it
+  bool over_tcp = false;                   // some rank cannot share memory
+  Tcp tcp;
   int rank = 0;
   int size = 0;
-  std::int64_t capacity = 0;
+  std::int64_t capacity = 0;  // each rank's staging area (known before the segment is)
   std::chrono::milliseconds timeout{0};
   std::chrono::microseconds spin{0};
 
@@ -94,6 +101,10 @@ struct SharedMemoryAllreduce::State {
     operation->flat = tensor.is_contiguous() ? tensor.view({-1}) : tensor.contiguous().view({-1});
     operation->op = op;
     operation->root = root;
+    if (over_tcp) {
+      send_over_tcp(*operation);
+      return operation;
+    }
     const std::int64_t per_piece = std::max<std::int64_t>(1, capacity / tensor.element_size());
     for (std::int64_t first = 0; first < tensor.numel(); first += per_piece) {
       Piece piece;
@@ -124,29 +135,72 @@ struct SharedMemoryAllreduce::State {
 
   // Blocks until `operation` is finished (and every all-reduce launched before it).
   void complete(Operation& operation) {
-    std::lock_guard<std::mutex> lock(mutex);
-    if (operation.finished) return;
-    if (failure) std::rethrow_exception(failure);
-    try {
-      const auto deadline = Clock::now() + timeout;
-      while (!operation.finished) {
-        if (!step()) wait_for_peer(deadline);
+    {
+      std::lock_guard<std::mutex> lock(mutex);
+      if (operation.finished) return;
+      if (failure) std::rethrow_exception(failure);
+      try {
+        const auto deadline = Clock::now() + timeout;
+        while (!operation.finished && !operation.tcp) {
+          if (step()) continue;
+          // Slept briefly where another group has work this rank could move.
+          const bool others_pending = move_other_groups(this);
+          wait_for_peer(deadline, others_pending ? kBusyWatchInterval : kWatchInterval);
+        }
+      } catch (...) {
+        failure = std::current_exception();
+        throw;
       }
-    } catch (...) {
-      failure = std::current_exception();
-      throw;
     }
+    if (operation.tcp) finish_over_tcp(operation);
   }
 
   bool poll(Operation& operation) {
-    std::lock_guard<std::mutex> lock(mutex);
-    if (!operation.finished && !failure) advance_without_waiting();
+    {
+      std::lock_guard<std::mutex> lock(mutex);
+      if (!operation.finished && !operation.tcp && !failure) advance_without_waiting();
+    }
+    if (!operation.finished && operation.tcp && operation.tcp->isCompleted()) {
+      finish_over_tcp(operation);
+    }
     return operation.finished;
   }
 
-  // One move: posts the next queued piece that has room, or moves the head piece one stage.
-  // False when nothing can move until a peer does.
+  // Gloo takes contiguous tensors: the flat one, whose values the target gets at the end.
+  void send_over_tcp(Operation& operation) {
+    operation.tcp = operation.root >= 0 ? tcp.broadcast(operation.flat, operation.root)
+                                        : tcp.allreduce(operation.flat, operation.op);
+  }
+
+  void finish_over_tcp(Operation& operation) {
+    operation.tcp->wait();
+    copy_back(operation);
+    operation.finished = true;
+  }
+
+  // Moves the segment's setup on; once it is refused, every collective launched so far goes
+  // over TCP, in order. False while the peers have not come far enough.
+  bool set_up() {
+    switch (setup->step()) {
+      case SegmentSetup::Outcome::kPending:
+        return false;
+      case SegmentSetup::Outcome::kShared:
+        segment = setup->take();
+        break;
+      case SegmentSetup::Outcome::kRefused:
+        over_tcp = true;
+        for (auto& operation : queue) send_over_tcp(*operation);
+        queue.clear();
+        break;
+    }
+    setup.reset();
+    return true;
+  }
+
+  // One move: sets the segment up, posts the next queued piece that has room, or moves the head
+  // piece one stage. False when nothing can move until a peer does.
   bool step() {
+    if (setup) return set_up();
     if (queue.empty()) return false;
     if (post_next()) return true;
     Operation& head = *queue.front();
@@ -303,11 +357,15 @@ struct SharedMemoryAllreduce::State {
     publish(control(rank).released, piece.sequence);
   }
 
-  void finish(Operation& operation) {
+  static void copy_back(Operation& operation) {
     if (operation.flat.data_ptr() != operation.target.data_ptr() ||
         !operation.target.is_contiguous()) {
       operation.target.copy_(operation.flat.view(operation.target.sizes()));
     }
+  }
+
+  void finish(Operation& operation) {
+    copy_back(operation);
     operation.finished = true;
     queue.pop_front();
   }
@@ -319,7 +377,19 @@ struct SharedMemoryAllreduce::State {
 
   // Spins a while, then sleeps on the counter the head of the queue waits for; throws when the
   // peer's process has ended or the group's timeout has passed.
-  void wait_for_peer(Clock::time_point deadline) {
+  void wait_for_peer(Clock::time_point deadline, std::chrono::milliseconds sleep) {
+    if (setup) {
+      // The peers' answers come through the store.
+      std::this_thread::sleep_for(std::chrono::milliseconds(1));
+      if (Clock::now() > deadline) {
+        throw Error(
+            "collective over shared memory: the group's ranks did not all reach their "
+            "first collective within " +
+            std::to_string(std::chrono::duration_cast<std::chrono::seconds>(timeout).count()) +
+            " s");
+      }
+      return;
+    }
     const Operation& head = *queue.front();
     const Need need = need_of(head, head.pieces[head.current]);
     const int peer = lagging(need);
@@ -334,7 +404,7 @@ struct SharedMemoryAllreduce::State {
     std::atomic<std::uint32_t>& sleepers = control(peer).sleepers.value;
     sleepers.fetch_add(1, std::memory_order_seq_cst);
     const std::uint32_t observed = word.load(std::memory_order_seq_cst);
-    if (!reached(observed, target)) futex_wait(word, observed, kWatchInterval);
+    if (!reached(observed, target)) futex_wait(word, observed, sleep);
     sleepers.fetch_sub(1, std::memory_order_seq_cst);
     if (reached(word.load(std::memory_order_acquire), target)) return;
     if (segment->process_ended(peer)) {
@@ -352,57 +422,86 @@ struct SharedMemoryAllreduce::State {
 
 namespace {
 
-class SharedMemoryWork final : public c10d::Work {
- public:
-  // `title` names the collective in a profile, from its launch to its completion.
-  SharedMemoryWork(std::shared_ptr<SharedMemoryAllreduce::State> state,
-                   std::shared_ptr<Operation> operation, c10d::OpType type, const char* title)
-      : c10d::Work(-1, type, title, std::vector<at::Tensor>{operation->target}),
-        state_(std::move(state)),
-        operation_(std::move(operation)) {
-    if (operation_->finished) finish();
-  }
-
-  bool isCompleted() override {
-    try {
-      if (state_->poll(*operation_)) finish();
-    } catch (...) {
-      finish(std::current_exception());
-    }
-    return c10d::Work::isCompleted();
-  }
-
-  bool wait(std::chrono::milliseconds /*timeout: the group's, from its options*/) override {
-    try {
-      state_->complete(*operation_);
-    } catch (...) {
-      finish(std::current_exception());
-      throw;
-    }
-    finish();
-    return true;
-  }
-
-  std::vector<at::Tensor> result() override { return {operation_->target}; }
-
-  // The future of the finished all-reduce: progress is made by waiting, here.
-  c10::intrusive_ptr<c10::ivalue::Future> getFuture() override {
-    wait(kNoTimeout);
-    auto future =
-        c10::make_intrusive<c10::ivalue::Future>(c10::ListType::create(c10::TensorType::get()));
-    future->markCompleted(c10::IValue(std::vector<at::Tensor>{operation_->target}));
-    return future;
-  }
-
- private:
-  std::shared_ptr<SharedMemoryAllreduce::State> state_;
-  std::shared_ptr<Operation> operation_;
+// Every group's collectives in this process. A rank waiting in one group's collective moves the
+// others' on as well, as Gloo's threads would: nothing else moves them while its thread waits,
+// and ranks may wait in collectives of different groups in different orders (rank 0 in group
+// A's while rank 1 waits in group B's for rank 0).
+struct Groups {
+  std::mutex mutex;
+  std::vector<std::weak_ptr<SharedMemoryAllreduce::State>> states;
 };
+
+Groups& groups() {
+  static Groups all;
+  return all;
+}
 
 }  // namespace
 
-SharedMemoryAllreduce::SharedMemoryAllreduce(std::shared_ptr<State> state)
-    : state_(std::move(state)) {}
+// Moves every other group's collectives as far as they go without waiting (skipping a group
+// another thread is in); whether some group has collectives left to move.
+bool move_other_groups(const SharedMemoryAllreduce::State* waiting) {
+  std::vector<std::shared_ptr<SharedMemoryAllreduce::State>> others;
+  {
+    Groups& all = groups();
+    std::lock_guard<std::mutex> lock(all.mutex);
+    std::erase_if(all.states, [](const auto& state) { return state.expired(); });
+    for (const auto& state : all.states) {
+      if (auto other = state.lock(); other && other.get() != waiting) others.push_back(other);
+    }
+  }
+  bool pending = false;
+  for (const auto& other : others) {
+    std::unique_lock<std::mutex> lock(other->mutex, std::try_to_lock);
+    if (!lock || other->failure || (other->queue.empty() && !other->setup)) continue;
+    try {
+      other->advance_without_waiting();
+    } catch (const std::exception&) {
+      continue;  // recorded as that group's failure, for its own wait to report
+    }
+    pending = pending || !other->queue.empty() || other->setup;
+  }
+  return pending;
+}
+
+namespace {
+
+c10::intrusive_ptr<c10d::Work> waited_work(std::shared_ptr<SharedMemoryAllreduce::State> state,
+                                           std::shared_ptr<Operation> operation, c10d::OpType type,
+                                           const char* title) {
+  at::Tensor result = operation->target;
+  return c10::make_intrusive<WaitedWork>(
+      type, title, std::move(result), [state, operation] { state->complete(*operation); },
+      [state, operation] { return state->poll(*operation); });
+}
+
+}  // namespace
+
+SharedMemoryAllreduce::SharedMemoryAllreduce(c10::intrusive_ptr<c10d::Store> store, int rank,
+                                             int size, bool all_on_this_host,
+                                             std::int64_t capacity_bytes,
+                                             std::chrono::milliseconds timeout, Tcp tcp)
+    : state_(std::make_shared<State>()) {
+  State& state = *state_;
+  state.rank = rank;
+  state.size = size;
+  state.capacity = staging_capacity(capacity_bytes);
+  state.timeout = timeout;
+  state.tcp = std::move(tcp);
+  state.over_tcp = !all_on_this_host;
+  if (all_on_this_host) {
+    state.setup = std::make_unique<SegmentSetup>(std::move(store), rank, size, state.capacity);
+  }
+  // Spinning pays where each rank has a core of its own; elsewhere a waiting rank sleeps soon,
+  // leaving the core to the peer it waits for.
+  cpu_set_t cpus;
+  CPU_ZERO(&cpus);
+  const int cores = sched_getaffinity(0, sizeof(cpus), &cpus) == 0 ? CPU_COUNT(&cpus) : 1;
+  state.spin = size <= cores ? std::chrono::microseconds(1000) : std::chrono::microseconds(20);
+  Groups& all = groups();
+  std::lock_guard<std::mutex> lock(all.mutex);
+  all.states.push_back(state_);
+}
 
 SharedMemoryAllreduce::~SharedMemoryAllreduce() = default;
 
@@ -423,8 +522,8 @@ bool SharedMemoryAllreduce::handles(const std::vector<at::Tensor>& tensors,
 
 c10::intrusive_ptr<c10d::Work> SharedMemoryAllreduce::allreduce(const at::Tensor& tensor,
                                                                 c10d::ReduceOp::RedOpType op) {
-  return c10::make_intrusive<SharedMemoryWork>(state_, state_->launch(tensor, op, -1),
-                                               c10d::OpType::ALLREDUCE, "shared_memory:all_reduce");
+  return waited_work(state_, state_->launch(tensor, op, -1), c10d::OpType::ALLREDUCE,
+                     "shared_memory:all_reduce");
 }
 
 bool SharedMemoryAllreduce::handles(const std::vector<at::Tensor>& tensors,
@@ -433,31 +532,15 @@ bool SharedMemoryAllreduce::handles(const std::vector<at::Tensor>& tensors,
          tensors.front().layout() == at::kStrided;
 }
 
-c10::intrusive_ptr<c10d::Work> SharedMemoryAllreduce::broadcast(const at::Tensor& tensor,
-                                                                int root) {
-  return c10::make_intrusive<SharedMemoryWork>(state_,
-                                               state_->launch(tensor, c10d::ReduceOp::SUM, root),
-                                               c10d::OpType::BROADCAST, "shared_memory:broadcast");
+bool SharedMemoryAllreduce::over_tcp() const {
+  std::lock_guard<std::mutex> lock(state_->mutex);
+  return state_->over_tcp;
 }
 
-std::unique_ptr<SharedMemoryAllreduce> SharedMemoryAllreduce::connect(
-    c10d::Store& store, int rank, int size, std::int64_t capacity_bytes,
-    std::chrono::milliseconds timeout) {
-  auto segment = SharedSegment::map(store, rank, size, capacity_bytes);
-  if (!segment) return nullptr;
-  auto state = std::make_shared<State>();
-  state->capacity = segment->capacity();
-  state->segment = std::move(segment);
-  state->rank = rank;
-  state->size = size;
-  state->timeout = timeout;
-  // Spinning pays where each rank has a core of its own; elsewhere a waiting rank sleeps soon,
-  // leaving the core to the peer it waits for.
-  cpu_set_t cpus;
-  CPU_ZERO(&cpus);
-  const int cores = sched_getaffinity(0, sizeof(cpus), &cpus) == 0 ? CPU_COUNT(&cpus) : 1;
-  state->spin = size <= cores ? std::chrono::microseconds(1000) : std::chrono::microseconds(20);
-  return std::unique_ptr<SharedMemoryAllreduce>(new SharedMemoryAllreduce(std::move(state)));
+c10::intrusive_ptr<c10d::Work> SharedMemoryAllreduce::broadcast(const at::Tensor& tensor,
+                                                                int root) {
+  return waited_work(state_, state_->launch(tensor, c10d::ReduceOp::SUM, root),
+                     c10d::OpType::BROADCAST, "shared_memory:broadcast");
 }
 
 }  // namespace trainyard

@@ -4,11 +4,14 @@
 // its posted pieces lie) and each rank's staging area. Each rank writes only its own block and
 // area; the peers read them.
 
+#include <c10/util/intrusive_ptr.h>
+
 #include <atomic>
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
 #include <memory>
+#include <string>
 #include <vector>
 
 namespace c10d {
@@ -18,6 +21,10 @@ class Store;
 namespace trainyard {
 
 constexpr std::int64_t kCacheLine = 64;
+
+inline std::int64_t round_up(std::int64_t value, std::int64_t to) {
+  return (value + to - 1) / to * to;
+}
 // Posted pieces whose place in a staging area the peers can look up at once.
 constexpr std::uint32_t kPlaces = 64;
 
@@ -51,14 +58,6 @@ struct alignas(kCacheLine) RankControl {
 
 class SharedSegment {
  public:
-  // Collective over the group's store: rank 0 creates the segment (every byte reserved, so a
-  // full /dev/shm fails here instead of faulting later) and names it in the store, the others
-  // map it, and the name is removed once all have answered, so the memory goes with the last
-  // mapping however the processes end (names a rank 0 that died first left behind are removed
-  // by a later one, an hour on). Null on every rank when any rank cannot map it (another
-  // host, another /dev/shm, too little room).
-  static std::unique_ptr<SharedSegment> map(c10d::Store& store, int rank, int size,
-                                            std::int64_t capacity);
   ~SharedSegment();
   SharedSegment(const SharedSegment&) = delete;
   SharedSegment& operator=(const SharedSegment&) = delete;
@@ -66,12 +65,12 @@ class SharedSegment {
   RankControl& control(int of) { return controls_[of]; }
   // Byte `offset` of rank `of`'s staging area.
   std::byte* area(int of, std::int64_t offset) { return staging_ + of * capacity_ + offset; }
-  std::int64_t capacity() const { return capacity_; }
   // Whether rank `of`'s process has ended (false where it cannot be watched: a rank of this
   // process, or of another pid namespace).
   bool process_ended(int of) const;
 
  private:
+  friend class SegmentSetup;
   SharedSegment() = default;
   void* base_ = nullptr;
   std::int64_t mapped_ = 0;
@@ -80,6 +79,66 @@ class SharedSegment {
   std::int64_t capacity_ = 0;
   std::vector<int> processes_;  // a pidfd per rank, -1 where unwatched
 };
+
+// The staging area each rank gets for `bytes` asked for.
+std::int64_t staging_capacity(std::int64_t bytes);
+
+// Setting a group's segment up through the group's store, without ever waiting: rank 0 makes
+// the segment (every byte reserved, so a full /dev/shm fails here instead of faulting later)
+// and names it in the store, each other rank maps it once the name is there, and every rank
+// says whether it could. step() moves this as far as the peers have come: a rank whose first
+// collective on one group waited there for its peers could not serve a collective of another
+// group that they wait in. The name is removed once all have answered, so the memory goes with
+// the last mapping however the processes end (names a rank 0 that died first left behind are
+// removed by a later one, an hour on).
+class SegmentSetup {
+ public:
+  enum class Outcome { kPending, kShared, kRefused };
+
+  // `capacity`: each rank's staging area (staging_capacity). Rank 0 makes the segment here.
+  SegmentSetup(c10::intrusive_ptr<c10d::Store> store, int rank, int size, std::int64_t capacity);
+  ~SegmentSetup();
+  SegmentSetup(const SegmentSetup&) = delete;
+  SegmentSetup& operator=(const SegmentSetup&) = delete;
+
+  // kShared once every rank has mapped the segment (take() it then), kRefused once any has
+  // said it cannot (another /dev/shm, too little room in it), kPending before.
+  Outcome step();
+  std::unique_ptr<SharedSegment> take();
+
+ private:
+  c10::intrusive_ptr<c10d::Store> store_;
+  int rank_;
+  int size_;
+  std::string name_;
+  std::unique_ptr<SharedSegment> segment_;
+  bool answered_ = false;     // this rank has said whether it mapped the segment
+  std::vector<int> answers_;  // each rank's: -1 not yet, 0 could not map it, 1 mapped
+  Outcome outcome_ = Outcome::kPending;
+};
+
+// Each rank of a group names its host and its process in the group's store as the group is
+// made (before its ranks meet, so that the answers are there for their first collective):
+// ranks of one host can share memory, and watch each other's processes.
+void announce_host(c10d::Store& store, int rank);
+struct AnnouncedRank {
+  bool on_this_host = false;  // same boot of the same machine, same /dev/shm
+  int pid = 0;                // where watchable from here (same pid namespace), else 0
+};
+AnnouncedRank announced_rank(c10d::Store& store, int rank);
+
+// The pieces segments are made of, for the mailboxes of point-to-point messages as well.
+// A fresh name for a segment of this process ("/trainyard-<pid>-<nonce>"), after removing the
+// names that ended processes left behind an hour ago or more.
+std::string fresh_segment_name(std::uint64_t nonce);
+// Maps `name`, created (every byte reserved) or opened; null when it cannot.
+void* map_named(const std::string& name, std::int64_t bytes, bool create);
+// This process's pid namespace (0 where unknown): pids are only comparable within one.
+std::uint64_t pid_namespace();
+// A descriptor that becomes readable when process `pid` ends (-1 where the kernel has none);
+// whether it has.
+int watch_process(int pid);
+bool process_has_ended(int pidfd);
 
 // Sleeps while `word` holds `observed`, at most `timeout`; wakes on futex_wake of `word` from
 // any process mapping it.

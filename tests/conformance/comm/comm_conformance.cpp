@@ -141,6 +141,11 @@ class CommConformance : public ::testing::TestWithParam<std::string> {
     return (*devices)[static_cast<std::size_t>(rank)];
   }
 
+  // A peer that dies while rank 0 waits on it ends the wait with an error (defined below).
+  void expect_dying_peer_reported(
+      const std::vector<c10::Device>& devices,
+      const std::function<void(Communicator&, const c10::Device&)>& wait_for_peer);
+
   std::shared_ptr<Communicator> connect(int rank, int world_size, int port, c10::Device device,
                                         std::chrono::milliseconds timeout = kCollectiveTimeout) {
     std::shared_ptr<Communicator> comm = trainyard::conformance::registry().create<Communicator>(
@@ -688,17 +693,19 @@ TEST_P(CommConformance, MeshDimensionSpanningTheWorldUsesTheWorldGroup) {
 }
 
 // Rank 0 runs here, rank 1 in a child process (this test again, told by the environment), which
-// is killed while rank 0 waits in a collective: rank 0 must get an error, and soon, not hang.
-TEST_P(CommConformance, PeerThatDiesMidCollectiveEndsTheOthersWithAnError) {
-  auto devices = devices_for(2);
-  if (!devices) TRAINYARD_SKIP_WITHOUT_GPU() << missing_devices(2);
+// is killed while rank 0 waits on `wait_for_peer` (an operation rank 1 never joins): rank 0 must
+// get an error, and soon, not hang. Both ranks all-reduce once first, so that every connection
+// (and any shared memory) is set up.
+void CommConformance::expect_dying_peer_reported(
+    const std::vector<c10::Device>& devices,
+    const std::function<void(Communicator&, const c10::Device&)>& wait_for_peer) {
   // The child needs time to start and load the plugins before it joins.
   const std::chrono::seconds timeout(60);
   if (const char* port = std::getenv(kDyingPeerPortVariable)) {
-    auto comm = connect(1, 2, std::atoi(port), (*devices)[1], timeout);
-    std::vector<at::Tensor> value{at::ones({4}, at::TensorOptions((*devices)[1]))};
+    auto comm = connect(1, 2, std::atoi(port), devices[1], timeout);
+    std::vector<at::Tensor> value{at::ones({4}, at::TensorOptions(devices[1]))};
     comm->world()->allreduce(value)->wait();
-    // Killed here, while rank 0 waits for the next all-reduce.
+    // Killed here, while rank 0 waits.
     std::this_thread::sleep_for(2 * timeout);
     return;
   }
@@ -708,17 +715,17 @@ TEST_P(CommConformance, PeerThatDiesMidCollectiveEndsTheOthersWithAnError) {
   using Clock = std::chrono::steady_clock;
   std::atomic<Clock::rep> waiting_since{0};
   auto rank0 = std::async(std::launch::async, [&]() -> std::optional<Clock::time_point> {
-    auto comm = connect(0, 2, port, (*devices)[0], timeout);
-    std::vector<at::Tensor> value{at::ones({4}, at::TensorOptions((*devices)[0]))};
+    auto comm = connect(0, 2, port, devices[0], timeout);
+    std::vector<at::Tensor> value{at::ones({4}, at::TensorOptions(devices[0]))};
     comm->world()->allreduce(value)->wait();
     waiting_since = Clock::now().time_since_epoch().count();
     try {
-      comm->world()->allreduce(value)->wait();
+      wait_for_peer(*comm, devices[0]);
     } catch (const std::exception& error) {
       EXPECT_FALSE(first_line(error).empty());
       return Clock::now();
     }
-    ADD_FAILURE() << "the all-reduce completed without its peer";
+    ADD_FAILURE() << "rank 0's wait completed without its peer";
     return std::nullopt;
   });
 
@@ -745,11 +752,30 @@ TEST_P(CommConformance, PeerThatDiesMidCollectiveEndsTheOthersWithAnError) {
   ASSERT_TRUE(peer.killed) << "the peer ended before it was killed: "
                            << trainyard::testing::describe(peer);
   ASSERT_EQ(rank0.wait_for(timeout + std::chrono::seconds(10)), std::future_status::ready)
-      << "rank 0 still waits in the all-reduce, " << (timeout + std::chrono::seconds(10)).count()
+      << "rank 0 still waits, " << (timeout + std::chrono::seconds(10)).count()
       << " s after its peer was killed";
   std::optional<Clock::time_point> failed_at = rank0.get();
   ASSERT_TRUE(failed_at && killed_at);
   EXPECT_LT(*failed_at - *killed_at, timeout) << "the error must come within the timeout";
+}
+
+TEST_P(CommConformance, PeerThatDiesMidCollectiveEndsTheOthersWithAnError) {
+  auto devices = devices_for(2);
+  if (!devices) TRAINYARD_SKIP_WITHOUT_GPU() << missing_devices(2);
+  expect_dying_peer_reported(*devices, [](Communicator& comm, const c10::Device& device) {
+    std::vector<at::Tensor> value{at::ones({4}, at::TensorOptions(device))};
+    comm.world()->allreduce(value)->wait();
+  });
+}
+
+// A pipeline stage waiting for its neighbour's activations when the neighbour dies.
+TEST_P(CommConformance, PeerThatDiesBeforeSendingEndsTheReceiveWithAnError) {
+  auto devices = devices_for(2);
+  if (!devices) TRAINYARD_SKIP_WITHOUT_GPU() << missing_devices(2);
+  expect_dying_peer_reported(*devices, [](Communicator& comm, const c10::Device& device) {
+    std::vector<at::Tensor> message{at::empty({1000}, at::TensorOptions(device))};
+    comm.world()->recv(message, 1, 3)->wait();
+  });
 }
 
 TEST_P(CommConformance, CollectivesOnOneRank) {
