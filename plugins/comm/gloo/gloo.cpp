@@ -4,8 +4,6 @@
 
 #include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
 
-#include <sched.h>
-
 #include <chrono>
 #include <cstdlib>
 
@@ -174,10 +172,7 @@ class Gloo final : public C10dCommunicator {
   // How long a rank waiting for a message spins before it sleeps: long where each of this
   // host's ranks has a core, briefly where they share cores (the sender may need this one's).
   std::chrono::microseconds message_spin() const {
-    cpu_set_t cpus;
-    CPU_ZERO(&cpus);
-    const int cores = sched_getaffinity(0, sizeof(cpus), &cpus) == 0 ? CPU_COUNT(&cpus) : 1;
-    return std::chrono::microseconds(rendezvous().local_world_size <= cores ? 1000 : 20);
+    return std::chrono::microseconds(rendezvous().local_world_size <= usable_cores() ? 1000 : 20);
   }
 
   // Peers connect to the address the transport binds: the recipe's interface, else the one

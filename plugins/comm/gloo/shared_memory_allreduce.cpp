@@ -1,7 +1,6 @@
 #include "shared_memory_allreduce.hpp"
 
 #include <ATen/ATen.h>
-#include <sched.h>
 #include <torch/csrc/distributed/c10d/Work.hpp>
 
 #include <cstring>
@@ -494,10 +493,8 @@ SharedMemoryAllreduce::SharedMemoryAllreduce(c10::intrusive_ptr<c10d::Store> sto
   }
   // Spinning pays where each rank has a core of its own; elsewhere a waiting rank sleeps soon,
   // leaving the core to the peer it waits for.
-  cpu_set_t cpus;
-  CPU_ZERO(&cpus);
-  const int cores = sched_getaffinity(0, sizeof(cpus), &cpus) == 0 ? CPU_COUNT(&cpus) : 1;
-  state.spin = size <= cores ? std::chrono::microseconds(1000) : std::chrono::microseconds(20);
+  state.spin =
+      size <= usable_cores() ? std::chrono::microseconds(1000) : std::chrono::microseconds(20);
   Groups& all = groups();
   std::lock_guard<std::mutex> lock(all.mutex);
   all.states.push_back(state_);

@@ -14,7 +14,6 @@
 #include <mutex>
 #include <new>
 #include <optional>
-#include <random>
 #include <sstream>
 #include <thread>
 
@@ -55,9 +54,6 @@ struct MailboxControl {
 
 std::int64_t arena_offset() { return round_up(sizeof(MailboxControl), 4096); }
 std::int64_t mailbox_bytes(std::int64_t capacity) { return arena_offset() + capacity; }
-
-std::vector<std::uint8_t> bytes_of(const std::string& text) { return {text.begin(), text.end()}; }
-std::string text_of(const std::vector<std::uint8_t>& bytes) { return {bytes.begin(), bytes.end()}; }
 
 std::string mailbox_key(int from, int to) {
   return "trainyard_mailbox_" + std::to_string(from) + "_" + std::to_string(to);
@@ -171,8 +167,7 @@ struct SharedMemoryMailboxes::State {
     box = std::make_unique<Outbox>();
     std::string named = "tcp";
     if (announced_rank(*store, peer).on_this_host) {
-      std::random_device random;
-      const std::uint64_t nonce = (static_cast<std::uint64_t>(random()) << 32) ^ random();
+      const std::uint64_t nonce = fresh_nonce();
       box->name = fresh_segment_name(nonce);
       box->mapped = mailbox_bytes(capacity);
       box->base = map_named(box->name, box->mapped, /*create=*/true);

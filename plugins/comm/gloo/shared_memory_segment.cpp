@@ -5,6 +5,7 @@
 #include <fcntl.h>
 #include <linux/futex.h>
 #include <poll.h>
+#include <sched.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
 #include <sys/syscall.h>
@@ -45,9 +46,6 @@ Layout layout_of(int size, std::int64_t capacity) {
   return layout;
 }
 
-std::vector<std::uint8_t> bytes_of(const std::string& text) { return {text.begin(), text.end()}; }
-std::string text_of(const std::vector<std::uint8_t>& bytes) { return {bytes.begin(), bytes.end()}; }
-
 // A segment's name is removed once every rank has mapped it; a rank 0 that died before that
 // left its name behind. Names of processes that have ended, an hour old or more, are removed
 // before a new one is made (the age keeps a live setup of another pid namespace's safe).
@@ -68,6 +66,20 @@ void remove_stale_names() {
 }
 
 }  // namespace
+
+std::vector<std::uint8_t> bytes_of(const std::string& text) { return {text.begin(), text.end()}; }
+std::string text_of(const std::vector<std::uint8_t>& bytes) { return {bytes.begin(), bytes.end()}; }
+
+std::uint64_t fresh_nonce() {
+  std::random_device random;
+  return (static_cast<std::uint64_t>(random()) << 32) ^ random();
+}
+
+int usable_cores() {
+  cpu_set_t cpus;
+  CPU_ZERO(&cpus);
+  return sched_getaffinity(0, sizeof(cpus), &cpus) == 0 ? std::max(1, CPU_COUNT(&cpus)) : 1;
+}
 
 std::string fresh_segment_name(std::uint64_t nonce) {
   remove_stale_names();
@@ -165,8 +177,7 @@ SegmentSetup::SegmentSetup(c10::intrusive_ptr<c10d::Store> store, int rank, int 
   segment_->mapped_ = layout_of(size, capacity).total;
   segment_->capacity_ = capacity;
   if (rank_ != 0) return;
-  std::random_device random;
-  const std::uint64_t nonce = (static_cast<std::uint64_t>(random()) << 32) ^ random();
+  const std::uint64_t nonce = fresh_nonce();
   name_ = fresh_segment_name(nonce);
   segment_->base_ = create_segment(name_, nonce, size, capacity);
   store_->set(kNameKey,

@@ -128,6 +128,13 @@ struct AnnouncedRank {
 AnnouncedRank announced_rank(c10d::Store& store, int rank);
 
 // The pieces segments are made of, for the mailboxes of point-to-point messages as well.
+// A store value as bytes, and back.
+std::vector<std::uint8_t> bytes_of(const std::string& text);
+std::string text_of(const std::vector<std::uint8_t>& bytes);
+// A random number that tells one segment from another that had the same name.
+std::uint64_t fresh_nonce();
+// The CPUs this process may run on (at least 1): whether the ranks of a host each have one.
+int usable_cores();
 // A fresh name for a segment of this process ("/trainyard-<pid>-<nonce>"), after removing the
 // names that ended processes left behind an hour ago or more.
 std::string fresh_segment_name(std::uint64_t nonce);
